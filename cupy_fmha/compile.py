@@ -1,0 +1,175 @@
+"""Kernel sources, NVRTC options, the per-device compile cache, and the offline compile check.
+
+Sources live in ``kernels/`` (package ``cupy_fmha.kernels``). Local ``#include "x.cuh"`` lines
+are expanded here, so the text handed to NVRTC is self-contained: CuPy's on-disk cache
+(``CUPY_CACHE_DIR``) keys on that text and the options, so editing a header can never leave a
+stale binary behind. Compiled functions are also memoized per (spec, device) in this process.
+
+Without a GPU, :func:`offline_compile` drives NVRTC directly (``cupy.cuda.nvrtc``) to build a
+cubin for a named architecture and returns ptxas's resource report (registers, spills, shared
+memory), which CI uses to reject any kernel that spills to local memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .spec import KernelSpec
+
+__all__ = [
+    "kernel_dir",
+    "load_source",
+    "nvrtc_options",
+    "get_function",
+    "cache_dir",
+    "nvrtc_version",
+    "offline_compile",
+    "CompileReport",
+]
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def kernel_dir() -> Path:
+    """Directory holding the ``.cu``/``.cuh`` sources."""
+    return Path(str(resources.files("cupy_fmha.kernels")))
+
+
+@functools.lru_cache(maxsize=None)
+def load_source(stem: str) -> str:
+    """Source of ``kernels/<stem>.cu`` with local includes expanded (each header once)."""
+    kdir = kernel_dir()
+    done: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in done:
+            return ""
+        done.add(name)
+        text = (kdir / name).read_text()
+        text = text.replace("#pragma once", "")
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    return expand(f"{stem}.cu")
+
+
+def nvrtc_options(spec: KernelSpec, arch: str | None = None) -> tuple[str, ...]:
+    """NVRTC options for ``spec``; ``arch`` like ``sm_90a`` (omit to let CuPy pick the device's)."""
+    opts = ["-std=c++17", *spec.defines()]
+    if arch:
+        opts.append(f"-arch={arch}")
+    return tuple(opts)
+
+
+def cache_dir() -> Path:
+    """Where CuPy keeps compiled kernels (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
+
+
+def nvrtc_version() -> tuple[int, int] | None:
+    """NVRTC (major, minor), or None when NVRTC cannot be loaded."""
+    try:
+        from cupy.cuda import nvrtc
+
+        return tuple(nvrtc.getVersion())
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return None
+
+
+_functions: dict = {}
+
+
+def get_function(spec: KernelSpec):
+    """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use).
+
+    Raises:
+        RuntimeError: when NVRTC rejects the source (the log is included).
+    """
+    import cupy
+
+    dev = cupy.cuda.Device()
+    key = (spec, dev.id)
+    fn = _functions.get(key)
+    if fn is None:
+        cc = dev.compute_capability
+        arch = f"sm_{cc}a" if cc in ("90", "100", "120") else None
+        try:
+            mod = cupy.RawModule(code=load_source(spec.source), options=nvrtc_options(spec, arch))
+            fn = mod.get_function(spec.entry)
+        except cupy.cuda.compiler.CompileException as exc:  # pragma: no cover - needs a GPU
+            raise RuntimeError(f"cupy-fmha: compiling {spec.name} failed:\n{exc}") from exc
+        _functions[key] = fn
+    return fn
+
+
+@dataclass
+class CompileReport:
+    """ptxas's resource report for one kernel instance and architecture."""
+
+    name: str
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    shared_static: int
+    log: str
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0 or self.stack_frame > 0
+
+
+def _nvrtc_include_dirs() -> list[str]:
+    dirs = []
+    try:
+        import cupy
+
+        path = cupy.cuda.get_cuda_path()
+        if path:
+            dirs.append(os.path.join(path, "include"))
+    except Exception:  # noqa: BLE001
+        pass
+    return [f"-I{d}" for d in dirs if os.path.isdir(d)]
+
+
+def offline_compile(spec: KernelSpec, arch: str = "sm_90a") -> CompileReport:
+    """Compile ``spec`` to a cubin for ``arch`` with NVRTC alone (no GPU needed).
+
+    Raises:
+        RuntimeError: with NVRTC's log when compilation fails.
+    """
+    from cupy.cuda import nvrtc
+
+    src = load_source(spec.source)
+    opts = [*nvrtc_options(spec, arch), "-Xptxas=-v", *_nvrtc_include_dirs()]
+    prog = nvrtc.createProgram(src, f"{spec.name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(
+                f"NVRTC failed for {spec.name} ({arch}): {exc}\n{nvrtc.getProgramLog(prog)}"
+            ) from exc
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+    def num(pattern: str) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    return CompileReport(
+        name=spec.name,
+        arch=arch,
+        registers=num(r"Used (\d+) registers"),
+        spill_stores=num(r"(\d+) bytes spill stores"),
+        spill_loads=num(r"(\d+) bytes spill loads"),
+        stack_frame=num(r"(\d+) bytes stack frame"),
+        shared_static=num(r"(\d+) bytes smem"),
+        log=log,
+    )

@@ -1,0 +1,72 @@
+"""Launch maths: grid, block and dynamic shared-memory sizes for every kernel, and workspaces.
+
+Pure Python (no CuPy), so CI checks it without a GPU.
+"""
+
+from __future__ import annotations
+
+from .spec import KernelSpec
+
+__all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
+           "WINDOW_INF", "kernel_window"]
+
+#: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
+WINDOW_INF = 1 << 30
+
+SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may use on sm_90 / sm_80
+
+
+def smem_pitch(d: int) -> int:
+    """Row pitch in elements of a shared-memory tile (mirrors ``smem_pitch`` in common.cuh)."""
+    return d + 8
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Launch(tuple):
+    """(grid, block, shared_mem_bytes)."""
+
+    def __new__(cls, grid, block, smem):
+        return super().__new__(cls, (tuple(grid), tuple(block), int(smem)))
+
+    grid = property(lambda s: s[0])
+    block = property(lambda s: s[1])
+    smem = property(lambda s: s[2])
+
+
+def kernel_window(window) -> tuple[int, int]:
+    """(y, x) for the kernels: a resolved ``Window`` clamped to +-WINDOW_INF, or unlimited."""
+    if window is None:
+        return WINDOW_INF, WINDOW_INF
+    clamp = lambda v: max(-WINDOW_INF, min(WINDOW_INF, int(v)))  # noqa: E731
+    return clamp(window.y), clamp(window.x)
+
+
+def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
+    nw, bn = spec.macro("NWARPS"), spec.macro("BLOCK_N")
+    dq, dv = spec.macro("HDIM_Q"), spec.macro("HDIM_V")
+    bm = 16 * nw
+    pq, pv = smem_pitch(dq), smem_pitch(dv)
+    smem = 2 * (bm * max(pq, pv) + 2 * bn * pq + 2 * bn * pv)
+    return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (32 * nw, 1, 1), smem)
+
+
+def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:
+    nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
+    dq, dv = spec.macro("HDIM_Q"), spec.macro("HDIM_V")
+    bn = 16 * nw
+    pq, pv, ps = smem_pitch(dq), smem_pitch(dv), smem_pitch(bm)
+    smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm
+    return Launch((cdiv(seqlen_k, bn) * ns, nhead_q, batch), (32 * nw, 1, 1), smem)
+
+
+def dot_do_o_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
+    rows = spec.macro("ROWS")
+    return Launch((cdiv(seqlen_q, rows), nhead_q, batch), (32 * rows, 1, 1), 0)
+
+
+def convert_launch(spec: KernelSpec, batch: int, nhead_out: int, seqlen: int) -> Launch:
+    rows = spec.macro("ROWS")
+    return Launch((cdiv(seqlen, rows), nhead_out, batch), (256, 1, 1), 0)

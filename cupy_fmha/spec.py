@@ -1,0 +1,120 @@
+"""Kernel instances: one frozen dataclass per compiled specialization, and the tile table.
+
+A :class:`KernelSpec` names one kernel source in ``kernels/`` plus the ``-D`` macros that
+specialize it (dtype, padded head dims, tile sizes, warps). Everything that shapes register arrays
+is compile-time; sequence lengths, strides and the mask window are run-time arguments, so one
+instance serves every shape and mask of its (dtype, head dims).
+
+The tile table (:func:`fwd_tiles`, :func:`bwd_tiles`) is the only place tile sizes are chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "default_dispatch_table", "DTYPES"]
+
+DTYPES = ("fp16", "bf16")
+
+
+def pad_hdim(hdim: int, multiple: int = 16) -> int:
+    """Head dim rounded up to the mma k-step (16), or to 32 where the backward splits columns."""
+    return -(-hdim // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel instance: source file stem, entry point, and its ``-D`` macros."""
+
+    source: str
+    dtype: str  # "fp16" | "bf16"
+    macros: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    @property
+    def entry(self) -> str:
+        return self.source
+
+    def macro(self, name: str, default: int | None = None) -> int | None:
+        return dict(self.macros).get(name, default)
+
+    def defines(self) -> list[str]:
+        """NVRTC options ``-DNAME=VALUE`` for this instance."""
+        out = [f"-DFMHA_BF16={1 if self.dtype == 'bf16' else 0}"]
+        out += [f"-D{k}={v}" for k, v in self.macros]
+        return out
+
+    @property
+    def name(self) -> str:
+        """Readable name, e.g. ``fmha_bwd_dq_dk_dv_bf16_HDIM_Q128_HDIM_V128_BLOCK_M64_NWARPS8``."""
+        return "_".join([self.source, self.dtype] + [f"{k}{v}" for k, v in self.macros])
+
+
+def _mk(source: str, dtype: str, **macros: int) -> KernelSpec:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+    return KernelSpec(source, dtype, tuple(sorted(macros.items())))
+
+
+# --------------------------------------------------------------------------------------------
+# The tile table. Keys are the padded head dims; see kernels/*.cu for what each macro does.
+# --------------------------------------------------------------------------------------------
+
+
+def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
+    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step."""
+    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
+    if d <= 128:
+        return dict(NWARPS=4, BLOCK_N=64, Q_IN_REGS=1)
+    return dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
+
+
+def bwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
+    """Backward dq_dk_dv tiles: BLOCK_N = 16 * NWARPS keys per CTA, BLOCK_M query rows per step,
+    NSPLIT CTAs sharing one key block's output columns (head dims above 128)."""
+    d = max(hdim_q, hdim_v)
+    if d <= 64:
+        return dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
+    if d <= 128:
+        return dict(NWARPS=8, BLOCK_M=32, NSPLIT=1, MIN_BLOCKS=1)
+    return dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
+
+
+def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
+    """Padded head dims: multiples of 16 (the mma k-step); with NSPLIT > 1, multiples of 64 so
+    each split's columns divide evenly among the warps of the dQ GEMM."""
+    m = 16 if nsplit == 1 else 64
+    return pad_hdim(hdim_q, m), pad_hdim(hdim_v, m)
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int) -> KernelSpec:
+    dq, dv = padded_dims(hdim_q, hdim_v)
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v))
+
+
+@dataclass(frozen=True)
+class BwdSpecs:
+    dot_do_o: KernelSpec
+    dq_dk_dv: KernelSpec
+    convert_dq: KernelSpec
+
+
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int) -> BwdSpecs:
+    tiles = bwd_tiles(hdim_q, hdim_v)
+    dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
+    return BwdSpecs(
+        dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
+        dq_dk_dv=_mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles),
+        convert_dq=_mk("fmha_bwd_convert_dq", dtype, ROWS=16),
+    )
+
+
+def default_dispatch_table() -> list[KernelSpec]:
+    """Every kernel instance the library dispatches to for the head dims it supports
+    (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes."""
+    seen: dict[str, KernelSpec] = {}
+    pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
+    for dtype in DTYPES:
+        for hq, hv in pairs:
+            for spec in (fwd_spec(dtype, hq, hv), *vars(bwd_specs(dtype, hq, hv)).values()):
+                seen.setdefault(spec.name, spec)
+    return list(seen.values())

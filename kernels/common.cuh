@@ -1,0 +1,40 @@
+// Types and constants shared by every cupy-fmha kernel. No architecture-specific code here.
+//
+// Elements travel as raw 16-bit patterns (uint16_t): FMHA_BF16=1 means bfloat16, 0 means float16.
+// Sizes that shape register arrays (padded head dims, tile sizes, warps) are -D macros; lengths,
+// strides and the mask window are run-time arguments.
+#pragma once
+
+typedef unsigned int uint32_t;
+typedef unsigned short uint16_t;
+typedef long long index_t;  // 64-bit offsets: tensors may hold more than 2^31 elements
+
+#ifndef FMHA_BF16
+#define FMHA_BF16 0
+#endif
+
+#define FMHA_LOG2E 1.4426950408889634f
+#define FMHA_INF __int_as_float(0x7f800000)
+
+namespace fmha {
+
+// Row pitch, in elements, of a shared-memory tile whose rows hold D elements. The extra 8
+// elements (16 bytes) make 8 consecutive rows start in 8 different 16-byte bank groups, so
+// ldmatrix (plain and transposed) and 16-byte cp.async stores are free of bank conflicts.
+__host__ __device__ constexpr int smem_pitch(int d) { return d + 8; }
+
+// CK's generic window (block_masking.hpp): row i sees key j iff i - y + 1 <= j < i + x, and
+// j < seqlen_k. "No mask" is a window wider than any sequence.
+struct Window {
+    int y, x;
+    __device__ __forceinline__ bool visible(int i, int j, int seqlen_k) const {
+        return j < seqlen_k && j >= i - y + 1 && j < i + x;
+    }
+    // Does tile [q0, q0 + m) x [k0, k0 + n) need per-element tests?
+    __device__ __forceinline__ bool tile_needs_test(int q0, int m, int k0, int n, int seqlen_q,
+                                                    int seqlen_k) const {
+        return k0 + n > min(q0 + x, seqlen_k) || q0 + m > min(k0 + y, seqlen_q);
+    }
+};
+
+}  // namespace fmha

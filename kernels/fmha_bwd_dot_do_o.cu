@@ -1,0 +1,36 @@
+// Attention backward, kernel 1 (CK's dot_do_o): D[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c],
+// in fp32. One warp per query row, 16-byte loads (8 elements per lane per step).
+// Grid (ceil(seqlen_q / ROWS), nhead_q, batch), block ROWS * 32. D is [batch, nhead_q, seqlen_q].
+#include "common.cuh"
+#include "arch_sm80.cuh"
+
+#ifndef ROWS
+#define ROWS 8
+#endif
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(ROWS * 32)
+fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict__ o, float* __restrict__ delta,
+                  index_t do_sb, index_t do_sh, index_t do_ss, index_t o_sb, index_t o_sh, index_t o_ss,
+                  int seqlen_q, int hdim_v) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = blockIdx.x * ROWS + warp, h = blockIdx.y, b = blockIdx.z;
+    if (i >= seqlen_q) return;
+    const uint16_t* dr = dout + b * do_sb + h * do_sh + (index_t)i * do_ss;
+    const uint16_t* orow = o + b * o_sb + h * o_sh + (index_t)i * o_ss;
+    float acc = 0.f;
+    for (int c = lane * 8; c < hdim_v; c += 256) {
+        const uint4 x = *reinterpret_cast<const uint4*>(dr + c);
+        const uint4 y = *reinterpret_cast<const uint4*>(orow + c);
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            acc += to_float(xs[e] & 0xffff) * to_float(ys[e] & 0xffff);
+            acc += to_float(xs[e] >> 16) * to_float(ys[e] >> 16);
+        }
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) acc += shfl_xor(acc, m);
+    if (lane == 0) delta[((index_t)b * gridDim.y + h) * seqlen_q + i] = acc;
+}

@@ -1,0 +1,241 @@
+// Attention backward, main kernel: dQ, dK, dV, structured as CK's FMHA backward
+// (ck_tile fmha_bwd_kernel.hpp, the dq_dk_dv pipeline).
+//
+// A CTA owns BLOCK_N = 16 * NWARPS keys of one (batch, query head); warp w owns keys
+// [16w, 16w + 16) of that block. K and V stay in shared memory; Q, dO, LSE and D blocks of
+// BLOCK_M rows stream past them, double-buffered with cp.async, over the rows the mask lets
+// see this key block (CK's GetTileRangeAlongY). Per Q block, on tensor cores:
+//   GEMM0  S^T  = K Q^T                       (A: K from smem, B: Q)
+//   GEMM2  dP^T = V dO^T                      (A: V from smem, B: dO)
+//          P^T  = exp2(S^T * scale*log2e - LSE*log2e), masked entries 0 (edge tiles only)
+//   GEMM1  dV  += P^T dO                      (A: P^T straight from registers)
+//          dS^T = P^T * (dP^T - D)
+//   GEMM3  dK  += dS^T Q                      (A: dS^T from registers)
+//   GEMM4  dQ   = dS K  -> fp32 atomic adds   (A: dS^T from smem, transposed loads)
+// After the loop dK is scaled by softmax_scale and dK, dV are written once.
+//
+// Head dims above 128 would need more accumulator registers than a thread has, so NSPLIT > 1
+// splits the output columns (dK/dQ over hdim_q, dV over hdim_v) across NSPLIT CTAs; each CTA
+// recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
+//
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
+// Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
+// dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller.
+// dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
+//        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
+#include "common.cuh"
+#include "arch_sm80.cuh"
+#include "tile.cuh"
+
+#define NTHREADS (NWARPS * 32)
+#define BLOCK_N (NWARPS * 16)
+#ifndef NSPLIT
+#define NSPLIT 1
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                  const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
+                  const float* __restrict__ lse, const float* __restrict__ delta,
+                  float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
+                  index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
+                  index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
+                  index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
+                  int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
+                  float scale, int win_y, int win_x, int dkdv_fp32) {
+    constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
+    constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
+    constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
+    constexpr int NT_DQ = DQ_OUT / 8, NT_DV = DV_OUT / 8;
+    constexpr int MT4 = BLOCK_M / 16;            // GEMM4: m-tiles of dQ
+    constexpr int WC4 = NWARPS / MT4;            // GEMM4: warps sharing one m-tile
+    constexpr int NT4 = DQ_OUT / 8 / WC4;        // GEMM4: n-tiles per warp
+    static_assert(NWARPS % MT4 == 0, "NWARPS must be a multiple of BLOCK_M / 16");
+    static_assert((DQ_OUT / 8) % WC4 == 0, "dQ columns must split evenly across warps");
+    static_assert(DQ_OUT % 16 == 0 && DV_OUT % 16 == 0, "split head dims must be multiples of 16");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);
+    uint16_t* sV = sK + BLOCK_N * PQ;
+    uint16_t* sQ = sV + BLOCK_N * PV;             // [2][BLOCK_M][PQ]
+    uint16_t* sdO = sQ + 2 * BLOCK_M * PQ;        // [2][BLOCK_M][PV]
+    uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
+    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
+    float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
+    const int k0 = kb * BLOCK_N;
+    const Window win{win_y, win_x};
+
+    const uint16_t* qg = q + b * q_sb + h * q_sh;
+    const uint16_t* dog = dout + b * do_sb + h * do_sh;
+    const index_t bh = (index_t)b * nhead_q + h;
+    const float* lse_g = lse + bh * seqlen_q;
+    const float* d_g = delta + bh * seqlen_q;
+    float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
+
+    // Query rows that can see this key block, tile-aligned (CK's GetTileRangeAlongY).
+    const int q_lo = max(k0 - win_x + 1, 0);
+    const int q_hi = min(min(k0 + BLOCK_N, seqlen_k) - 1 + win_y, seqlen_q);
+    const int qb_begin = q_lo / BLOCK_M;
+    const int qb_end = q_hi > q_lo ? (q_hi + BLOCK_M - 1) / BLOCK_M : qb_begin;
+
+    load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
+    load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
+    if (qb_begin < qb_end) {
+        const int r0 = qb_begin * BLOCK_M;
+        load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
+        load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+    }
+    cp_async_commit();
+
+    float acc_dk[NT_DQ][4], acc_dv[NT_DV][4];
+    zero<NT_DQ>(acc_dk);
+    zero<NT_DV>(acc_dv);
+    const int n0 = warp * 16;                     // this warp's keys inside the block
+    const int mt4 = warp % MT4, wc4 = warp / MT4;  // GEMM4 partition
+
+    for (int qb = qb_begin; qb < qb_end; ++qb) {
+        const int buf = (qb - qb_begin) & 1;
+        const int q0 = qb * BLOCK_M;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (qb + 1 < qb_end) {  // prefetch the next Q block
+            const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
+            load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * PQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
+            load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * PV, dog, do_ss, r0, seqlen_q, hdim_v, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, lse_g, r0, seqlen_q, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, d_g, r0, seqlen_q, tid);
+        }
+        cp_async_commit();
+        const uint16_t* sQb = sQ + buf * BLOCK_M * PQ;
+        const uint16_t* sdOb = sdO + buf * BLOCK_M * PV;
+        const float* sLseb = sLse + buf * BLOCK_M;
+        const float* sDb = sD + buf * BLOCK_M;
+
+        // GEMM0: S^T = K Q^T ; GEMM2: dP^T = V dO^T
+        float s[NT_M][4], dp[NT_M][4];
+        zero<NT_M>(s);
+        zero<NT_M>(dp);
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sK, PQ, n0, kk * 16, lane);
+            mma_row_nmajor<NT_M>(s, a, sQb, PQ, 0, kk * 16, lane);
+        }
+#pragma unroll
+        for (int kk = 0; kk < HDIM_V / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sV, PV, n0, kk * 16, lane);
+            mma_row_nmajor<NT_M>(dp, a, sdOb, PV, 0, kk * 16, lane);
+        }
+
+        // P^T and dS^T, element by element; the window test only on edge tiles
+        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = n * 8 + 2 * t + (e & 1);  // query row inside the block
+                float l = sLseb[c];
+                l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;  // rows that saw no key: P = 0
+                float p = fast_exp2(s[n][e] * scale_log2 - l);
+                if (edge) {
+                    const int j = k0 + n0 + g + (e >> 1) * 8, i = q0 + c;
+                    if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
+                }
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - sDb[c]);
+            }
+
+        // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            mma_row_kmajor<NT_DV>(acc_dv, a, sdOb, PV, split * DV_OUT, kk * 16, lane);
+        }
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            uint32_t a[4];
+            c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
+            mma_row_kmajor<NT_DQ>(acc_dk, a, sQb, PQ, split * DQ_OUT, kk * 16, lane);
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 2 * t) = a[0];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 2 * t) = a[1];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 8 + 2 * t) = a[2];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 8 + 2 * t) = a[3];
+        }
+        __syncthreads();
+
+        // GEMM4: dQ[q0 + 16*mt4 .., cols] += dS K, added into the fp32 workspace
+        {
+            float acc_dq[NT4][4];
+            zero<NT4>(acc_dq);
+            const int c0 = split * DQ_OUT + wc4 * NT4 * 8;
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                uint32_t a[4];
+                load_a_t(a, sdS, PS, mt4 * 16, kk * 16, lane);
+                mma_row_kmajor<NT4>(acc_dq, a, sK, PQ, c0, kk * 16, lane);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = q0 + mt4 * 16 + g + r * 8;
+                if (i < seqlen_q) {
+                    float* row = dq_g + (index_t)i * hdim_q;
+#pragma unroll
+                    for (int n = 0; n < NT4; ++n) {
+                        const int col = c0 + n * 8 + 2 * t;
+                        if (col < hdim_q) red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                    }
+                }
+            }
+        }
+    }
+
+    // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = k0 + n0 + g + r * 8;
+        if (j >= seqlen_k) continue;
+        if (dkdv_fp32) {
+            float* dk_row = reinterpret_cast<float*>(dk) + b * dk_sb + h * dk_sh + (index_t)j * dk_ss;
+            float* dv_row = reinterpret_cast<float*>(dv) + b * dv_sb + h * dv_sh + (index_t)j * dv_ss;
+#pragma unroll
+            for (int n = 0; n < NT_DQ; ++n) {
+                const int col = split * DQ_OUT + n * 8 + 2 * t;
+                if (col < hdim_q)
+                    *reinterpret_cast<float2*>(dk_row + col) = make_float2(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
+            }
+#pragma unroll
+            for (int n = 0; n < NT_DV; ++n) {
+                const int col = split * DV_OUT + n * 8 + 2 * t;
+                if (col < hdim_v) *reinterpret_cast<float2*>(dv_row + col) = make_float2(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
+            }
+        } else {
+            uint16_t* dk_row = reinterpret_cast<uint16_t*>(dk) + b * dk_sb + hk * dk_sh + (index_t)j * dk_ss;
+            uint16_t* dv_row = reinterpret_cast<uint16_t*>(dv) + b * dv_sb + hk * dv_sh + (index_t)j * dv_ss;
+#pragma unroll
+            for (int n = 0; n < NT_DQ; ++n) {
+                const int col = split * DQ_OUT + n * 8 + 2 * t;
+                if (col < hdim_q)
+                    *reinterpret_cast<uint32_t*>(dk_row + col) = pack2(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
+            }
+#pragma unroll
+            for (int n = 0; n < NT_DV; ++n) {
+                const int col = split * DV_OUT + n * 8 + 2 * t;
+                if (col < hdim_v) *reinterpret_cast<uint32_t*>(dv_row + col) = pack2(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+// Attention forward: O = softmax(scale * Q K^T + mask) V and LSE, FlashAttention-2's algorithm
+// (Dao, "FlashAttention-2", 2023, Algorithm 1): one CTA owns BLOCK_M query rows (16 per warp),
+// streams K/V blocks of BLOCK_N keys through double-buffered shared memory (cp.async), keeps the
+// running row max and sum in registers and rescales O once at the end.
+//
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
+//            Q_IN_REGS (keep Q's fragments in registers for the whole loop).
+// Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
+// given by cupy_fmha/launch.py (fwd_smem_bytes).
+#include "common.cuh"
+#include "arch_sm80.cuh"
+#include "tile.cuh"
+
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 1
+#endif
+#define NTHREADS (NWARPS * 32)
+#define BLOCK_M (NWARPS * 16)
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+         uint16_t* __restrict__ o, float* __restrict__ lse,
+         index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
+         index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
+         int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
+         int win_y, int win_x) {
+    constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
+    constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
+    uint16_t* sK = sQ + BLOCK_M * (PQ > PV ? PQ : PV);  // sQ doubles as O's staging area
+    uint16_t* sV = sK + 2 * BLOCK_N * PQ;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+    const int q0 = blockIdx.x * BLOCK_M;
+    const uint16_t* qg = q + b * q_sb + h * q_sh;
+    const uint16_t* kg = k + b * k_sb + hk * k_sh;
+    const uint16_t* vg = v + b * v_sb + hk * v_sh;
+    const Window win{win_y, win_x};
+
+    // Key blocks this row block can see (none when the window leaves every row empty).
+    const int q_last = min(q0 + BLOCK_M, seqlen_q) - 1;
+    const int k_lo = max(q0 - win_y + 1, 0);
+    const int k_hi = min(q_last + win_x, seqlen_k);
+    const int kb_begin = k_lo / BLOCK_N;
+    const int kb_end = k_hi > k_lo ? (k_hi + BLOCK_N - 1) / BLOCK_N : kb_begin;
+
+    load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
+    if (kb_begin < kb_end) {
+        load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
+        load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
+    }
+    cp_async_commit();
+
+    float acc_o[NT_O][4];
+    zero<NT_O>(acc_o);
+    float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
+#if Q_IN_REGS
+    uint32_t qf[KQ][4];
+#endif
+    const int m0 = warp * 16;
+
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+        const int buf = (kb - kb_begin) & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+#if Q_IN_REGS
+        if (kb == kb_begin) {
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
+        }
+#endif
+        if (kb + 1 < kb_end) {  // prefetch the next K/V block into the other buffer
+            load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * PQ, kg, k_ss, (kb + 1) * BLOCK_N,
+                                                       seqlen_k, hdim_q, tid);
+            load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * PV, vg, v_ss, (kb + 1) * BLOCK_N,
+                                                       seqlen_k, hdim_v, tid);
+        }
+        cp_async_commit();
+        const uint16_t* sKb = sK + buf * BLOCK_N * PQ;
+        const uint16_t* sVb = sV + buf * BLOCK_N * PV;
+
+        // S = Q K^T (this warp's 16 rows x BLOCK_N keys)
+        float s[NT_S][4];
+        zero<NT_S>(s);
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) {
+#if Q_IN_REGS
+            mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
+#else
+            uint32_t a[4];
+            load_a(a, sQ, PQ, m0, kk * 16, lane);
+            mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
+#endif
+        }
+
+        // scale (log2 units), mask on edge tiles only
+        const int k0 = kb * BLOCK_N;
+        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[n][e] *= scale_log2;
+                if (edge) {
+                    int i = q0 + m0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
+                    if (!win.visible(i, j, seqlen_k)) s[n][e] = -FMHA_INF;
+                }
+            }
+
+        // online softmax
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float m_use = mx == -FMHA_INF ? 0.f : mx;
+            const float corr = fast_exp2(row_max[r] - m_use);
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) {
+                s[n][2 * r] = fast_exp2(s[n][2 * r] - m_use);
+                s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - m_use);
+                sum += s[n][2 * r] + s[n][2 * r + 1];
+            }
+            row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+            for (int n = 0; n < NT_O; ++n) {
+                acc_o[n][2 * r] *= corr;
+                acc_o[n][2 * r + 1] *= corr;
+            }
+        }
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            mma_row_kmajor<NT_O>(acc_o, a, sVb, PV, 0, kk * 16, lane);
+        }
+    }
+
+    // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
+    float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int i = q0 + m0 + g + r * 8;
+        if (t == 0 && i < seqlen_q) lse_g[i] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
+#pragma unroll
+        for (int n = 0; n < NT_O; ++n) {
+            acc_o[n][2 * r] *= inv;
+            acc_o[n][2 * r + 1] *= inv;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done reading sQ / sK
+    uint16_t* sO = sQ;
+#pragma unroll
+    for (int n = 0; n < NT_O; ++n) {
+        *reinterpret_cast<uint32_t*>(sO + (m0 + g) * PV + n * 8 + 2 * t) = pack2(acc_o[n][0], acc_o[n][1]);
+        *reinterpret_cast<uint32_t*>(sO + (m0 + g + 8) * PV + n * 8 + 2 * t) = pack2(acc_o[n][2], acc_o[n][3]);
+    }
+    __syncwarp();
+    uint16_t* og = o + b * o_sb + h * o_sh;
+    constexpr int CH = HDIM_V / 8;
+    for (int c = lane; c < 16 * CH; c += 32) {
+        const int r = c / CH, ch = c % CH, i = q0 + m0 + r;
+        if (i < seqlen_q && ch * 8 < hdim_v)
+            *reinterpret_cast<uint4*>(og + (index_t)i * o_ss + ch * 8) =
+                *reinterpret_cast<const uint4*>(sO + (m0 + r) * PV + ch * 8);
+    }
+}
