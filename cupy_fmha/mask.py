@@ -164,10 +164,11 @@ def resolve_mask(
             f"window_size: expected a pair of ints (left, right), got {window_size!r}"
         ) from None
     fa_given = bool(causal) or (left, right) != (-1, -1)
-    if mask is not None and not (isinstance(mask, str) and mask.strip() in ("", "0", "n", "none")):
+    spec = parse_mask(mask)  # a "no mask" value (None, "0", 0, MaskSpec()) defers to causal/window
+    if not spec.is_none:
         if fa_given:
             raise ValueError("mask: give either mask= or causal=/window_size=, not both")
-        return parse_mask(mask)
+        return spec
     if left < -1 or right < -1:
         raise ValueError(f"window_size: sizes must be >= -1 (-1 = unlimited), got {window_size!r}")
     if causal:

@@ -10,6 +10,7 @@ The tile table (:func:`fwd_tiles`, :func:`bwd_tiles`) is the only place tile siz
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 __all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "default_dispatch_table", "DTYPES"]
@@ -60,12 +61,25 @@ def _mk(source: str, dtype: str, **macros: int) -> KernelSpec:
 # --------------------------------------------------------------------------------------------
 
 
+def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
+    """Tuning hook: ``CUPY_FMHA_FWD_TILES`` / ``CUPY_FMHA_BWD_TILES`` = ``"NWARPS=8,BLOCK_M=64"``
+    replaces entries of the table for every head dim (benchmarks only; not a public option)."""
+    text = os.environ.get(var, "").strip()
+    if text:
+        for item in text.split(","):
+            key, _, val = item.partition("=")
+            tiles[key.strip()] = int(val)
+    return tiles
+
+
 def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
-        return dict(NWARPS=4, BLOCK_N=64, Q_IN_REGS=1)
-    return dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
+        tiles = dict(NWARPS=4, BLOCK_N=64, Q_IN_REGS=1)
+    else:
+        tiles = dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
+    return _override("CUPY_FMHA_FWD_TILES", tiles)
 
 
 def bwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
@@ -73,10 +87,12 @@ def bwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     NSPLIT CTAs sharing one key block's output columns (head dims above 128)."""
     d = max(hdim_q, hdim_v)
     if d <= 64:
-        return dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
-    if d <= 128:
-        return dict(NWARPS=8, BLOCK_M=32, NSPLIT=1, MIN_BLOCKS=1)
-    return dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
+        tiles = dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
+    elif d <= 128:
+        tiles = dict(NWARPS=8, BLOCK_M=32, NSPLIT=1, MIN_BLOCKS=1)
+    else:
+        tiles = dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
+    return _override("CUPY_FMHA_BWD_TILES", tiles)
 
 
 def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:

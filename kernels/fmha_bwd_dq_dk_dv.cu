@@ -55,9 +55,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     constexpr int NT_DQ = DQ_OUT / 8, NT_DV = DV_OUT / 8;
     constexpr int MT4 = BLOCK_M / 16;            // GEMM4: m-tiles of dQ
     constexpr int WC4 = NWARPS / MT4;            // GEMM4: warps sharing one m-tile
-    constexpr int NT4 = DQ_OUT / 8 / WC4;        // GEMM4: n-tiles per warp
+    constexpr int NT4 = (DQ_OUT / 8 + WC4 - 1) / WC4;  // GEMM4: n-tiles per warp (the last warp
+                                                        // of a row may compute unused columns)
     static_assert(NWARPS % MT4 == 0, "NWARPS must be a multiple of BLOCK_M / 16");
-    static_assert((DQ_OUT / 8) % WC4 == 0, "dQ columns must split evenly across warps");
     static_assert(DQ_OUT % 16 == 0 && DV_OUT % 16 == 0, "split head dims must be multiples of 16");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -182,6 +182,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
             float acc_dq[NT4][4];
             zero<NT4>(acc_dq);
             const int c0 = split * DQ_OUT + wc4 * NT4 * 8;
+            const int c_end = min(hdim_q, (split + 1) * DQ_OUT);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 uint32_t a[4];
@@ -196,7 +197,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
                         const int col = c0 + n * 8 + 2 * t;
-                        if (col < hdim_q) red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                        if (col < c_end) red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                     }
                 }
             }

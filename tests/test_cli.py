@@ -1,0 +1,255 @@
+"""The ``cupy-fmha`` command line on the NumPy backend (no GPU needed), plus one GPU smoke run.
+
+Every CPU test forces "no GPU" (``device.gpu_available`` patched to ``False``) so the results are
+the same on machines with and without one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cupy_fmha import device, timing
+from cupy_fmha.cli import app as cli
+
+runner = CliRunner()
+
+SMALL = ["-b", "2", "--nhead", "2", "-s", "48", "-d", "32", "--backend", "numpy"]
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+
+
+def invoke(*args):
+    return runner.invoke(cli.app, [str(a) for a in args])
+
+
+def assert_valid_line(res):
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1, res.stdout
+    assert lines[0].endswith("valid: y"), lines[0]
+    return lines[0]
+
+
+def assert_usage_error(res, *words):
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("cupy-fmha: error:"), err
+    assert "Traceback" not in res.output
+    for w in words:
+        assert w in err, (w, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# runs that must pass
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_small_run_is_valid(no_gpu, mode, dtype):
+    line = assert_valid_line(invoke(mode, *SMALL, "--dtype", dtype))
+    assert line.startswith(f"{mode} {dtype} bshd b=2 h=2/2 sq=48 sk=48 d=32/32")
+    for name in ("o", "lse") if mode == "fwd" else ("dq", "dk", "dv"):
+        assert f" {name} " in line
+    assert "ms," in line and "TFLOP/s" in line and "GB/s" in line
+
+
+@pytest.mark.parametrize(
+    "mask_args",
+    [
+        ["--mask", "0"],
+        ["--mask", "t"],
+        ["--mask", "b"],
+        ["--mask", "t:8,0"],
+        ["--mask", "b:4,4"],
+        ["--mask", "xt:16"],
+        ["--mask", "xb:0"],
+        ["--mask", "g:20,10"],
+        ["--causal"],
+        ["--window", "8,0"],
+        ["--causal", "--window", "16,-1"],
+    ],
+)
+def test_masks(no_gpu, mask_args):
+    # sq != sk so top-left and bottom-right differ
+    assert_valid_line(invoke("bwd", *SMALL, "--seqlen-k", 64, *mask_args))
+
+
+@pytest.mark.parametrize("nhead_k", [1, 2])
+def test_gqa_mqa(no_gpu, nhead_k):
+    line = assert_valid_line(
+        invoke("bwd", "-b", 1, "--nhead", 4, "--nhead-k", nhead_k, "-s", 32, "-d", 16,
+               "--backend", "numpy", "--mask", "b")
+    )
+    assert f"h=4/{nhead_k}" in line
+
+
+def test_bhsd_layout_and_hdim_v(no_gpu):
+    line = assert_valid_line(
+        invoke("bwd", *SMALL, "--layout", "bhsd", "--hdim-v", 16, "--seqlen-k", 40)
+    )
+    assert " bhsd " in line and "d=32/16" in line and "sk=40" in line
+
+
+def test_scale_and_seed(no_gpu):
+    assert_valid_line(invoke("fwd", *SMALL, "--scale", 0.05, "--seed", 7))
+
+
+def test_json_output(no_gpu):
+    res = invoke("bwd", *SMALL, "--nhead", 4, "--nhead-k", 2, "--json", "--mask", "t")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert obj["mode"] == "bwd" and obj["backend"] == "numpy"
+    assert obj["config"]["nhead"] == 4 and obj["config"]["nhead_k"] == 2
+    assert [c["name"] for c in obj["checks"]] == ["dq", "dk", "dv"]
+    assert all(c["ok"] for c in obj["checks"]) and obj["valid"] is True
+    assert obj["timing"]["median_ms"] > 0 and obj["flops"] > 0 and obj["bytes"] > 0
+    assert obj["checked"]["full"] is True
+
+
+def test_large_problem_checks_a_subset(no_gpu, monkeypatch):
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    res = invoke("fwd", "-b", 3, "--nhead", 4, "--nhead-k", 2, "-s", 16, "-d", 8,
+                 "--backend", "numpy", "--json")
+    obj = json.loads(res.stdout)
+    assert res.exit_code == 0 and obj["valid"] is True
+    # first and last batch; first and last K/V head with their whole query-head groups
+    assert obj["checked"] == {"batches": [0, 2], "heads_q": [0, 1, 2, 3], "full": False}
+    res = invoke("fwd", "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 16, "-d", 8,
+                 "--backend", "numpy", "--json")
+    assert json.loads(res.stdout)["checked"]["heads_q"] == [0, 1, 4, 5]
+    res = invoke("fwd", "-b", 3, "--nhead", 6, "-s", 16, "-d", 8, "--backend", "numpy",
+                 "--json", "--full-check")
+    assert json.loads(res.stdout)["checked"]["full"] is True
+
+
+def test_no_verify(no_gpu):
+    res = invoke("fwd", *SMALL, "--no-verify")
+    assert res.exit_code == 0
+    assert res.stdout.strip().endswith("valid: -")
+
+
+def test_repeat_and_warmup(no_gpu):
+    res = invoke("fwd", *SMALL, "--warmup", 1, "--repeat", 3, "--json")
+    obj = json.loads(res.stdout)
+    assert obj["warmup"] == 1 and obj["repeat"] == 3 and obj["timing"]["samples"] == 3
+
+
+def test_auto_backend_without_gpu_falls_back_with_notice(no_gpu):
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8)
+    assert_valid_line(res)
+    assert "[numpy]" in res.stdout
+    notice = res.stderr.strip().splitlines()
+    assert len(notice) == 1 and "numpy" in notice[0]
+
+
+def test_failed_check_exits_nonzero(no_gpu, monkeypatch):
+    from cupy_fmha import verify
+
+    real = verify.compare
+
+    def failing(*args, **kwargs):
+        c = real(*args, **kwargs)
+        if dataclasses.is_dataclass(c):
+            return dataclasses.replace(c, ok=False)
+        return c._replace(ok=False)
+
+    monkeypatch.setattr(verify, "compare", failing)
+    res = invoke("fwd", *SMALL)
+    assert res.exit_code == 1
+    assert res.stdout.strip().endswith("valid: n")
+
+
+# ---------------------------------------------------------------------------------------------
+# argument errors: one line on stderr, exit 2
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--dtype", "fp32"], ["--dtype"]),
+        (["--layout", "sbhd"], ["--layout"]),
+        (["--backend", "gpu"], ["--backend"]),
+        (["--nhead", 3, "--nhead-k", 2], ["--nhead-k"]),
+        (["--batch", 0], ["--batch"]),
+        (["--batch", "abc"], ["--batch"]),
+        (["--no-such-option"], ["--no-such-option"]),
+        (["--mask", "zz"], ["--mask"]),
+        (["--mask", "t", "--causal"], ["--mask"]),
+        (["--window", "3"], ["--window"]),
+        (["--window", "-5,0"], ["--window"]),
+        (["--scale", "nan"], ["--scale"]),
+        (["--hdim", 12], ["head dim"]),
+        (["--hdim", 512], ["head dim"]),
+        (["--repeat", 0], ["--repeat"]),
+    ],
+)
+def test_bad_arguments(no_gpu, args, words):
+    assert_usage_error(invoke("bwd", *SMALL, *args), *words)
+
+
+def test_cupy_backend_without_gpu_is_a_clear_error(no_gpu):
+    res = invoke("bwd", *SMALL[:-2], "--backend", "cupy")
+    assert_usage_error(res, "--backend cupy", "GPU")
+
+
+# ---------------------------------------------------------------------------------------------
+# info, device, timing
+
+
+def test_info_without_gpu(no_gpu):
+    res = invoke("info")
+    assert res.exit_code == 0, res.stderr
+    assert "gpu_available" in res.stdout and "kernel_cache_dir" in res.stdout
+    res = invoke("info", "--json")
+    d = json.loads(res.stdout)
+    assert d["gpu_available"] is False and "note" in d
+
+
+def test_describe_keys():
+    d = device.describe()
+    for key in ("gpu_available", "device", "compute_capability", "sm_count", "memory_gib",
+                "cupy", "cuda_runtime", "cuda_driver", "nvrtc", "kernel_cache_dir"):
+        assert key in d
+    assert isinstance(device.gpu_available(), bool)
+
+
+def test_time_host_counts_and_rotation():
+    calls = []
+    t = timing.time_host(lambda x: calls.append(x), warmup=2, repeat=5, rotate=[(1,), (2,)])
+    assert calls == [1, 2, 1, 2, 1, 2, 1]
+    assert len(t.samples) == 5
+    assert t.min_ms <= t.p20 <= t.median_ms <= t.p80 <= max(t.samples)
+    with pytest.raises(ValueError, match="repeat"):
+        timing.time_host(lambda: None, repeat=0)
+
+
+def test_timing_percentiles():
+    t = timing.Timing.from_samples([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.min_ms, t.p20, t.median_ms, t.p80) == pytest.approx((1.0, 1.8, 3.0, 4.2))
+
+
+# ---------------------------------------------------------------------------------------------
+# on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_cupy_backend_small(mode):
+    if not device.gpu_available():
+        pytest.skip("needs a CUDA GPU with CuPy")
+    res = invoke(mode, "-b", 2, "--nhead", 4, "--nhead-k", 2, "-s", 128, "--seqlen-k", 160,
+                 "-d", 64, "--mask", "b", "--backend", "cupy", "--warmup", 1, "--repeat", 3,
+                 "--json")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    obj = json.loads(res.stdout)
+    assert obj["backend"] == "cupy" and obj["valid"] is True

@@ -1,0 +1,320 @@
+"""GPU API (cupy_fmha.attention_forward / attention_backward) against the NumPy reference.
+
+Every test is marked ``gpu`` and skipped without CuPy or a device (see conftest.py). Cases are a
+hand-picked list, not a cartesian product: kernels are JIT-compiled per (dtype, hdim_q, hdim_v),
+so most mask / GQA / layout / seqlen variety is on fp16 hdim 64 and bf16 hdim 128, and every other
+(dtype, hdim) appears in one to three cases (12 distinct combinations in all).
+
+Judging: :func:`cupy_fmha.verify.compare` against the float64 reference and the emulated
+same-precision reference (``precision="low"``). Outputs are poisoned: before each GPU call the
+CuPy memory pool is filled with NaN bits, so elements a kernel fails to write come out NaN.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:  # the conftest hook skips these tests without a device; this keeps collection clean
+    import cupy as cp
+except Exception:  # pragma: no cover - no CuPy at all
+    cp = None
+
+from cupy_fmha import reference as R
+from cupy_fmha.verify import bf16_bits_to_float, compare, float_to_bf16_bits
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def poison_pool():
+    """Returns ``poison()``: fill free memory of CuPy's default pool with 0xFF bytes (NaN in fp16,
+    bf16 and fp32) so the next allocations start as NaN."""
+    pool = cp.get_default_memory_pool()
+
+    def poison(nbytes: int = 512 << 20) -> None:
+        pool.free_all_blocks()
+        buf = cp.empty(nbytes, dtype=cp.uint8)
+        buf.fill(0xFF)
+        del buf  # back to the pool: later allocations are carved from this block
+        probe = cp.empty(64, dtype=cp.uint16)
+        assert bool((probe == 0xFFFF).all()), "memory-pool poisoning does not reach new arrays"
+        del probe
+
+    yield poison
+    pool.free_all_blocks()
+
+
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+def _shape(layout, b, s, h, d):
+    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+
+
+class Inputs:
+    """Host (reference) and device copies of q, k, v, dO with the given dtype."""
+
+    def __init__(self, dtype, layout, b, sq, sk, hq, hk, d, dv, seed):
+        rng = np.random.default_rng(seed)
+        self.dtype, self.layout = dtype, layout
+        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
+        # scores ~ N(0, 1.5^2): softmax neither uniform nor one-hot
+        self.host = {
+            "q": self._host(1.5 * rng.standard_normal(_shape(layout, b, sq, hq, d))),
+            "k": self._host(rng.standard_normal(_shape(layout, b, sk, hk, d))),
+            "v": self._host(rng.standard_normal(_shape(layout, b, sk, hk, dv))),
+            "do": self._host(rng.standard_normal(_shape(layout, b, sq, hq, dv))),
+        }
+        self.dev = {n: self.to_device(x) for n, x in self.host.items()}
+
+    def _host(self, x):
+        return x.astype(np.float32).astype(self.dtype)
+
+    def to_device(self, x):
+        if self.dtype == BF16:
+            return cp.asarray(np.ascontiguousarray(x).view(np.uint16))
+        return cp.asarray(x)
+
+    def to_float(self, x):
+        """Device result -> float64 NumPy."""
+        if self.dtype == BF16:
+            return bf16_bits_to_float(x).astype(np.float64)
+        return cp.asnumpy(x).astype(np.float64)
+
+
+def _run(inp, poison, kw, dev=None):
+    dev = dev or inp.dev
+    poison()
+    o, lse = cp_fmha().attention_forward(dev["q"], dev["k"], dev["v"], **kw, dtype=inp.dtype_arg)
+    poison()
+    g = cp_fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw,
+                                     dtype=inp.dtype_arg)
+    cp.cuda.get_current_stream().synchronize()
+    return o, lse, g
+
+
+def cp_fmha():
+    import cupy_fmha
+
+    return cupy_fmha
+
+
+def _check_all(inp, o, lse, g, kw, d, dv):
+    h = inp.host
+    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], layout=inp.layout, **kw)
+    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], layout=inp.layout,
+                                         precision="low", **kw)
+    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], layout=inp.layout, **kw)
+    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], layout=inp.layout,
+                                 precision="low", **kw)
+    assert lse.dtype == cp.float32 and lse.shape == ref_lse.shape
+    assert o.shape == ref_o.shape and o.dtype == inp.dev["q"].dtype
+    assert g.dq.shape == h["q"].shape and g.dk.shape == h["k"].shape and g.dv.shape == h["v"].shape
+    outs = {
+        "o": (inp.to_float(o), ref_o, low_o),
+        "lse": (cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse),
+        "dq": (inp.to_float(g.dq), ref_g[0], low_g[0]),
+        "dk": (inp.to_float(g.dk), ref_g[1], low_g[1]),
+        "dv": (inp.to_float(g.dv), ref_g[2], low_g[2]),
+    }
+    checks = [compare(n, out, ref, low, dtype=inp.dtype, hdim_q=d, hdim_v=dv)
+              for n, (out, ref, low) in outs.items()]
+    bad = [str(c) for c in checks if not c.ok]
+    assert not bad, "\n".join(bad)
+    return outs
+
+
+# --------------------------------------------------------------------------- cases
+
+F16 = np.dtype(np.float16)
+# id: (dtype, layout, b, sq, sk, hq, hk, d, dv, mask kwargs)
+CASES = {
+    # fp16, hdim 64: masks, seqlens, GQA, layouts
+    "f16-d64-none-253": (F16, "bshd", 2, 253, 253, 4, 4, 64, 64, {}),
+    "f16-d64-t-500x1000-gqa2": (F16, "bshd", 1, 500, 1000, 4, 2, 64, 64, {"mask": "t"}),
+    "f16-d64-b-1000x500-empty-rows": (F16, "bhsd", 1, 1000, 500, 2, 2, 64, 64, {"mask": "b"}),
+    "f16-d64-t:100,50-1000": (F16, "bshd", 1, 1000, 1000, 2, 1, 64, 64, {"mask": "t:100,50"}),
+    "f16-d64-b:30,0-17x253": (F16, "bhsd", 3, 17, 253, 8, 2, 64, 64, {"mask": "b:30,0"}),
+    "f16-d64-xt:64-500": (F16, "bshd", 1, 500, 500, 4, 1, 64, 64, {"mask": "xt:64"}),
+    "f16-d64-xb:33-253x500": (F16, "bshd", 2, 253, 500, 2, 2, 64, 64, {"mask": "xb:33"}),
+    "f16-d64-g:200,10-500x253": (F16, "bhsd", 1, 500, 253, 4, 4, 64, 64, {"mask": "g:200,10"}),
+    "f16-d64-causal-1000-mqa8": (F16, "bshd", 1, 1000, 1000, 8, 1, 64, 64, {"causal": True}),
+    "f16-d64-window128,0-1000x500": (F16, "bshd", 1, 1000, 500, 2, 2, 64, 64,
+                                     {"window_size": (128, 0)}),
+    "f16-d64-window64,64-bhsd": (F16, "bhsd", 2, 253, 253, 4, 2, 64, 64, {"window_size": (64, 64)}),
+    "f16-d64-sq1-sk253": (F16, "bshd", 4, 1, 253, 4, 4, 64, 64, {}),
+    "f16-d64-sq253-sk1": (F16, "bshd", 1, 253, 1, 4, 4, 64, 64, {}),
+    "f16-d64-sq1-sk1-causal": (F16, "bhsd", 2, 1, 1, 2, 2, 64, 64, {"causal": True}),
+    "f16-d64-17-b": (F16, "bshd", 2, 17, 17, 2, 2, 64, 64, {"mask": "b"}),
+    # fp16, other head dims
+    "f16-d32-none-500": (F16, "bshd", 1, 500, 500, 4, 4, 32, 32, {}),
+    "f16-d32-causal-17x253": (F16, "bhsd", 2, 17, 253, 4, 1, 32, 32, {"causal": True}),
+    "f16-d72-none-253x17": (F16, "bshd", 2, 253, 17, 2, 2, 72, 72, {}),
+    "f16-d72-t-253": (F16, "bshd", 1, 253, 253, 4, 2, 72, 72, {"mask": "t"}),
+    "f16-d96-causal-500": (F16, "bshd", 1, 500, 500, 4, 4, 96, 96, {"causal": True}),
+    "f16-d128-none-1000-gqa8": (F16, "bshd", 1, 1000, 1000, 8, 1, 128, 128, {}),
+    "f16-d128-b-bhsd": (F16, "bhsd", 2, 253, 500, 4, 4, 128, 128, {"mask": "b"}),
+    "f16-d192-none-253": (F16, "bshd", 1, 253, 253, 4, 4, 192, 192, {}),
+    "f16-d192x128-causal-500": (F16, "bshd", 1, 500, 500, 4, 2, 192, 128, {"causal": True}),
+    "f16-d192x128-none-17x500": (F16, "bhsd", 2, 17, 500, 2, 2, 192, 128, {}),
+    "f16-d256-none-253": (F16, "bshd", 1, 253, 253, 2, 2, 256, 256, {}),
+    "f16-d256-causal-500x253": (F16, "bshd", 1, 500, 253, 2, 1, 256, 256, {"causal": True}),
+    # bf16, hdim 128: masks, GQA, layouts, empty rows
+    "bf16-d128-none-500": (BF16, "bshd", 2, 500, 500, 4, 4, 128, 128, {}),
+    "bf16-d128-causal-1000-gqa4": (BF16, "bshd", 1, 1000, 1000, 8, 2, 128, 128, {"causal": True}),
+    "bf16-d128-b-500x253-empty-rows": (BF16, "bhsd", 1, 500, 253, 4, 4, 128, 128, {"mask": "b"}),
+    "bf16-d128-t:64,0-bhsd": (BF16, "bhsd", 2, 253, 253, 2, 2, 128, 128, {"mask": "t:64,0"}),
+    "bf16-d128-xb:100-17x1000": (BF16, "bshd", 1, 17, 1000, 4, 1, 128, 128, {"mask": "xb:100"}),
+    "bf16-d128-g:50,50-sq1": (BF16, "bshd", 2, 1, 253, 2, 2, 128, 128, {"mask": "g:50,50"}),
+    "bf16-d64-b:10,10-gqa2": (BF16, "bshd", 2, 253, 500, 4, 2, 64, 64, {"mask": "b:10,10"}),
+    "bf16-d192x128-none-253": (BF16, "bshd", 1, 253, 253, 4, 4, 192, 128, {}),
+    "bf16-d256-causal-500": (BF16, "bhsd", 1, 500, 500, 2, 2, 256, 256, {"causal": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_backward_matches_reference(case, poison_pool):
+    dtype, layout, b, sq, sk, hq, hk, d, dv, mkw = CASES[case]
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, _seed(case))
+    before = {n: x.copy() for n, x in inp.dev.items()}
+    kw = dict(mkw, layout=layout)
+    o, lse, g = _run(inp, poison_pool, kw)
+    outs = _check_all(inp, o, lse, g, kw, d, dv)
+    for n, x in inp.dev.items():  # inputs untouched
+        assert bool((x == before[n]).all()), n
+    ref_lse = outs["lse"][1]
+    empty = np.isneginf(ref_lse)  # [b, hq, sq]
+    if empty.any():
+        o_f, dq_f = outs["o"][0], outs["dq"][0]
+        if layout == "bshd":
+            o_f, dq_f = o_f.transpose(0, 2, 1, 3), dq_f.transpose(0, 2, 1, 3)
+        assert np.all(o_f[empty] == 0)
+        assert np.all(dq_f[empty] == 0)
+        assert np.all(np.isneginf(outs["lse"][0][empty]))
+
+
+def test_rows_without_keys_are_zero(poison_pool):
+    # bottom-right causal with sq > sk: the first sq - sk rows see nothing
+    b, sq, sk, h, d = 2, 500, 253, 2, 64
+    inp = Inputs(F16, "bshd", b, sq, sk, h, h, d, d, _seed("empty"))
+    o, lse, g = _run(inp, poison_pool, {"mask": "b"})
+    o, lse, dq = cp.asnumpy(o), cp.asnumpy(lse), cp.asnumpy(g.dq)
+    n = sq - sk
+    for x in (o, dq, cp.asnumpy(g.dk), cp.asnumpy(g.dv)):
+        assert not np.isnan(x.astype(np.float32)).any()
+    assert np.all(o[:, :n] == 0) and np.all(dq[:, :n] == 0)
+    assert np.all(np.isneginf(lse[:, :, :n])) and np.all(np.isfinite(lse[:, :, n:]))
+
+
+STRIDED = {
+    "f16-d64-bshd-causal": (F16, "bshd", 2, 253, 4, 64, {"causal": True}),
+    "bf16-d128-bshd-none": (BF16, "bshd", 1, 500, 2, 128, {}),
+    "f16-d64-bhsd-t:32,8": (F16, "bhsd", 2, 253, 2, 64, {"mask": "t:32,8"}),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED))
+def test_strided_inputs_match_contiguous(case, poison_pool):
+    dtype, layout, b, s, h, d, mkw = STRIDED[case]
+    inp = Inputs(dtype, layout, b, s, s, h, h, d, d, _seed(case))
+    # packed qkv: [b, s, 3, h, d] (bshd) or [b, 3, h, s, d] (bhsd); q, k, v are views into it
+    axis = 2 if layout == "bshd" else 1
+    packed = cp.stack([inp.dev["q"], inp.dev["k"], inp.dev["v"]], axis=axis)
+    take = (lambda i: packed[:, :, i]) if layout == "bshd" else (lambda i: packed[:, i])
+    do = inp.dev["do"]
+    # dO with other strides than O: a transposed copy viewed back
+    perm = (0, 2, 1, 3)
+    do_strided = cp.ascontiguousarray(do.transpose(perm)).transpose(perm)
+    strided = {"q": take(0), "k": take(1), "v": take(2), "do": do_strided}
+    assert not strided["q"].flags.c_contiguous and do_strided.strides != do.strides
+    kw = dict(mkw, layout=layout)
+    o1, lse1, g1 = _run(inp, poison_pool, kw, dev=strided)
+    o2, lse2, g2 = _run(inp, poison_pool, kw)
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())  # -inf == -inf holds
+    # dK, dV: written once per K block, deterministic; dQ: fp32 atomics may reorder additions
+    assert bool((g1.dk == g2.dk).all()) and bool((g1.dv == g2.dv).all())
+    dq1, dq2 = inp.to_float(g1.dq), inp.to_float(g2.dq)
+    ulp = 2.0**-10 if dtype == F16 else 2.0**-7
+    assert np.max(np.abs(dq1 - dq2)) <= 2 * ulp * np.max(np.abs(dq2))
+    _check_all(inp, o1, lse1, g1, kw, d, d)
+
+
+def test_numpy_inputs_are_copied():
+    inp = Inputs(F16, "bshd", 1, 64, 64, 2, 2, 64, 64, _seed("numpy"))
+    h = inp.host
+    o, lse = cp_fmha().attention_forward(h["q"], h["k"], h["v"], causal=True)
+    assert isinstance(o, cp.ndarray) and isinstance(lse, cp.ndarray)
+    ref_o, _ = R.attention_forward(h["q"], h["k"], h["v"], causal=True)
+    assert compare("o", cp.asnumpy(o), ref_o, dtype=F16, hdim_q=64, hdim_v=64).ok
+
+
+def _bad_inputs():
+    rng = np.random.default_rng(0)
+    mk = lambda *s: cp.asarray(rng.standard_normal(s).astype(np.float16))  # noqa: E731
+    q, k, v = mk(1, 16, 2, 64), mk(1, 16, 2, 64), mk(1, 16, 2, 64)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "arg, exc, mutate",
+    [
+        ("q", ValueError, lambda q, k, v: (q[0], k, v, {})),
+        ("k", TypeError, lambda q, k, v: (q, k.astype(cp.float32), v, {})),
+        ("q", TypeError, lambda q, k, v: (q.view(cp.uint16), k.view(cp.uint16), v.view(cp.uint16), {})),
+        ("q", ValueError, lambda q, k, v: (q[..., :60], k[..., :60], v, {})),
+        ("q", ValueError, lambda q, k, v: (cp.repeat(q, 2, axis=3)[..., ::2], k, v, {})),
+        ("k", ValueError, lambda q, k, v: (q, cp.concatenate([k] * 3, axis=2), cp.concatenate([v] * 3, axis=2), {})),
+        ("v", ValueError, lambda q, k, v: (q, k, v[:, :8], {})),
+        ("layout", ValueError, lambda q, k, v: (q, k, v, {"layout": "sbhd"})),
+        ("mask", ValueError, lambda q, k, v: (q, k, v, {"mask": "t", "causal": True})),
+        ("softmax_scale", ValueError, lambda q, k, v: (q, k, v, {"softmax_scale": float("nan")})),
+    ],
+)
+def test_bad_inputs_rejected(arg, exc, mutate):
+    q, k, v, kw = mutate(*_bad_inputs())
+    with pytest.raises(exc, match=arg):
+        cp_fmha().attention_forward(q, k, v, **kw)
+
+
+def test_bad_backward_inputs_rejected():
+    q, k, v = _bad_inputs()
+    o, lse = cp_fmha().attention_forward(q, k, v)
+    do = cp.ones_like(o)
+    with pytest.raises(TypeError, match="lse"):
+        cp_fmha().attention_backward(do, q, k, v, o, lse.astype(cp.float16))
+    with pytest.raises(ValueError, match="lse"):
+        cp_fmha().attention_backward(do, q, k, v, o, lse[:, :, :8])
+    with pytest.raises(ValueError, match="do"):
+        cp_fmha().attention_backward(do[:, :8], q, k, v, o, lse)
+    with pytest.raises(ValueError, match="o"):
+        cp_fmha().attention_backward(do, q, k, v, o[..., :32], lse)
+
+
+def test_arrays_on_different_devices_rejected():
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    q, k, v = _bad_inputs()
+    with cp.cuda.Device(1):
+        v1 = cp.asarray(v)
+    with pytest.raises(ValueError, match="v"):
+        cp_fmha().attention_forward(q, k, v1)
+
+
+def test_bf16_bits_need_dtype():
+    rng = np.random.default_rng(3)
+    x = float_to_bf16_bits(rng.standard_normal((1, 16, 2, 64)))
+    q = cp.asarray(x)
+    with pytest.raises(TypeError, match="bfloat16"):
+        cp_fmha().attention_forward(q, q, q)
+    o, lse = cp_fmha().attention_forward(q, q, q, dtype="bfloat16")
+    assert o.dtype == cp.uint16

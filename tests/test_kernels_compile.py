@@ -1,0 +1,47 @@
+"""Offline NVRTC compile of every kernel instance in the default dispatch table, for sm_80 and
+sm_90a, failing on any local-memory spill in ptxas's report. Needs NVRTC (the cuda13 extra), not
+a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_fmha import compile as C
+from cupy_fmha.spec import default_dispatch_table
+
+ARCHS = ("sm_80", "sm_90a")
+
+
+def _nvrtc_usable() -> bool:
+    v = C.nvrtc_version()
+    return v is not None
+
+
+pytestmark = pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC not available (install the cuda13 extra)")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("spec", default_dispatch_table(), ids=lambda s: s.name)
+def test_kernel_compiles_without_spills(spec, arch):
+    rep = C.offline_compile(spec, arch)
+    assert rep.registers > 0, rep.log
+    assert not rep.spills, (
+        f"{spec.name} on {arch}: {rep.registers} registers, {rep.spill_stores} B spill stores, "
+        f"{rep.spill_loads} B spill loads, {rep.stack_frame} B stack frame\n{rep.log}"
+    )
+
+
+def test_sources_are_self_contained():
+    # includes are expanded by the loader, so the text NVRTC (and CuPy's cache) sees is complete
+    for stem in ("fmha_fwd", "fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_convert_dq"):
+        src = C.load_source(stem)
+        assert '#include "' not in src
+        assert f"{stem}(" in src
+
+
+def test_inline_ptx_only_in_arch_layer():
+    # the HIP port reuses everything but the architecture layer
+    kdir = C.kernel_dir()
+    for path in kdir.iterdir():
+        if path.suffix in (".cu", ".cuh") and path.name != "arch_sm80.cuh":
+            assert "asm" not in path.read_text(), f"inline PTX outside the arch layer: {path.name}"

@@ -1,0 +1,50 @@
+"""Launch maths: grids, blocks and shared memory for every kernel instance, without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_fmha import launch as L
+from cupy_fmha.mask import Window
+from cupy_fmha.spec import bwd_specs, default_dispatch_table, fwd_spec, pad_hdim
+
+HDIMS = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (64, 256), (256, 64)]
+
+
+@pytest.mark.parametrize("hq,hv", HDIMS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_shared_memory_fits_and_grids_cover(hq, hv, dtype):
+    f = fwd_spec(dtype, hq, hv)
+    lf = L.fwd_launch(f, 3, 5, 1000)
+    assert 0 < lf.smem <= L.SMEM_LIMIT
+    bm = 16 * f.macro("NWARPS")
+    assert lf.grid == (-(-1000 // bm), 5, 3) and lf.block == (32 * f.macro("NWARPS"), 1, 1)
+    assert f.macro("HDIM_Q") >= hq and f.macro("HDIM_V") >= hv and f.macro("HDIM_Q") % 16 == 0
+
+    b = bwd_specs(dtype, hq, hv)
+    lb = L.dq_dk_dv_launch(b.dq_dk_dv, 3, 5, 777)
+    assert 0 < lb.smem <= L.SMEM_LIMIT
+    bn = 16 * b.dq_dk_dv.macro("NWARPS")
+    ns = b.dq_dk_dv.macro("NSPLIT")
+    assert lb.grid == (-(-777 // bn) * ns, 5, 3)
+    dqp = b.dq_dk_dv.macro("HDIM_Q")
+    assert dqp >= hq and (dqp // ns) % 16 == 0
+    assert L.dot_do_o_launch(b.dot_do_o, 3, 5, 1000).grid[0] * b.dot_do_o.macro("ROWS") >= 1000
+    assert L.convert_launch(b.convert_dq, 3, 5, 1000).grid[0] * b.convert_dq.macro("ROWS") >= 1000
+
+
+def test_dispatch_table_names_unique_and_both_dtypes():
+    specs = default_dispatch_table()
+    names = [s.name for s in specs]
+    assert len(names) == len(set(names))
+    assert {s.dtype for s in specs} == {"fp16", "bf16"}
+
+
+def test_kernel_window_clamps():
+    assert L.kernel_window(None) == (L.WINDOW_INF, L.WINDOW_INF)
+    assert L.kernel_window(Window(5, -3)) == (5, -3)
+    assert L.kernel_window(Window(1 << 40, -(1 << 40))) == (L.WINDOW_INF, -L.WINDOW_INF)
+
+
+def test_pad_hdim():
+    assert [pad_hdim(d) for d in (8, 16, 40, 72, 104)] == [16, 16, 48, 80, 112]

@@ -1,0 +1,171 @@
+"""Input checks (cupy_fmha.validate) with NumPy arrays: every error names its argument, and the
+inputs are never modified."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupy_fmha.mask import MaskSpec
+from cupy_fmha.validate import Problem, check_backward_inputs, check_forward_inputs
+
+BF16 = ml_dtypes.bfloat16
+
+
+def arrays(layout="bshd", b=2, sq=5, sk=7, hq=4, hk=2, d=16, dv=8, dtype=np.float16, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def mk(s, h, n):
+        shape = (b, s, h, n) if layout == "bshd" else (b, h, s, n)
+        return rng.standard_normal(shape).astype(dtype)
+
+    q, k, v = mk(sq, hq, d), mk(sk, hk, d), mk(sk, hk, dv)
+    o, do = mk(sq, hq, dv), mk(sq, hq, dv)
+    lse = rng.standard_normal((b, hq, sq)).astype(np.float32)
+    return dict(do=do, q=q, k=k, v=v, o=o, lse=lse)
+
+
+def fwd(a, **kw):
+    return check_forward_inputs(a["q"], a["k"], a["v"], **kw)
+
+
+def bwd(a, **kw):
+    return check_backward_inputs(a["do"], a["q"], a["k"], a["v"], a["o"], a["lse"], **kw)
+
+
+def test_problem_fields():
+    a = arrays()
+    p = fwd(a, causal=True)
+    assert isinstance(p, Problem)
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.nhead_q, p.nhead_k, p.hdim_q, p.hdim_v) == (2, 5, 7, 4, 2, 16, 8)
+    assert p.dtype == np.float16 and p.layout == "bshd" and p.group == 2
+    assert math.isclose(p.softmax_scale, 1 / 4)
+    assert p.mask == MaskSpec("bottom_right", -1, 0)
+    assert p.window == p.mask.window(5, 7)
+    assert bwd(a) == fwd(a)
+    b = arrays("bhsd", dtype=BF16)
+    p = bwd(b, layout="bhsd", softmax_scale=0.5, mask="t:1,1")
+    assert p.dtype == np.dtype(BF16) and p.seqlen_q == 5 and p.nhead_k == 2 and p.softmax_scale == 0.5
+    assert fwd(b, layout="bhsd", dtype="bfloat16").dtype == np.dtype(BF16)
+
+
+def test_uint16_bf16_bits():
+    a = arrays(dtype=BF16)
+    bits = {n: (x.view(np.uint16) if n != "lse" else x) for n, x in a.items()}
+    assert bwd(bits, dtype="bfloat16").dtype == np.dtype(BF16)
+    assert bwd(bits, dtype="bf16").dtype == np.dtype(BF16)
+    with pytest.raises(TypeError, match=r"q: .*uint16.*dtype='bfloat16'"):
+        fwd(bits)
+    with pytest.raises(TypeError, match="q: .*uint16"):
+        fwd(bits, dtype="float16")
+    with pytest.raises(ValueError, match="dtype"):
+        fwd(bits, dtype="int8")
+
+
+ERRORS = [
+    # (argument named, exception, message fragment, mutation of the arrays / kwargs)
+    ("q", TypeError, "array", lambda a, kw: a.update(q=a["q"].tolist())),
+    ("k", TypeError, "array", lambda a, kw: a.update(k=None)),
+    ("v", ValueError, "rank-4", lambda a, kw: a.update(v=a["v"][0])),
+    ("do", ValueError, "rank-4", lambda a, kw: a.update(do=a["do"][None])),
+    ("lse", ValueError, "rank-3", lambda a, kw: a.update(lse=a["lse"][..., None])),
+    ("layout", ValueError, "bshd", lambda a, kw: kw.update(layout="sbhd")),
+    ("k", ValueError, "batch", lambda a, kw: a.update(k=np.concatenate([a["k"], a["k"]]))),
+    ("v", ValueError, "batch", lambda a, kw: a.update(v=a["v"][:1])),
+    ("v", ValueError, "seqlen", lambda a, kw: a.update(v=a["v"][:, :3])),
+    ("v", ValueError, "heads", lambda a, kw: a.update(v=a["v"][:, :, :1])),
+    ("k", ValueError, "head dim", lambda a, kw: a.update(k=a["k"][..., :8])),
+    ("k", ValueError, "divide", lambda a, kw: a.update(k=np.concatenate([a["k"]] * 3, axis=2),
+                                                       v=np.concatenate([a["v"]] * 3, axis=2))),
+    ("o", ValueError, "shape", lambda a, kw: a.update(o=a["o"][:, :4])),
+    ("do", ValueError, "shape", lambda a, kw: a.update(do=np.concatenate([a["do"]] * 2, axis=3))),
+    ("lse", ValueError, "shape", lambda a, kw: a.update(lse=a["lse"][:, :, :4])),
+    ("lse", TypeError, "float32", lambda a, kw: a.update(lse=a["lse"].astype(np.float64))),
+    ("k", TypeError, "dtype", lambda a, kw: a.update(k=a["k"].astype(BF16))),
+    ("o", TypeError, "dtype", lambda a, kw: a.update(o=a["o"].astype(np.float32))),
+    ("q", TypeError, "float16 or bfloat16", lambda a, kw: [a.update({n: a[n].astype(np.float32)})
+                                                          for n in ("q", "k", "v", "o", "do")]),
+    ("q", ValueError, "multiple of 8", lambda a, kw: a.update(q=a["q"][..., :12], k=a["k"][..., :12])),
+    ("v", ValueError, "multiple of 8", lambda a, kw: a.update(v=np.zeros(a["v"].shape[:3] + (264,), np.float16),
+                                                              o=np.zeros(a["o"].shape[:3] + (264,), np.float16),
+                                                              do=np.zeros(a["o"].shape[:3] + (264,), np.float16))),
+    ("q", ValueError, "last dimension must be contiguous (stride 1), got stride 2; pass a copy",
+     lambda a, kw: a.update(q=np.repeat(a["q"], 2, axis=3)[..., ::2])),
+    ("do", ValueError, "last dimension must be contiguous",
+     lambda a, kw: a.update(do=np.ascontiguousarray(np.swapaxes(a["do"], 2, 3)).swapaxes(2, 3))),
+    ("k", ValueError, "negative strides", lambda a, kw: a.update(k=a["k"][:, ::-1])),
+    ("q", ValueError, "zero-size", lambda a, kw: a.update(q=a["q"][:, :0])),
+    ("k", ValueError, "zero-size", lambda a, kw: a.update(k=a["k"][:, :0], v=a["v"][:, :0])),
+    ("softmax_scale", ValueError, "finite", lambda a, kw: kw.update(softmax_scale=0.0)),
+    ("softmax_scale", ValueError, "finite", lambda a, kw: kw.update(softmax_scale=float("nan"))),
+    ("softmax_scale", ValueError, "finite", lambda a, kw: kw.update(softmax_scale=float("inf"))),
+    ("softmax_scale", TypeError, "number", lambda a, kw: kw.update(softmax_scale="0.1")),
+    ("softmax_scale", TypeError, "number", lambda a, kw: kw.update(softmax_scale=True)),
+    ("causal", TypeError, "bool", lambda a, kw: kw.update(causal="yes")),
+    ("mask", ValueError, "parse", lambda a, kw: kw.update(mask="q:1")),
+    ("mask", ValueError, "not both", lambda a, kw: kw.update(mask="t", causal=True)),
+    ("mask", TypeError, "mask", lambda a, kw: kw.update(mask=3.5)),
+    ("window_size", ValueError, "pair", lambda a, kw: kw.update(window_size=(1, 2, 3))),
+    ("window_size", ValueError, ">= -1", lambda a, kw: kw.update(window_size=(-2, 0))),
+    ("mask", ValueError, "without a visible key", lambda a, kw: kw.update(mask="g:0,0")),
+    ("mask", ValueError, "without a visible key", lambda a, kw: kw.update(mask="g:1,-10")),
+    ("dtype", ValueError, "dtype", lambda a, kw: kw.update(dtype="float32")),
+]
+
+
+@pytest.mark.parametrize("arg, exc, frag, mutate", ERRORS, ids=[f"{e[0]}-{i}" for i, e in enumerate(ERRORS)])
+def test_errors_name_the_argument(arg, exc, frag, mutate):
+    a, kw = arrays(), {}
+    mutate(a, kw)
+    snapshot = {n: (np.array(x, copy=True) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
+    with pytest.raises(exc) as info:
+        bwd(a, **kw)
+    msg = str(info.value)
+    assert msg.startswith(f"{arg}:") or f"{arg}:" in msg, msg
+    assert frag in msg, msg
+    if arg not in ("o", "do", "lse"):  # the forward check raises the same
+        with pytest.raises(exc, match=arg):
+            fwd(a, **kw)
+    for n, x in a.items():  # inputs untouched
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, snapshot[n])
+            assert x.flags.writeable
+
+
+def test_strided_views_accepted():
+    rng = np.random.default_rng(1)
+    b, s, h, d = 2, 9, 4, 32
+    qkv = rng.standard_normal((b, s, 3, h, d)).astype(np.float16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    p = check_forward_inputs(q, k, v, causal=True)
+    assert (p.seqlen_q, p.nhead_k, p.hdim_v) == (s, h, d)
+    # bhsd views of a bshd buffer, do with different strides than o
+    o = rng.standard_normal((b, s, h, d)).astype(np.float16)
+    do = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    lse = np.zeros((b, 2 * h, s), np.float32)[:, ::2]  # strided lse rows
+    p = check_backward_inputs(do, q, k, v, o, lse)
+    assert p.nhead_q == h
+    # broadcast (stride 0) K/V heads are fine for reading
+    k1 = np.broadcast_to(k[:, :, :1], k.shape)
+    check_forward_inputs(q, k1, v)
+
+
+def test_different_gpu_devices_are_rejected():
+    class Dev:
+        def __init__(self, i):
+            self.id = i
+
+    class FakeCupy:
+        def __init__(self, arr, dev):
+            self._a, self.device = arr, Dev(dev)
+            self.shape, self.dtype, self.strides = arr.shape, arr.dtype, arr.strides
+
+    a = arrays()
+    q = FakeCupy(a["q"], 0)
+    k = FakeCupy(a["k"], 0)
+    check_forward_inputs(q, k, a["v"])  # NumPy mixed with one device: fine (copied)
+    with pytest.raises(ValueError, match=r"v: .*GPU 1.*q"):
+        check_forward_inputs(q, k, FakeCupy(a["v"], 1))
