@@ -93,6 +93,27 @@ def _dtype_name(p) -> str:
     return "bf16" if p.dtype == _BF16 else "fp16"
 
 
+def _check_out(cp, out, names, shapes, dtypes):
+    """Caller-provided output buffers: CuPy arrays of the expected shape and dtype on the current
+    device, unit last stride, 16-byte aligned rows. Raises ValueError/TypeError naming ``out``."""
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        raise TypeError(f"out: expected a tuple ({', '.join(names)}) of CuPy arrays, got {type(out).__name__}")
+    for name, a, shape, dt in zip(names, out, shapes, dtypes):
+        if not isinstance(a, cp.ndarray):
+            raise TypeError(f"out: {name} must be a CuPy array, got {type(a).__name__}")
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"out: {name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+        if a.dtype != dt:
+            raise TypeError(f"out: {name} must have dtype {np.dtype(dt).name}, got {a.dtype.name}")
+        if a.device.id != cp.cuda.Device().id:
+            raise ValueError(f"out: {name} is on GPU {a.device.id}, not the current device")
+        if a.strides[-1] != a.itemsize or not _aligned(a):
+            raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
+        if name == "lse" and not a.flags.c_contiguous:
+            raise ValueError("out: lse must be C-contiguous")
+    return out
+
+
 def _launch(cp, spec, launch, args):
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
@@ -101,7 +122,7 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None):
+                      layout="bshd", dtype=None, out=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
     Args:
@@ -118,6 +139,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             ``xb:w``, ``g:y,x``); see :mod:`cupy_fmha.mask`.
         layout: ``"bshd"`` (default) or ``"bhsd"``.
         dtype: ``None``, ``"float16"`` or ``"bfloat16"``.
+        out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
+            a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
 
     Returns:
         (o, lse): o [batch, seqlen_q, nhead_q, hdim_v] in ``layout`` and the inputs' dtype;
@@ -133,8 +156,12 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
                              window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
-    o = cp.empty(_shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v), dtype=q.dtype)
-    lse = cp.empty((p.batch, p.nhead_q, p.seqlen_q), dtype=cp.float32)
+    o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
+    lse_shape = (p.batch, p.nhead_q, p.seqlen_q)
+    if out is None:
+        o, lse = cp.empty(o_shape, dtype=q.dtype), cp.empty(lse_shape, dtype=cp.float32)
+    else:
+        o, lse = _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (q.dtype, cp.float32))
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v)
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
@@ -146,7 +173,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       mask=None, layout="bshd", dtype=None) -> AttentionGrads:
+                       mask=None, layout="bshd", dtype=None, out=None) -> AttentionGrads:
     """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
@@ -158,6 +185,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         q, k, v: as in :func:`attention_forward`.
         o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward.
         softmax_scale, causal, window_size, mask, layout, dtype: as in the forward (must match).
+        out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
+            16-byte aligned rows).
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
@@ -181,9 +210,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v)))
 
     dq_acc = cp.zeros((b, hq, sq, p.hdim_q), dtype=cp.float32)
-    dq = cp.empty(_shape(layout, b, sq, hq, p.hdim_q), dtype=q.dtype)
-    dk = cp.empty(_shape(layout, b, sk, hk, p.hdim_q), dtype=q.dtype)
-    dv = cp.empty(_shape(layout, b, sk, hk, p.hdim_v), dtype=q.dtype)
+    shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),
+              _shape(layout, b, sk, hk, p.hdim_v))
+    if out is None:
+        dq, dk, dv = (cp.empty(s, dtype=q.dtype) for s in shapes)
+    else:
+        dq, dk, dv = _check_out(cp, out, ("dq", "dk", "dv"), shapes, (q.dtype,) * 3)
     if p.group == 1:
         dk_buf, dv_buf = dk, dv
         dk_st, dv_st = _strides(dk, layout), _strides(dv, layout)

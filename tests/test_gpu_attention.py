@@ -7,7 +7,7 @@ so most mask / GQA / layout / seqlen variety is on fp16 hdim 64 and bf16 hdim 12
 
 Judging: :func:`cupy_fmha.verify.compare` against the float64 reference and the emulated
 same-precision reference (``precision="low"``). Outputs are poisoned: before each GPU call the
-CuPy memory pool is filled with NaN bits, so elements a kernel fails to write come out NaN.
+outputs are written into NaN-filled ``out=`` buffers, so elements a kernel fails to write stay NaN.
 """
 
 from __future__ import annotations
@@ -36,20 +36,20 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture
 def poison_pool():
-    """Returns ``poison()``: fill free memory of CuPy's default pool with 0xFF bytes (NaN in fp16,
-    bf16 and fp32) so the next allocations start as NaN."""
+    """Returns ``nan_like(shape, dtype)``: a fresh device buffer filled with NaN bits (0xFFFF for
+    fp16/bf16 bits, NaN for float32). The tests hand these to the API as ``out=`` buffers, so any
+    element a kernel fails to write stays NaN and fails the comparison."""
     pool = cp.get_default_memory_pool()
 
-    def poison(nbytes: int = 512 << 20) -> None:
-        pool.free_all_blocks()
-        buf = cp.empty(nbytes, dtype=cp.uint8)
-        buf.fill(0xFF)
-        del buf  # back to the pool: later allocations are carved from this block
-        probe = cp.empty(64, dtype=cp.uint16)
-        assert bool((probe == 0xFFFF).all()), "memory-pool poisoning does not reach new arrays"
-        del probe
+    def nan_like(shape, dtype):
+        a = cp.empty(shape, dtype=dtype)
+        if a.dtype == cp.float32:
+            a.fill(cp.nan)
+        else:
+            a.view(cp.uint16).fill(0xFFFF)
+        return a
 
-    yield poison
+    yield nan_like
     pool.free_all_blocks()
 
 
@@ -92,13 +92,17 @@ class Inputs:
         return cp.asnumpy(x).astype(np.float64)
 
 
-def _run(inp, poison, kw, dev=None):
+def _run(inp, nan_like, kw, dev=None):
     dev = dev or inp.dev
-    poison()
-    o, lse = cp_fmha().attention_forward(dev["q"], dev["k"], dev["v"], **kw, dtype=inp.dtype_arg)
-    poison()
-    g = cp_fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw,
-                                     dtype=inp.dtype_arg)
+    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
+    bshd = kw.get("layout", "bshd") == "bshd"
+    b, sq, hq = (q.shape[0], q.shape[1], q.shape[2]) if bshd else (q.shape[0], q.shape[2], q.shape[1])
+    o_out, lse_out = nan_like(do.shape, q.dtype), nan_like((b, hq, sq), cp.float32)
+    o, lse = cp_fmha().attention_forward(q, k, v, **kw, dtype=inp.dtype_arg, out=(o_out, lse_out))
+    assert o is o_out and lse is lse_out
+    grads_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
+    g = cp_fmha().attention_backward(do, q, k, v, o, lse, **kw, dtype=inp.dtype_arg, out=grads_out)
+    assert all(x is y for x, y in zip(g, grads_out))
     cp.cuda.get_current_stream().synchronize()
     return o, lse, g
 
@@ -111,12 +115,11 @@ def cp_fmha():
 
 def _check_all(inp, o, lse, g, kw, d, dv):
     h = inp.host
-    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], layout=inp.layout, **kw)
-    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], layout=inp.layout,
-                                         precision="low", **kw)
-    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], layout=inp.layout, **kw)
-    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], layout=inp.layout,
-                                 precision="low", **kw)
+    kw = dict(kw, layout=inp.layout)
+    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **kw)
+    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **kw)
+    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
+    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
     assert lse.dtype == cp.float32 and lse.shape == ref_lse.shape
     assert o.shape == ref_o.shape and o.dtype == inp.dev["q"].dtype
     assert g.dq.shape == h["q"].shape and g.dk.shape == h["k"].shape and g.dv.shape == h["v"].shape
@@ -318,3 +321,14 @@ def test_bf16_bits_need_dtype():
         cp_fmha().attention_forward(q, q, q)
     o, lse = cp_fmha().attention_forward(q, q, q, dtype="bfloat16")
     assert o.dtype == cp.uint16
+
+
+def test_bad_out_buffers_rejected():
+    q, k, v = _bad_inputs()
+    o, lse = cp_fmha().attention_forward(q, k, v)
+    with pytest.raises(ValueError, match="out"):
+        cp_fmha().attention_forward(q, k, v, out=(cp.empty((1, 16, 2, 32), cp.float16), lse))
+    with pytest.raises(TypeError, match="out"):
+        cp_fmha().attention_forward(q, k, v, out=(o, lse.astype(cp.float16)))
+    with pytest.raises(TypeError, match="out"):
+        cp_fmha().attention_backward(cp.ones_like(o), q, k, v, o, lse, out=(q, k))
