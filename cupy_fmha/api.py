@@ -107,10 +107,11 @@ def _check_out(cp, out, names, shapes, dtypes):
             raise TypeError(f"out: {name} must have dtype {np.dtype(dt).name}, got {a.dtype.name}")
         if a.device.id != cp.cuda.Device().id:
             raise ValueError(f"out: {name} is on GPU {a.device.id}, not the current device")
-        if a.strides[-1] != a.itemsize or not _aligned(a):
+        if name == "lse":
+            if not a.flags.c_contiguous:
+                raise ValueError("out: lse must be C-contiguous")
+        elif a.strides[-1] != a.itemsize or not _aligned(a):
             raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
-        if name == "lse" and not a.flags.c_contiguous:
-            raise ValueError("out: lse must be C-contiguous")
     return out
 
 
