@@ -203,7 +203,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     cp = _cupy()
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v)
+    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
     b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)

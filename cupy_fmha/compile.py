@@ -96,7 +96,7 @@ def get_function(spec: KernelSpec):
     fn = _functions.get(key)
     if fn is None:
         cc = dev.compute_capability
-        arch = f"sm_{cc}a" if cc in ("90", "100", "120") else None
+        arch = "sm_90a" if spec.target == "sm90a" else None
         try:
             mod = cupy.RawModule(code=load_source(spec.source), options=nvrtc_options(spec, arch))
             fn = mod.get_function(spec.entry)

@@ -54,8 +54,12 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
 
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:
-    nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
     dq, dv = spec.macro("HDIM_Q"), spec.macro("HDIM_V")
+    if spec.target == "sm90a":  # fmha_bwd_dq_dk_dv_sm90: 2 warpgroups, 128 keys, 64 query rows
+        bn, bm = 128, 64
+        smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm
+        return Launch((cdiv(seqlen_k, bn), nhead_q, batch), (256, 1, 1), smem)
+    nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
     bn = 16 * nw
     pq, pv, ps = smem_pitch(dq), smem_pitch(dv), smem_pitch(bm)
     smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm

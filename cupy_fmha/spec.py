@@ -30,6 +30,9 @@ class KernelSpec:
     source: str
     dtype: str  # "fp16" | "bf16"
     macros: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+    #: architectures the instance builds for: "sm80" (sm_80 and newer, mma.sync) or "sm90a"
+    #: (Hopper only: wgmma)
+    target: str = "sm80"
 
     @property
     def entry(self) -> str:
@@ -50,10 +53,10 @@ class KernelSpec:
         return "_".join([self.source, self.dtype] + [f"{k}{v}" for k, v in self.macros])
 
 
-def _mk(source: str, dtype: str, **macros: int) -> KernelSpec:
+def _mk(source: str, dtype: str, target: str = "sm80", **macros: int) -> KernelSpec:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
-    return KernelSpec(source, dtype, tuple(sorted(macros.items())))
+    return KernelSpec(source, dtype, tuple(sorted(macros.items())), target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,23 +117,42 @@ class BwdSpecs:
     convert_dq: KernelSpec
 
 
-def bwd_specs(dtype: str, hdim_q: int, hdim_v: int) -> BwdSpecs:
-    tiles = bwd_tiles(hdim_q, hdim_v)
-    dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
+#: padded head dims the Hopper (wgmma) dq_dk_dv kernel is built for
+SM90_BWD_HDIMS = (64, 128)
+
+
+def use_sm90_bwd(hdim_q: int, hdim_v: int, cc: int) -> bool:
+    """The wgmma backward serves compute capability 9.0 when both padded head dims are 64 or 128
+    (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernel, for comparisons)."""
+    return (cc == 90 and pad_hdim(hdim_q) in SM90_BWD_HDIMS and pad_hdim(hdim_v) in SM90_BWD_HDIMS
+            and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
+
+
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
+    """Backward kernel instances for these head dims on a device of compute capability ``cc``
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
+    if use_sm90_bwd(hdim_q, hdim_v, cc):
+        main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v))
+    else:
+        tiles = bwd_tiles(hdim_q, hdim_v)
+        dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles)
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
-        dq_dk_dv=_mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles),
+        dq_dk_dv=main,
         convert_dq=_mk("fmha_bwd_convert_dq", dtype, ROWS=16),
     )
 
 
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
-    (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes."""
+    (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
+    sm_80-class and sm_90 devices."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
     for dtype in DTYPES:
         for hq, hv in pairs:
-            for spec in (fwd_spec(dtype, hq, hv), *vars(bwd_specs(dtype, hq, hv)).values()):
-                seen.setdefault(spec.name, spec)
+            for cc in (80, 90):
+                for spec in (fwd_spec(dtype, hq, hv), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
+                    seen.setdefault(spec.name, spec)
     return list(seen.values())

@@ -1,0 +1,226 @@
+// Attention backward, main kernel for Hopper (sm_90a): the same CK dq_dk_dv pipeline as
+// fmha_bwd_dq_dk_dv.cu, with the five GEMMs on warpgroup MMA (wgmma) instead of mma.sync.
+//
+// Two warpgroups; warpgroup w owns keys [64w, 64w + 64) of the CTA's BLOCK_N = 128 keys. K and V
+// stay in shared memory (blocked layout, tile_blocked.cuh); Q, dO, LSE and D blocks of
+// BLOCK_M = 64 rows are double-buffered with cp.async. Per Q block:
+//   GEMM0  S^T  = K Q^T     wgmma A = K (smem, K-major),   B = Q  (smem, K-major)
+//   GEMM2  dP^T = V dO^T    wgmma A = V,                   B = dO
+//          P^T, dS^T elementwise in registers (window test on edge tiles only)
+//   GEMM1  dV  += P^T dO    wgmma A = P^T (registers),     B = dO (smem, MN-major)
+//   GEMM3  dK  += dS^T Q    wgmma A = dS^T (registers),    B = Q  (smem, MN-major)
+//   GEMM4  dQ   = dS K      wgmma A = dS (smem, MN-major), B = K  (smem, MN-major); warpgroup w
+//                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds.
+// Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
+//
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128).
+#include "common.cuh"
+#include "arch_sm80.cuh"
+#include "arch_sm90.cuh"
+#include "tile.cuh"
+#include "tile_blocked.cuh"
+
+#define NTHREADS 256
+#define BLOCK_N 128
+#define BLOCK_M 64
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                       const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
+                       const float* __restrict__ lse, const float* __restrict__ delta,
+                       float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
+                       index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
+                       index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
+                       index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
+                       int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
+                       float scale, int win_y, int win_x, int dkdv_fp32) {
+    constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
+    constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
+    constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_N][HDIM_Q] blocked
+    uint16_t* sV = sK + BLOCK_N * HDIM_Q;                    // [BLOCK_N][HDIM_V]
+    uint16_t* sQ = sV + BLOCK_N * HDIM_V;                    // [2][BLOCK_M][HDIM_Q]
+    uint16_t* sdO = sQ + 2 * BLOCK_M * HDIM_Q;               // [2][BLOCK_M][HDIM_V]
+    uint16_t* sdS = sdO + 2 * BLOCK_M * HDIM_V;              // [BLOCK_N][BLOCK_M] (dS^T)
+    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * BLOCK_M);
+    float* sD = sLse + 2 * BLOCK_M;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
+    const int k0 = kb * BLOCK_N;
+    const Window win{win_y, win_x};
+
+    const uint16_t* qg = q + b * q_sb + h * q_sh;
+    const uint16_t* dog = dout + b * do_sb + h * do_sh;
+    const index_t bh = (index_t)b * nhead_q + h;
+    const float* lse_g = lse + bh * seqlen_q;
+    const float* d_g = delta + bh * seqlen_q;
+    float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
+
+    const int q_lo = max(k0 - win_x + 1, 0);
+    const int q_hi = min(min(k0 + BLOCK_N, seqlen_k) - 1 + win_y, seqlen_q);
+    const int qb_begin = q_lo / BLOCK_M;
+    const int qb_end = q_hi > q_lo ? (q_hi + BLOCK_M - 1) / BLOCK_M : qb_begin;
+
+    load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
+    load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
+    if (qb_begin < qb_end) {
+        const int r0 = qb_begin * BLOCK_M;
+        load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
+        load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+    }
+    cp_async_commit();
+
+    float acc_dk[NDQ * 4], acc_dv[NDV * 4];
+#pragma unroll
+    for (int i = 0; i < NDQ * 4; ++i) acc_dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
+    const int key_row0 = wg * 64;                  // this warpgroup's keys inside the block
+    const int my_key = key_row0 + wi * 16 + g;     // this thread's keys: my_key, my_key + 8
+
+    for (int qb = qb_begin; qb < qb_end; ++qb) {
+        const int buf = (qb - qb_begin) & 1;
+        const int q0 = qb * BLOCK_M;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (qb + 1 < qb_end) {
+            const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
+            load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * HDIM_Q, qg, q_ss, r0, seqlen_q, hdim_q, tid);
+            load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * HDIM_V, dog, do_ss, r0, seqlen_q, hdim_v, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, lse_g, r0, seqlen_q, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, d_g, r0, seqlen_q, tid);
+        }
+        cp_async_commit();
+        const uint16_t* sQb = sQ + buf * BLOCK_M * HDIM_Q;
+        const uint16_t* sdOb = sdO + buf * BLOCK_M * HDIM_V;
+        const float* sLseb = sLse + buf * BLOCK_M;
+        const float* sDb = sD + buf * BLOCK_M;
+
+        // GEMM0 and GEMM2, issued together
+        float s[NQ * 4], dp[NQ * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+            wgmma_ss<BLOCK_M, 0, 0>(s, desc_kmajor<HDIM_Q>(sK, key_row0, kk * 16), desc_kmajor<HDIM_Q>(sQb, 0, kk * 16), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HDIM_V / 16; ++kk)
+            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_kmajor<HDIM_V>(sV, key_row0, kk * 16), desc_kmajor<HDIM_V>(sdOb, 0, kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NQ * 4>(s);
+        fence_operand<NQ * 4>(dp);
+
+        // P^T and dS^T
+        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = n * 8 + 2 * t + (e & 1);
+                float l = sLseb[c];
+                l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
+                float p = fast_exp2(s[4 * n + e] * scale_log2 - l);
+                if (edge) {
+                    const int j = k0 + my_key + (e >> 1) * 8, i = q0 + c;
+                    if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
+                }
+                s[4 * n + e] = p;
+                dp[4 * n + e] = p * (dp[4 * n + e] - sDb[c]);
+            }
+        uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+            c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            // dS^T to shared memory (blocked [key][q]) for GEMM4
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][0];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][1];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][2];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][3];
+        }
+
+        // GEMM1 and GEMM3 (A from registers)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_mnmajor<HDIM_V>(sdOb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mnmajor<HDIM_Q>(sQb, kk * 16, 0), 1);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NDV * 4>(acc_dv);
+        fence_operand<NDQ * 4>(acc_dk);
+        fence_proxy_async();
+        __syncthreads();
+
+        // GEMM4: dQ[q0 .. q0 + 64, wg half of the columns] = dS K
+        {
+            float acc_dq[DQ_HALF / 2];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
+                                        desc_mnmajor<HDIM_Q>(sK, kk * 16, wg * DQ_HALF), kk > 0);
+            wgmma_commit();
+            wgmma_wait0();
+            fence_operand<DQ_HALF / 2>(acc_dq);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = q0 + wi * 16 + g + r * 8;
+                if (i < seqlen_q) {
+                    float* row = dq_g + (index_t)i * hdim_q;
+#pragma unroll
+                    for (int n = 0; n < DQ_HALF / 8; ++n) {
+                        const int col = wg * DQ_HALF + n * 8 + 2 * t;
+                        if (col < hdim_q) red_add_f32x2(row + col, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                    }
+                }
+            }
+        }
+    }
+
+    // epilogue: dK *= scale; write dK, dV
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = k0 + my_key + r * 8;
+        if (j >= seqlen_k) continue;
+        if (dkdv_fp32) {
+            float* dk_row = reinterpret_cast<float*>(dk) + b * dk_sb + h * dk_sh + (index_t)j * dk_ss;
+            float* dv_row = reinterpret_cast<float*>(dv) + b * dv_sb + h * dv_sh + (index_t)j * dv_ss;
+#pragma unroll
+            for (int n = 0; n < NDQ; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < hdim_q)
+                    *reinterpret_cast<float2*>(dk_row + col) = make_float2(acc_dk[4 * n + 2 * r] * scale, acc_dk[4 * n + 2 * r + 1] * scale);
+            }
+#pragma unroll
+            for (int n = 0; n < NDV; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < hdim_v) *reinterpret_cast<float2*>(dv_row + col) = make_float2(acc_dv[4 * n + 2 * r], acc_dv[4 * n + 2 * r + 1]);
+            }
+        } else {
+            uint16_t* dk_row = reinterpret_cast<uint16_t*>(dk) + b * dk_sb + hk * dk_sh + (index_t)j * dk_ss;
+            uint16_t* dv_row = reinterpret_cast<uint16_t*>(dv) + b * dv_sb + hk * dv_sh + (index_t)j * dv_ss;
+#pragma unroll
+            for (int n = 0; n < NDQ; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < hdim_q)
+                    *reinterpret_cast<uint32_t*>(dk_row + col) = pack2(acc_dk[4 * n + 2 * r] * scale, acc_dk[4 * n + 2 * r + 1] * scale);
+            }
+#pragma unroll
+            for (int n = 0; n < NDV; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < hdim_v) *reinterpret_cast<uint32_t*>(dv_row + col) = pack2(acc_dv[4 * n + 2 * r], acc_dv[4 * n + 2 * r + 1]);
+            }
+        }
+    }
+}

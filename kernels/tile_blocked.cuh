@@ -1,0 +1,49 @@
+// The "blocked" shared-memory tile layout read by wgmma (no swizzle): a ROWS x C tile (C a
+// multiple of 8) is stored as 8x8 core matrices of 128 contiguous bytes, core (r/8, c/8) at
+// element offset ((r/8) * (C/8) + c/8) * 64, row r%8 of a core at +8*(r%8).
+//
+// As a K-major operand (rows = M or N, columns = K): LBO = 128 B, SBO = (C/8) * 128 B.
+// As an MN-major operand (rows = K, columns = M or N): LBO = (C/8) * 128 B, SBO = 128 B.
+#pragma once
+#include "common.cuh"
+#include "arch_sm80.cuh"
+#include "arch_sm90.cuh"
+
+namespace fmha {
+
+__device__ __forceinline__ int blk_offset(int r, int c, int C) {
+    return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+}
+
+// Asynchronously copy rows [row0, row0 + ROWS) x cols [0, C) of a global matrix into a blocked
+// tile; rows >= nrows and cols >= ncols are zero-filled. Consecutive threads fill consecutive
+// 16-byte rows of one core matrix, so a warp writes 512 contiguous bytes (no bank conflicts).
+template <int ROWS, int C, int NTHREADS>
+__device__ __forceinline__ void load_blocked_async(uint16_t* smem, const uint16_t* gmem, index_t stride,
+                                                   int row0, int nrows, int ncols, int tid) {
+    constexpr int CB = C / 8, TOTAL = ROWS * CB;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int idx = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS == 0 || idx < TOTAL) {
+            const int rr = idx & 7, cb = (idx >> 3) % CB, rb = (idx >> 3) / CB;
+            const int r = rb * 8 + rr, row = row0 + r;
+            const bool ok = row < nrows && cb * 8 < ncols;
+            const uint16_t* src = ok ? gmem + (index_t)row * stride + cb * 8 : gmem;
+            cp_async_16(smem_u32(smem + (rb * CB + cb) * 64 + rr * 8), src, ok);
+        }
+    }
+}
+
+// Descriptor of the 16-wide K slice starting at (row0, k0) of a K-major blocked tile (C = K extent).
+template <int C>
+__device__ __forceinline__ unsigned long long desc_kmajor(const uint16_t* tile, int row0, int k0) {
+    return wgmma_desc(smem_u32(tile + blk_offset(row0, k0, C)), 128, (C / 8) * 128);
+}
+// Descriptor of the 16-deep K slice starting at (k0, col0) of an MN-major blocked tile (rows = K).
+template <int C>
+__device__ __forceinline__ unsigned long long desc_mnmajor(const uint16_t* tile, int k0, int col0) {
+    return wgmma_desc(smem_u32(tile + blk_offset(k0, col0, C)), (C / 8) * 128, 128);
+}
+
+}  // namespace fmha
