@@ -163,7 +163,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         o, lse = cp.empty(o_shape, dtype=q.dtype), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (q.dtype, cp.float32))
-    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v)
+    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),

@@ -45,8 +45,13 @@ def kernel_window(window) -> tuple[int, int]:
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
-    nw, bn = spec.macro("NWARPS"), spec.macro("BLOCK_N")
-    dq, dv = spec.macro("HDIM_Q"), spec.macro("HDIM_V")
+    bn, dq, dv = spec.macro("BLOCK_N"), spec.macro("HDIM_Q"), spec.macro("HDIM_V")
+    if spec.target == "sm90a":  # fmha_fwd_sm90: NWG warpgroups of 64 rows, blocked tiles
+        nwg = spec.macro("NWG")
+        bm = 64 * nwg
+        smem = 2 * (bm * dq + 2 * bn * dq + 2 * bn * dv)
+        return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (128 * nwg, 1, 1), smem)
+    nw = spec.macro("NWARPS")
     bm = 16 * nw
     pq, pv = smem_pitch(dq), smem_pitch(dv)
     smem = 2 * (bm * max(pq, pv) + 2 * bn * pq + 2 * bn * pv)

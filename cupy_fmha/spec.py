@@ -79,7 +79,7 @@ def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
-        tiles = dict(NWARPS=4, BLOCK_N=64, Q_IN_REGS=1)
+        tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
     else:
         tiles = dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
     return _override("CUPY_FMHA_FWD_TILES", tiles)
@@ -105,7 +105,17 @@ def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
     return pad_hdim(hdim_q, m), pad_hdim(hdim_v, m)
 
 
-def fwd_spec(dtype: str, hdim_q: int, hdim_v: int) -> KernelSpec:
+def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
+    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step."""
+    tiles = dict(NWG=2, BLOCK_N=128 if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64 else 64)
+    return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> KernelSpec:
+    """Forward kernel instance for these head dims on a device of compute capability ``cc``."""
+    if use_sm90(hdim_q, hdim_v, cc):
+        return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+                   **fwd_sm90_tiles(hdim_q, hdim_v))
     dq, dv = padded_dims(hdim_q, hdim_v)
     return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v))
 
@@ -117,21 +127,21 @@ class BwdSpecs:
     convert_dq: KernelSpec
 
 
-#: padded head dims the Hopper (wgmma) dq_dk_dv kernel is built for
-SM90_BWD_HDIMS = (64, 128)
+#: padded head dims the Hopper (wgmma) kernels are built for
+SM90_HDIMS = (64, 128)
 
 
-def use_sm90_bwd(hdim_q: int, hdim_v: int, cc: int) -> bool:
-    """The wgmma backward serves compute capability 9.0 when both padded head dims are 64 or 128
-    (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernel, for comparisons)."""
-    return (cc == 90 and pad_hdim(hdim_q) in SM90_BWD_HDIMS and pad_hdim(hdim_v) in SM90_BWD_HDIMS
+def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
+    """The wgmma kernels serve compute capability 9.0 when both padded head dims are 64 or 128
+    (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernels, for comparisons)."""
+    return (cc == 90 and pad_hdim(hdim_q) in SM90_HDIMS and pad_hdim(hdim_v) in SM90_HDIMS
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
-    if use_sm90_bwd(hdim_q, hdim_v, cc):
+    if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v))
     else:
         tiles = bwd_tiles(hdim_q, hdim_v)
@@ -153,6 +163,6 @@ def default_dispatch_table() -> list[KernelSpec]:
     for dtype in DTYPES:
         for hq, hv in pairs:
             for cc in (80, 90):
-                for spec in (fwd_spec(dtype, hq, hv), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
+                for spec in (fwd_spec(dtype, hq, hv, cc), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
                     seen.setdefault(spec.name, spec)
     return list(seen.values())

@@ -35,7 +35,7 @@ def test_kernel_compiles_without_spills(spec, arch):
 
 def test_sources_are_self_contained():
     # includes are expanded by the loader, so the text NVRTC (and CuPy's cache) sees is complete
-    for stem in ("fmha_fwd", "fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90",
+    for stem in ("fmha_fwd", "fmha_fwd_sm90", "fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90",
                  "fmha_bwd_convert_dq"):
         src = C.load_source(stem)
         assert '#include "' not in src

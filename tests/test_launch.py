@@ -48,3 +48,21 @@ def test_kernel_window_clamps():
 
 def test_pad_hdim():
     assert [pad_hdim(d) for d in (8, 16, 40, 72, 104)] == [16, 16, 48, 80, 112]
+
+
+@pytest.mark.parametrize("hq,hv", [(64, 64), (128, 128), (64, 128), (120, 56)])
+def test_sm90_instances_fit(hq, hv):
+    f = fwd_spec("bf16", hq, hv, 90)
+    b = bwd_specs("bf16", hq, hv, 90).dq_dk_dv
+    assert f.target == b.target == "sm90a"
+    lf = L.fwd_launch(f, 2, 3, 1000)
+    lb = L.dq_dk_dv_launch(b, 2, 3, 1000)
+    assert 0 < lf.smem <= L.SMEM_LIMIT and 0 < lb.smem <= L.SMEM_LIMIT
+    assert lf.block[0] == 128 * f.macro("NWG") and lb.block == (256, 1, 1)
+    assert lb.grid == (-(-1000 // 128), 3, 2)
+
+
+def test_sm80_devices_never_get_wgmma():
+    assert fwd_spec("fp16", 64, 64, 80).target == "sm80"
+    assert bwd_specs("fp16", 128, 128, 86).dq_dk_dv.target == "sm80"
+    assert bwd_specs("fp16", 96, 96, 90).dq_dk_dv.target == "sm80"  # padded 96: mma.sync path

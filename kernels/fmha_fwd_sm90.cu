@@ -1,0 +1,157 @@
+// Attention forward for Hopper (sm_90a): FlashAttention-2's algorithm (Dao, 2023) with both GEMMs
+// on warpgroup MMA. Warpgroup w of the CTA owns query rows [64w, 64w + 64) of BLOCK_M = 64 * NWG;
+// K/V blocks of BLOCK_N keys are double-buffered in shared memory (blocked layout, cp.async).
+//   S = Q K^T     wgmma A = Q (smem, K-major), B = K (smem, K-major)
+//   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
+// Arguments are identical to fmha_fwd (one launch path for both).
+//
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups).
+#include "common.cuh"
+#include "arch_sm80.cuh"
+#include "arch_sm90.cuh"
+#include "tile.cuh"
+#include "tile_blocked.cuh"
+
+#ifndef NWG
+#define NWG 2
+#endif
+#define NTHREADS (NWG * 128)
+#define BLOCK_M (NWG * 64)
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+              uint16_t* __restrict__ o, float* __restrict__ lse,
+              index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
+              index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
+              int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
+              int win_y, int win_x) {
+    constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
+    uint16_t* sK = sQ + BLOCK_M * HDIM_Q;                    // [2][BLOCK_N][HDIM_Q]
+    uint16_t* sV = sK + 2 * BLOCK_N * HDIM_Q;                // [2][BLOCK_N][HDIM_V]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, wi = warp & 3;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+    const int q0 = blockIdx.x * BLOCK_M;
+    const uint16_t* qg = q + b * q_sb + h * q_sh;
+    const uint16_t* kg = k + b * k_sb + hk * k_sh;
+    const uint16_t* vg = v + b * v_sb + hk * v_sh;
+    const Window win{win_y, win_x};
+
+    const int q_last = min(q0 + BLOCK_M, seqlen_q) - 1;
+    const int k_lo = max(q0 - win_y + 1, 0);
+    const int k_hi = min(q_last + win_x, seqlen_k);
+    const int kb_begin = k_lo / BLOCK_N;
+    const int kb_end = k_hi > k_lo ? (k_hi + BLOCK_N - 1) / BLOCK_N : kb_begin;
+
+    load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
+    if (kb_begin < kb_end) {
+        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
+        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
+    }
+    cp_async_commit();
+
+    float acc_o[NO * 4];
+#pragma unroll
+    for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
+    float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
+    const int my_row = wg * 64 + wi * 16 + g;  // this thread's rows: my_row, my_row + 8
+
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+        const int buf = (kb - kb_begin) & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (kb + 1 < kb_end) {
+            load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * HDIM_Q, kg, k_ss,
+                                                          (kb + 1) * BLOCK_N, seqlen_k, hdim_q, tid);
+            load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * HDIM_V, vg, v_ss,
+                                                          (kb + 1) * BLOCK_N, seqlen_k, hdim_v, tid);
+        }
+        cp_async_commit();
+        const uint16_t* sKb = sK + buf * BLOCK_N * HDIM_Q;
+        const uint16_t* sVb = sV + buf * BLOCK_N * HDIM_V;
+
+        float s[NS * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+            wgmma_ss<BLOCK_N, 0, 0>(s, desc_kmajor<HDIM_Q>(sQ, wg * 64, kk * 16), desc_kmajor<HDIM_Q>(sKb, 0, kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NS * 4>(s);
+
+        const int k0 = kb * BLOCK_N;
+        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[4 * n + e] *= scale_log2;
+                if (edge) {
+                    const int i = q0 + my_row + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
+                    if (!win.visible(i, j, seqlen_k)) s[4 * n + e] = -FMHA_INF;
+                }
+            }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float m_use = mx == -FMHA_INF ? 0.f : mx;
+            const float corr = fast_exp2(row_max[r] - m_use);
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                s[4 * n + 2 * r] = fast_exp2(s[4 * n + 2 * r] - m_use);
+                s[4 * n + 2 * r + 1] = fast_exp2(s[4 * n + 2 * r + 1] - m_use);
+                sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+            }
+            row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                acc_o[4 * n + 2 * r] *= corr;
+                acc_o[4 * n + 2 * r + 1] *= corr;
+            }
+        }
+        uint32_t pa[BLOCK_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_mnmajor<HDIM_V>(sVb, kk * 16, 0), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NO * 4>(acc_o);
+    }
+
+    float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
+    uint16_t* og = o + b * o_sb + h * o_sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int i = q0 + my_row + r * 8;
+        if (i < seqlen_q) {
+            if (t == 0) lse_g[i] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
+            uint16_t* orow = og + (index_t)i * o_ss;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < hdim_v)
+                    *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv, acc_o[4 * n + 2 * r + 1] * inv);
+            }
+        }
+    }
+}
