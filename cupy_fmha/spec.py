@@ -142,7 +142,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
     if use_sm90(hdim_q, hdim_v, cc):
-        main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v))
+        main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}))
     else:
         tiles = bwd_tiles(hdim_q, hdim_v)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])

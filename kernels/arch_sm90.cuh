@@ -32,6 +32,11 @@ __device__ __forceinline__ void fence_operand(float* d) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void fence_operand(uint32_t* a) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
 
 // D[64 x 32] (+)= A[64 x 16] * B[16 x 32], both from shared memory. TA/TB: 1 = MN-major operand.
 template <int TA, int TB>

@@ -23,6 +23,9 @@
 #define NTHREADS 256
 #define BLOCK_N 128
 #define BLOCK_M 64
+#ifndef OVERLAP
+#define OVERLAP 1  // issue GEMM4 while GEMM1/3 still run (their register operands stay pinned)
+#endif
 
 using namespace fmha;
 
@@ -156,23 +159,33 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
             wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mnmajor<HDIM_Q>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
+#if !OVERLAP
         wgmma_wait0();
         fence_operand<NDV * 4>(acc_dv);
         fence_operand<NDQ * 4>(acc_dk);
+#endif
         fence_proxy_async();
-        __syncthreads();
+        __syncthreads();  // dS^T visible to both warpgroups
 
         // GEMM4: dQ[q0 .. q0 + 64, wg half of the columns] = dS K
         {
             float acc_dq[DQ_HALF / 2];
+#pragma unroll
+            for (int i = 0; i < DQ_HALF / 2; ++i) acc_dq[i] = 0.f;
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk)
                 wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
-                                        desc_mnmajor<HDIM_Q>(sK, kk * 16, wg * DQ_HALF), kk > 0);
+                                        desc_mnmajor<HDIM_Q>(sK, kk * 16, wg * DQ_HALF), 1);
             wgmma_commit();
             wgmma_wait0();
             fence_operand<DQ_HALF / 2>(acc_dq);
+#if OVERLAP
+            fence_operand<NDV * 4>(acc_dv);
+            fence_operand<NDQ * 4>(acc_dk);
+            fence_operand<BLOCK_M / 4>(&pa[0][0]);
+            fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+#endif
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = q0 + wi * 16 + g + r * 8;
