@@ -107,7 +107,10 @@ def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
 
 def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step."""
-    tiles = dict(NWG=2, BLOCK_N=128 if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64 else 64)
+    if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64:
+        tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=2)
+    else:
+        tiles = dict(NWG=3, BLOCK_N=64, MIN_BLOCKS=1)
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 

@@ -5,7 +5,8 @@
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
 // Arguments are identical to fmha_fwd (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups).
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -15,12 +16,15 @@
 #ifndef NWG
 #define NWG 2
 #endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
 #define NTHREADS (NWG * 128)
 #define BLOCK_M (NWG * 64)
 
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
               uint16_t* __restrict__ o, float* __restrict__ lse,
               index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
