@@ -35,7 +35,8 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
-    const int q0 = blockIdx.x * BLOCK_M;
+    // last row blocks first: under causal masks they see the most keys, so the tail is short
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* kg = k + b * k_sb + hk * k_sh;
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
