@@ -4,7 +4,7 @@
 // running row max and sum in registers and rescales O once at the end.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
-//            Q_IN_REGS (keep Q's fragments in registers for the whole loop).
+//            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS.
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
 #include "common.cuh"
@@ -14,12 +14,15 @@
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
 #endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_M (NWARPS * 16)
 
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(NTHREADS)
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
          uint16_t* __restrict__ o, float* __restrict__ lse,
          index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
