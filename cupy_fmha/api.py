@@ -38,6 +38,30 @@ class AttentionGrads(NamedTuple):
     dv: object
 
 
+_CHECKED: dict = {}
+
+
+def _checked(check, arrays, **kw):
+    """``check(*arrays, **kw)``, memoized on everything it reads (shapes, dtypes, strides, devices
+    and the options): a training loop calling with the same shapes pays for validation once.
+    Failures are never cached, so bad input always raises."""
+    try:
+        key = (check.__name__,
+               tuple((type(a), tuple(a.shape), a.dtype, tuple(a.strides),
+                      getattr(getattr(a, "device", None), "id", None)) for a in arrays),
+               tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items())))
+        hash(key)
+    except (AttributeError, TypeError):
+        return check(*arrays, **kw)
+    p = _CHECKED.get(key)
+    if p is None:
+        p = check(*arrays, **kw)
+        if len(_CHECKED) > 4096:
+            _CHECKED.clear()
+        _CHECKED[key] = p
+    return p
+
+
 def _cupy():
     try:
         import cupy
@@ -153,8 +177,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
-    p = check_forward_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                             window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
+                 window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
     o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
@@ -198,8 +222,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
-    p = check_backward_inputs(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
-                              window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
+                 window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
