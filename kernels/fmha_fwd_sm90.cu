@@ -3,7 +3,6 @@
 // K/V blocks of BLOCK_N keys are double-buffered in shared memory (blocked layout, cp.async).
 //   S = Q K^T     wgmma A = Q (smem, K-major), B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
-// The loop is software-pipelined: the softmax of block j+1 overlaps the P V GEMM of block j.
 // Arguments are identical to fmha_fwd (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
@@ -54,17 +53,43 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     const int kb_begin = k_lo / BLOCK_N;
     const int kb_end = k_hi > k_lo ? (k_hi + BLOCK_N - 1) / BLOCK_N : kb_begin;
 
+    load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
+    if (kb_begin < kb_end) {
+        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
+        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
+    }
+    cp_async_commit();
+
     float acc_o[NO * 4];
 #pragma unroll
     for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
     const int my_row = wg * 64 + wi * 16 + g;  // this thread's rows: my_row, my_row + 8
-    float s[NS * 4];
-    uint32_t pa[BLOCK_N / 16][4];              // P of the block whose PV GEMM is in flight
 
-    // scale, mask (edge tiles only) and online softmax of S for key block kb: s becomes P,
-    // row_max/row_sum advance, corr[r] is the factor O must be rescaled by.
-    auto softmax = [&](int kb, float corr[2]) {
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+        const int buf = (kb - kb_begin) & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (kb + 1 < kb_end) {
+            load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * HDIM_Q, kg, k_ss,
+                                                          (kb + 1) * BLOCK_N, seqlen_k, hdim_q, tid);
+            load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * HDIM_V, vg, v_ss,
+                                                          (kb + 1) * BLOCK_N, seqlen_k, hdim_v, tid);
+        }
+        cp_async_commit();
+        const uint16_t* sKb = sK + buf * BLOCK_N * HDIM_Q;
+        const uint16_t* sVb = sV + buf * BLOCK_N * HDIM_V;
+
+        float s[NS * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+            wgmma_ss<BLOCK_N, 0, 0>(s, desc_kmajor<HDIM_Q>(sQ, wg * 64, kk * 16), desc_kmajor<HDIM_Q>(sKb, 0, kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NS * 4>(s);
+
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
 #pragma unroll
@@ -85,7 +110,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
             mx = fmaxf(mx, shfl_xor(mx, 1));
             mx = fmaxf(mx, shfl_xor(mx, 2));
             const float m_use = mx == -FMHA_INF ? 0.f : mx;
-            corr[r] = fast_exp2(row_max[r] - m_use);
+            const float corr = fast_exp2(row_max[r] - m_use);
             row_max[r] = mx;
             float sum = 0.f;
 #pragma unroll
@@ -94,89 +119,24 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
                 s[4 * n + 2 * r + 1] = fast_exp2(s[4 * n + 2 * r + 1] - m_use);
                 sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
             }
-            row_sum[r] = row_sum[r] * corr[r] + sum;
-        }
-    };
-    auto issue_s = [&](const uint16_t* sKb) {
-#pragma unroll
-        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-            wgmma_ss<BLOCK_N, 0, 0>(s, desc_kmajor<HDIM_Q>(sQ, wg * 64, kk * 16), desc_kmajor<HDIM_Q>(sKb, 0, kk * 16), kk > 0);
-    };
-
-    // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the tensor cores run
-    // O += P_j V_j, the warpgroup does the softmax of S_{j+1}, issued just before. K runs two
-    // blocks ahead of V: at step j the ring holds K_{j+1} and V_j, and loads K_{j+2}, V_{j+1}.
-    const int nkb = kb_end - kb_begin;
-    load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
-    if (nkb > 0) {
-        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
-        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
-    }
-    if (nkb > 1)
-        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + BLOCK_N * HDIM_Q, kg, k_ss, (kb_begin + 1) * BLOCK_N,
-                                                      seqlen_k, hdim_q, tid);
-    cp_async_commit();
-    if (nkb > 0) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        wgmma_fence();
-        issue_s(sK);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_operand<NS * 4>(s);
-        float corr[2];
-        softmax(kb_begin, corr);
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-    }
-
-    for (int j = 0; j < nkb; ++j) {
-        const int kb = kb_begin + j;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // K_{j+1}, V_j resident; every warp is done with K_j and V_{j-1}
-        if (j + 2 < nkb)
-            load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (j & 1) * BLOCK_N * HDIM_Q, kg, k_ss,
-                                                          (kb + 2) * BLOCK_N, seqlen_k, hdim_q, tid);
-        if (j + 1 < nkb)
-            load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV + ((j + 1) & 1) * BLOCK_N * HDIM_V, vg, v_ss,
-                                                          (kb + 1) * BLOCK_N, seqlen_k, hdim_v, tid);
-        cp_async_commit();
-
-        const bool has_next = j + 1 < nkb;
-        wgmma_fence();
-        if (has_next) issue_s(sK + ((j + 1) & 1) * BLOCK_N * HDIM_Q);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_mnmajor<HDIM_V>(sV + (j & 1) * BLOCK_N * HDIM_V, kk * 16, 0), 1);
-        wgmma_commit();
-        float corr[2] = {1.f, 1.f};
-        uint32_t pn[BLOCK_N / 16][4];
-        if (has_next) {
-            wgmma_wait<1>();  // S_{j+1} ready; O += P_j V_j still running
-            fence_operand<NS * 4>(s);
-            softmax(kb + 1, corr);
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pn[kk], s + 8 * kk, s + 8 * kk + 4);
-        }
-        wgmma_wait0();
-        fence_operand<NO * 4>(acc_o);
-        fence_operand<BLOCK_N / 4>(&pa[0][0]);
-        if (has_next) {
+            row_sum[r] = row_sum[r] * corr + sum;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
-                acc_o[4 * n] *= corr[0];
-                acc_o[4 * n + 1] *= corr[0];
-                acc_o[4 * n + 2] *= corr[1];
-                acc_o[4 * n + 3] *= corr[1];
+                acc_o[4 * n + 2 * r] *= corr;
+                acc_o[4 * n + 2 * r + 1] *= corr;
             }
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
         }
+        uint32_t pa[BLOCK_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_mnmajor<HDIM_V>(sVb, kk * 16, 0), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NO * 4>(acc_o);
     }
 
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
