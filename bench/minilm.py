@@ -210,7 +210,7 @@ def extract(
     """Run all-MiniLM-L6-v2 on bench/data/*.txt and save every layer's q, k, v and attention output."""
     from rich.console import Console
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)  # full numbers in logs
     mdir = model_dir()
     model = Bert(mdir)
     tok = load_tokenizer(mdir)
@@ -421,7 +421,7 @@ def check(
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)  # full numbers in logs
     data = load_npz(npz)
     alias = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
     try:

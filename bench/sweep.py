@@ -582,7 +582,7 @@ def main(
     """Time ours vs PyTorch SDPA (flash, cuDNN) over FlashAttention's benchmark grid."""
     from rich.console import Console
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)  # full numbers in logs
     t_begin = time.perf_counter()
     if quick:
         grid = build_grid(QUICK["hdims"], QUICK["seqlens"], QUICK["dtypes"], QUICK["causals"])
