@@ -35,7 +35,7 @@ def rel(a, b):
     if not np.array_equal(np.isfinite(a), fin):
         return float("nan")
     n = np.linalg.norm(b[fin])
-    return float(np.linalg.norm((a - b)[fin]) / (n if n > 0 else 1.0))
+    return float(np.linalg.norm(a[fin] - b[fin]) / (n if n > 0 else 1.0))
 
 
 def to_host(x, dt):

@@ -27,6 +27,7 @@
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
+#include "attention.cuh"
 
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_N (NWARPS * 16)
@@ -82,11 +83,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const float* d_g = delta + bh * seqlen_q;
     float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
 
-    // Query rows that can see this key block, tile-aligned (CK's GetTileRangeAlongY).
-    const int q_lo = max(k0 - win_x + 1, 0);
-    const int q_hi = min(min(k0 + BLOCK_N, seqlen_k) - 1 + win_y, seqlen_q);
-    const int qb_begin = q_lo / BLOCK_M;
-    const int qb_end = q_hi > q_lo ? (q_hi + BLOCK_M - 1) / BLOCK_M : qb_begin;
+    int qb_begin, qb_end;  // query blocks that can see this key block
+    query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
 
     load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
     load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
@@ -142,21 +140,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-#pragma unroll
-        for (int n = 0; n < NT_M; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = n * 8 + 2 * t + (e & 1);  // query row inside the block
-                float l = sLseb[c];
-                l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;  // rows that saw no key: P = 0
-                float p = fast_exp2(s[n][e] * scale_log2 - l);
-                if (edge) {
-                    const int j = k0 + n0 + g + (e >> 1) * 8, i = q0 + c;
-                    if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
-                }
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - sDb[c]);
-            }
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, k0 + n0, q0, g, t, seqlen_q,
+                            seqlen_k);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll
@@ -205,38 +190,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int j = k0 + n0 + g + r * 8;
-        if (j >= seqlen_k) continue;
-        if (dkdv_fp32) {
-            float* dk_row = reinterpret_cast<float*>(dk) + b * dk_sb + h * dk_sh + (index_t)j * dk_ss;
-            float* dv_row = reinterpret_cast<float*>(dv) + b * dv_sb + h * dv_sh + (index_t)j * dv_ss;
-#pragma unroll
-            for (int n = 0; n < NT_DQ; ++n) {
-                const int col = split * DQ_OUT + n * 8 + 2 * t;
-                if (col < hdim_q)
-                    *reinterpret_cast<float2*>(dk_row + col) = make_float2(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
-            }
-#pragma unroll
-            for (int n = 0; n < NT_DV; ++n) {
-                const int col = split * DV_OUT + n * 8 + 2 * t;
-                if (col < hdim_v) *reinterpret_cast<float2*>(dv_row + col) = make_float2(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
-            }
-        } else {
-            uint16_t* dk_row = reinterpret_cast<uint16_t*>(dk) + b * dk_sb + hk * dk_sh + (index_t)j * dk_ss;
-            uint16_t* dv_row = reinterpret_cast<uint16_t*>(dv) + b * dv_sb + hk * dv_sh + (index_t)j * dv_ss;
-#pragma unroll
-            for (int n = 0; n < NT_DQ; ++n) {
-                const int col = split * DQ_OUT + n * 8 + 2 * t;
-                if (col < hdim_q)
-                    *reinterpret_cast<uint32_t*>(dk_row + col) = pack2(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
-            }
-#pragma unroll
-            for (int n = 0; n < NT_DV; ++n) {
-                const int col = split * DV_OUT + n * 8 + 2 * t;
-                if (col < hdim_v) *reinterpret_cast<uint32_t*>(dv_row + col) = pack2(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
-            }
-        }
-    }
+    store_dk_dv<NT_DQ, NT_DV>(&acc_dk[0][0], &acc_dv[0][0], scale, k0 + n0 + g, t, seqlen_k, hdim_q, hdim_v,
+                              split * DQ_OUT, split * DV_OUT, dkdv_fp32, dk, dv, b, dkdv_fp32 ? h : hk,
+                              dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss);
 }

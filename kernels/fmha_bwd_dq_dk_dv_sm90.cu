@@ -19,6 +19,7 @@
 #include "arch_sm90.cuh"
 #include "tile.cuh"
 #include "tile_blocked.cuh"
+#include "attention.cuh"
 
 #define NTHREADS 256
 #define BLOCK_N 128
@@ -65,10 +66,8 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const float* d_g = delta + bh * seqlen_q;
     float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
 
-    const int q_lo = max(k0 - win_x + 1, 0);
-    const int q_hi = min(min(k0 + BLOCK_N, seqlen_k) - 1 + win_y, seqlen_q);
-    const int qb_begin = q_lo / BLOCK_M;
-    const int qb_end = q_hi > q_lo ? (q_hi + BLOCK_M - 1) / BLOCK_M : qb_begin;
+    int qb_begin, qb_end;
+    query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
 
     load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
     load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
@@ -124,21 +123,8 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-#pragma unroll
-        for (int n = 0; n < NQ; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = n * 8 + 2 * t + (e & 1);
-                float l = sLseb[c];
-                l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
-                float p = fast_exp2(s[4 * n + e] * scale_log2 - l);
-                if (edge) {
-                    const int j = k0 + my_key + (e >> 1) * 8, i = q0 + c;
-                    if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
-                }
-                s[4 * n + e] = p;
-                dp[4 * n + e] = p * (dp[4 * n + e] - sDb[c]);
-            }
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
+                          seqlen_k);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
@@ -202,38 +188,6 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     }
 
     // epilogue: dK *= scale; write dK, dV
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int j = k0 + my_key + r * 8;
-        if (j >= seqlen_k) continue;
-        if (dkdv_fp32) {
-            float* dk_row = reinterpret_cast<float*>(dk) + b * dk_sb + h * dk_sh + (index_t)j * dk_ss;
-            float* dv_row = reinterpret_cast<float*>(dv) + b * dv_sb + h * dv_sh + (index_t)j * dv_ss;
-#pragma unroll
-            for (int n = 0; n < NDQ; ++n) {
-                const int col = n * 8 + 2 * t;
-                if (col < hdim_q)
-                    *reinterpret_cast<float2*>(dk_row + col) = make_float2(acc_dk[4 * n + 2 * r] * scale, acc_dk[4 * n + 2 * r + 1] * scale);
-            }
-#pragma unroll
-            for (int n = 0; n < NDV; ++n) {
-                const int col = n * 8 + 2 * t;
-                if (col < hdim_v) *reinterpret_cast<float2*>(dv_row + col) = make_float2(acc_dv[4 * n + 2 * r], acc_dv[4 * n + 2 * r + 1]);
-            }
-        } else {
-            uint16_t* dk_row = reinterpret_cast<uint16_t*>(dk) + b * dk_sb + hk * dk_sh + (index_t)j * dk_ss;
-            uint16_t* dv_row = reinterpret_cast<uint16_t*>(dv) + b * dv_sb + hk * dv_sh + (index_t)j * dv_ss;
-#pragma unroll
-            for (int n = 0; n < NDQ; ++n) {
-                const int col = n * 8 + 2 * t;
-                if (col < hdim_q)
-                    *reinterpret_cast<uint32_t*>(dk_row + col) = pack2(acc_dk[4 * n + 2 * r] * scale, acc_dk[4 * n + 2 * r + 1] * scale);
-            }
-#pragma unroll
-            for (int n = 0; n < NDV; ++n) {
-                const int col = n * 8 + 2 * t;
-                if (col < hdim_v) *reinterpret_cast<uint32_t*>(dv_row + col) = pack2(acc_dv[4 * n + 2 * r], acc_dv[4 * n + 2 * r + 1]);
-            }
-        }
-    }
+    store_dk_dv<NDQ, NDV>(acc_dk, acc_dv, scale, k0 + my_key, t, seqlen_k, hdim_q, hdim_v, 0, 0, dkdv_fp32, dk, dv,
+                          b, dkdv_fp32 ? h : hk, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss);
 }

@@ -10,6 +10,7 @@
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
+#include "attention.cuh"
 
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
@@ -45,12 +46,8 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
 
-    // Key blocks this row block can see (none when the window leaves every row empty).
-    const int q_last = min(q0 + BLOCK_M, seqlen_q) - 1;
-    const int k_lo = max(q0 - win_y + 1, 0);
-    const int k_hi = min(q_last + win_x, seqlen_k);
-    const int kb_begin = k_lo / BLOCK_N;
-    const int kb_end = k_hi > k_lo ? (k_hi + BLOCK_N - 1) / BLOCK_N : kb_begin;
+    int kb_begin, kb_end;  // key blocks this row block can see (none: o = 0, lse = -inf)
+    key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
 
     load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
     if (kb_begin < kb_end) {
@@ -101,45 +98,10 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
 #endif
         }
 
-        // scale (log2 units), mask on edge tiles only
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-#pragma unroll
-        for (int n = 0; n < NT_S; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[n][e] *= scale_log2;
-                if (edge) {
-                    int i = q0 + m0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
-                    if (!win.visible(i, j, seqlen_k)) s[n][e] = -FMHA_INF;
-                }
-            }
-
-        // online softmax
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
-#pragma unroll
-            for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_use = mx == -FMHA_INF ? 0.f : mx;
-            const float corr = fast_exp2(row_max[r] - m_use);
-            row_max[r] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < NT_S; ++n) {
-                s[n][2 * r] = fast_exp2(s[n][2 * r] - m_use);
-                s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - m_use);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
-            }
-            row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-            for (int n = 0; n < NT_O; ++n) {
-                acc_o[n][2 * r] *= corr;
-                acc_o[n][2 * r + 1] *= corr;
-            }
-        }
+        online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, scale_log2, edge, win, q0 + m0, k0,
+                                   g, t, seqlen_k);
 
         // O += P V
 #pragma unroll
@@ -152,18 +114,16 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
 
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
+    float inv[2], row_lse[2];
+    finish_rows(row_max, row_sum, inv, row_lse);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
         const int i = q0 + m0 + g + r * 8;
-        if (t == 0 && i < seqlen_q) lse_g[i] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
+        if (t == 0 && i < seqlen_q) lse_g[i] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NT_O; ++n) {
-            acc_o[n][2 * r] *= inv;
-            acc_o[n][2 * r + 1] *= inv;
+            acc_o[n][2 * r] *= inv[r];
+            acc_o[n][2 * r + 1] *= inv[r];
         }
     }
     cp_async_wait<0>();

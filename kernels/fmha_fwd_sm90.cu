@@ -12,6 +12,7 @@
 #include "arch_sm90.cuh"
 #include "tile.cuh"
 #include "tile_blocked.cuh"
+#include "attention.cuh"
 
 #ifndef NWG
 #define NWG 2
@@ -47,11 +48,8 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
 
-    const int q_last = min(q0 + BLOCK_M, seqlen_q) - 1;
-    const int k_lo = max(q0 - win_y + 1, 0);
-    const int k_hi = min(q_last + win_x, seqlen_k);
-    const int kb_begin = k_lo / BLOCK_N;
-    const int kb_end = k_hi > k_lo ? (k_hi + BLOCK_N - 1) / BLOCK_N : kb_begin;
+    int kb_begin, kb_end;
+    key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
 
     load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
     if (kb_begin < kb_end) {
@@ -92,40 +90,8 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
 
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[4 * n + e] *= scale_log2;
-                if (edge) {
-                    const int i = q0 + my_row + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
-                    if (!win.visible(i, j, seqlen_k)) s[4 * n + e] = -FMHA_INF;
-                }
-            }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
-#pragma unroll
-            for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_use = mx == -FMHA_INF ? 0.f : mx;
-            const float corr = fast_exp2(row_max[r] - m_use);
-            row_max[r] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < NS; ++n) {
-                s[4 * n + 2 * r] = fast_exp2(s[4 * n + 2 * r] - m_use);
-                s[4 * n + 2 * r + 1] = fast_exp2(s[4 * n + 2 * r + 1] - m_use);
-                sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
-            }
-            row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                acc_o[4 * n + 2 * r] *= corr;
-                acc_o[4 * n + 2 * r + 1] *= corr;
-            }
-        }
+        online_softmax<NS, NO>(s, acc_o, row_max, row_sum, scale_log2, edge, win, q0 + wg * 64 + wi * 16, k0, g, t,
+                               seqlen_k);
         uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
@@ -141,21 +107,19 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
 
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
     uint16_t* og = o + b * o_sb + h * o_sh;
+    float inv[2], row_lse[2];
+    finish_rows(row_max, row_sum, inv, row_lse);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
         const int i = q0 + my_row + r * 8;
         if (i < seqlen_q) {
-            if (t == 0) lse_g[i] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
+            if (t == 0) lse_g[i] = row_lse[r];
             uint16_t* orow = og + (index_t)i * o_ss;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
                 if (col < hdim_v)
-                    *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv, acc_o[4 * n + 2 * r + 1] * inv);
+                    *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
             }
         }
     }

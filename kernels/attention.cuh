@@ -1,0 +1,142 @@
+// Attention maths shared by the mma.sync and the wgmma kernels: block ranges under a mask,
+// the forward's online softmax, the backward's P / dS step and its dK/dV store. Everything works
+// on accumulators in the m16n8 C-fragment layout, flattened: element e of n8-tile n is [4n + e],
+// rows (g, g + 8) for e < 2 / e >= 2, columns 2t + (e & 1) inside the tile. No PTX here beyond
+// the architecture layer's helpers.
+#pragma once
+#include "common.cuh"
+#include "arch_sm80.cuh"
+
+namespace fmha {
+
+// Key blocks of width n seen by query rows [q0, q0 + m): [begin, end), empty when end <= begin.
+__device__ __forceinline__ void key_block_range(const Window& w, int q0, int m, int n, int seqlen_q, int seqlen_k,
+                                                int& begin, int& end) {
+    const int lo = max(q0 - w.y + 1, 0);
+    const int hi = min(min(q0 + m, seqlen_q) - 1 + w.x, seqlen_k);
+    begin = lo / n;
+    end = hi > lo ? (hi + n - 1) / n : begin;
+}
+
+// Query blocks of height m that see keys [k0, k0 + n) (CK's GetTileRangeAlongY).
+__device__ __forceinline__ void query_block_range(const Window& w, int k0, int n, int m, int seqlen_q, int seqlen_k,
+                                                  int& begin, int& end) {
+    const int lo = max(k0 - w.x + 1, 0);
+    const int hi = min(min(k0 + n, seqlen_k) - 1 + w.y, seqlen_q);
+    begin = lo / m;
+    end = hi > lo ? (hi + m - 1) / m : begin;
+}
+
+// Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
+// the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
+// units first; the window test runs only when `edge` (the tile crosses a mask or sequence edge).
+template <int NS, int NO>
+__device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
+                                               float scale_log2, bool edge, const Window& win, int row0, int k0,
+                                               int g, int t, int seqlen_k) {
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * n + e] *= scale_log2;
+            if (edge) {
+                const int i = row0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
+                if (!win.visible(i, j, seqlen_k)) s[4 * n + e] = -FMHA_INF;
+            }
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = row_max[r];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
+        const float corr = fast_exp2(row_max[r] - m_use);
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            s[4 * n + 2 * r] = fast_exp2(s[4 * n + 2 * r] - m_use);
+            s[4 * n + 2 * r + 1] = fast_exp2(s[4 * n + 2 * r + 1] - m_use);
+            sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            acc_o[4 * n + 2 * r] *= corr;
+            acc_o[4 * n + 2 * r + 1] *= corr;
+        }
+    }
+}
+
+// Forward epilogue per row r: 1/l for O (0 for a row that saw no key) and the natural-log LSE.
+__device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        inv[r] = l > 0.f ? 1.f / l : 0.f;
+        lse[r] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
+    }
+}
+
+// Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + g (+8), columns = query rows q0 + 8n + 2t
+// (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
+template <int NQ>
+__device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
+                                              bool edge, const Window& win, int key0, int q0, int g, int t,
+                                              int seqlen_q, int seqlen_k) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = n * 8 + 2 * t + (e & 1);  // query row inside the block
+            float l = lse[c];
+            l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
+            float p = fast_exp2(s[4 * n + e] * scale_log2 - l);
+            if (edge) {
+                const int j = key0 + g + (e >> 1) * 8, i = q0 + c;
+                if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
+            }
+            s[4 * n + e] = p;
+            dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
+        }
+}
+
+// Backward epilogue: rows key (e < 2) and key + 8 of dK (scaled) and dV, columns
+// [dk_col0, dk_col0 + 8 * NDK) and [dv_col0, ...), into the outputs (input dtype, K/V head hk) or,
+// for GQA, into fp32 workspaces per query head h.
+template <int NDK, int NDV>
+__device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* acc_dv, float scale, int key, int t,
+                                            int seqlen_k, int hdim_q, int hdim_v, int dk_col0, int dv_col0,
+                                            bool fp32, void* dk, void* dv, int b, int head,
+                                            index_t dk_sb, index_t dk_sh, index_t dk_ss,
+                                            index_t dv_sb, index_t dv_sh, index_t dv_ss) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = key + r * 8;
+        if (j >= seqlen_k) continue;
+        const index_t dk_off = b * dk_sb + head * dk_sh + (index_t)j * dk_ss;
+        const index_t dv_off = b * dv_sb + head * dv_sh + (index_t)j * dv_ss;
+#pragma unroll
+        for (int n = 0; n < NDK; ++n) {
+            const int col = dk_col0 + n * 8 + 2 * t;
+            if (col >= hdim_q) continue;
+            const float x = acc_dk[4 * n + 2 * r] * scale, y = acc_dk[4 * n + 2 * r + 1] * scale;
+            if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dk) + dk_off + col) = make_float2(x, y);
+            else *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(dk) + dk_off + col) = pack2(x, y);
+        }
+#pragma unroll
+        for (int n = 0; n < NDV; ++n) {
+            const int col = dv_col0 + n * 8 + 2 * t;
+            if (col >= hdim_v) continue;
+            const float x = acc_dv[4 * n + 2 * r], y = acc_dv[4 * n + 2 * r + 1];
+            if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dv) + dv_off + col) = make_float2(x, y);
+            else *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(dv) + dv_off + col) = pack2(x, y);
+        }
+    }
+}
+
+}  // namespace fmha
