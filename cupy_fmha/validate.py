@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from .mask import MaskSpec, Window, resolve_mask
+from .philox import check_uint64, keep_threshold
 
 __all__ = [
     "LAYOUTS",
@@ -29,6 +30,15 @@ __all__ = [
     "check_forward_inputs",
     "check_backward_inputs",
     "normalize_dtype",
+    "VarlenProblem",
+    "Dropout",
+    "check_varlen_inputs",
+    "check_cu_seqlens",
+    "check_bias",
+    "check_alibi_slopes",
+    "check_dropout",
+    "check_flag",
+    "check_return_dbias",
 ]
 
 LAYOUTS = ("bshd", "bhsd")
@@ -384,3 +394,373 @@ def check_reference_inputs(q, k, v, extra=(), *, softmax_scale=None, causal=Fals
         window_size=window_size, mask=mask, layout=layout, dtype=None, any_float=True,
         hdim_rule=False, allow_empty=True, strides=False,
     )
+
+
+# --------------------------------------------------------------------------- issue 3 features
+#
+# Varlen (group mode), bias, ALiBi and dropout. These are separate functions so that
+# check_forward_inputs / check_backward_inputs keep their behaviour; the NumPy reference uses them
+# with ``any_float=True`` (any float dtype, any head dim), the GPU API in the strict default mode.
+
+_I32 = np.dtype(np.int32)
+
+
+@dataclass(frozen=True)
+class VarlenProblem:
+    """A checked variable-length ("group mode", layout ``thd``) attention problem.
+
+    q is [total_q, nhead_q, hdim_q], k/v [total_k, nhead_k, hdim_q/hdim_v]; sequence ``b`` holds
+    rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``
+    of k and v. Lengths may be 0. lse is [batch, nhead_q, max_seqlen_q].
+    """
+
+    batch: int
+    cu_seqlens_q: tuple[int, ...]
+    cu_seqlens_k: tuple[int, ...]
+    max_seqlen_q: int
+    max_seqlen_k: int
+    nhead_q: int
+    nhead_k: int
+    hdim_q: int
+    hdim_v: int
+    dtype: np.dtype
+    softmax_scale: float
+    mask: MaskSpec
+    layout: str = "thd"
+
+    @property
+    def total_q(self) -> int:
+        return self.cu_seqlens_q[-1]
+
+    @property
+    def total_k(self) -> int:
+        return self.cu_seqlens_k[-1]
+
+    @property
+    def seqlens_q(self) -> tuple[int, ...]:
+        c = self.cu_seqlens_q
+        return tuple(c[i + 1] - c[i] for i in range(self.batch))
+
+    @property
+    def seqlens_k(self) -> tuple[int, ...]:
+        c = self.cu_seqlens_k
+        return tuple(c[i + 1] - c[i] for i in range(self.batch))
+
+    @property
+    def group(self) -> int:
+        return self.nhead_q // self.nhead_k
+
+    def window(self, b: int) -> Window | None:
+        """The mask resolved for sequence ``b``'s own lengths (``None`` for no mask)."""
+        return self.mask.window(self.seqlens_q[b], self.seqlens_k[b])
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Checked dropout settings; ``threshold = floor((1 - p) * 65536 + 0.5)`` (see
+    :mod:`cupy_fmha.philox`)."""
+
+    p: float
+    seed: int
+    offset: int
+    threshold: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.p > 0.0
+
+
+def _host_values(name: str, a):
+    """NumPy copy of a NumPy/CuPy array (CuPy arrays through ``.get()``)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "get") and _is_array(a):
+        a = a.get()
+    if not isinstance(a, np.ndarray):
+        raise TypeError(
+            f"{name}: expected a CuPy or NumPy array, got {type(a).__module__}.{type(a).__name__}"
+        )
+    return a
+
+
+def check_cu_seqlens(name: str, cu, total: int, batch: int | None = None) -> tuple[int, ...]:
+    """Check cumulative sequence offsets: int32 [batch + 1], starting at 0, non-decreasing,
+    last value == ``total`` (the packed tensor's first dimension). Returns them as ints.
+
+    Raises:
+        TypeError: not an array, not int32.  ValueError: rank, length, values.
+    """
+    if not _is_array(cu):
+        raise TypeError(
+            f"{name}: expected an int32 array [batch + 1], got "
+            f"{type(cu).__module__}.{type(cu).__name__}"
+        )
+    if np.dtype(cu.dtype) != _I32:
+        raise TypeError(f"{name}: expected dtype int32, got {np.dtype(cu.dtype)}")
+    if len(cu.shape) != 1 or int(cu.shape[0]) < 2:
+        raise ValueError(
+            f"{name}: expected a rank-1 array [batch + 1] with batch >= 1, "
+            f"got shape {tuple(cu.shape)}"
+        )
+    if batch is not None and int(cu.shape[0]) != batch + 1:
+        raise ValueError(
+            f"{name}: expected {batch + 1} entries (batch + 1), got {int(cu.shape[0])}"
+        )
+    vals = [int(x) for x in _host_values(name, cu)]
+    if vals[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {vals[0]}")
+    bad = [i for i in range(len(vals) - 1) if vals[i + 1] < vals[i]]
+    if bad:
+        i = bad[0]
+        raise ValueError(
+            f"{name}: must be non-decreasing, but entry {i + 1} ({vals[i + 1]}) "
+            f"< entry {i} ({vals[i]})"
+        )
+    if vals[-1] != total:
+        raise ValueError(
+            f"{name}: last value {vals[-1]} does not match the packed length {total} "
+            "(first dimension of the packed tensor)"
+        )
+    return tuple(vals)
+
+
+def _check_max_seqlen(name: str, value, lengths) -> int:
+    longest = max(lengths) if lengths else 0
+    if value is None:
+        return longest
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int or None, got {value!r}")
+    value = int(value)
+    if value < longest:
+        raise ValueError(f"{name}: {value} is less than the longest sequence ({longest})")
+    return value
+
+
+def _check_array3(name: str, a) -> None:
+    if not _is_array(a):
+        raise TypeError(
+            f"{name}: expected a CuPy or NumPy array, got {type(a).__module__}.{type(a).__name__}"
+        )
+    if len(a.shape) != 3:
+        raise ValueError(
+            f"{name}: expected a rank-3 array [total, heads, hdim] (layout 'thd'), "
+            f"got shape {tuple(a.shape)}"
+        )
+    if any(int(n) == 0 for n in a.shape[1:]):
+        raise ValueError(f"{name}: zero-size heads or head dim in shape {tuple(a.shape)}")
+
+
+def check_varlen_inputs(
+    q,
+    k,
+    v,
+    extra=(),
+    *,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    mask=None,
+    layout="thd",
+    dtype=None,
+    lse=None,
+    any_float=False,
+    hdim_rule=True,
+    strides=True,
+) -> VarlenProblem:
+    """Check a variable-length (group mode) problem and describe it.
+
+    Args:
+        q: [total_q, nhead_q, d]; k: [total_k, nhead_k, d]; v: [total_k, nhead_k, dv]; one dtype
+            (fp16/bf16 unless ``any_float``); ``nhead_q % nhead_k == 0``. total may be 0.
+        extra: ``(name, array)`` pairs of shape [total_q, nhead_q, dv] (o, do).
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] (see :func:`check_cu_seqlens`).
+        max_seqlen_q, max_seqlen_k: ``None`` (the longest sequence) or an int >= it.
+        softmax_scale, causal, window_size, mask, dtype: as :func:`check_forward_inputs`; the
+            mask is resolved per sequence with that sequence's lengths, and may leave rows (or
+            whole sequences) without keys.
+        layout: must be ``"thd"``.
+        lse: optional float32 [batch, nhead_q, max_seqlen_q].
+        any_float, hdim_rule, strides: relaxations for the NumPy reference.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    if layout != "thd":
+        raise ValueError(f"layout: cu_seqlens_q/cu_seqlens_k need layout='thd', got {layout!r}")
+    want = normalize_dtype(dtype)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        _check_array3(name, a)
+    dt = _logical_dtype("q", q, want, any_float)
+    for name, a in (("k", k), ("v", v)):
+        adt = _logical_dtype(name, a, want, any_float)
+        if adt != dt:
+            raise TypeError(f"{name}: dtype {adt} does not match q's dtype {dt}")
+    tq, hq, d = (int(n) for n in q.shape)
+    tk, hk, dk = (int(n) for n in k.shape)
+    tv, hv, dv = (int(n) for n in v.shape)
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
+    if tv != tk:
+        raise ValueError(f"v: total length {tv} does not match k's {tk}")
+    if hv != hk:
+        raise ValueError(f"v: number of heads {hv} does not match k's {hk}")
+    if hq % hk:
+        raise ValueError(f"k: number of heads {hk} must divide q's number of heads {hq} (GQA/MQA)")
+    if hdim_rule:
+        for name, n in (("q", d), ("v", dv)):
+            if n % HDIM_STEP or not HDIM_MIN <= n <= HDIM_MAX:
+                raise ValueError(
+                    f"{name}: head dim must be a multiple of {HDIM_STEP} in "
+                    f"[{HDIM_MIN}, {HDIM_MAX}], got {n}"
+                )
+    for name, a in extra:
+        _check_array3(name, a)
+        adt = _logical_dtype(name, a, want, any_float)
+        if adt != dt:
+            raise TypeError(f"{name}: dtype {adt} does not match q's dtype {dt}")
+        if tuple(int(n) for n in a.shape) != (tq, hq, dv):
+            raise ValueError(
+                f"{name}: expected shape {(tq, hq, dv)} (total_q, nhead_q, hdim_v), "
+                f"got {tuple(a.shape)}"
+            )
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        which = "cu_seqlens_q" if cu_seqlens_q is None else "cu_seqlens_k"
+        raise ValueError(f"{which}: layout 'thd' needs cu_seqlens_q and cu_seqlens_k")
+    cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq)
+    ck = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk)
+    if len(cq) != len(ck):
+        raise ValueError(
+            f"cu_seqlens_k: {len(ck)} entries but cu_seqlens_q has {len(cq)} (both batch + 1)"
+        )
+    batch = len(cq) - 1
+    mq = _check_max_seqlen("max_seqlen_q", max_seqlen_q, [cq[i + 1] - cq[i] for i in range(batch)])
+    mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, [ck[i + 1] - ck[i] for i in range(batch)])
+    named = [("q", q), ("k", k), ("v", v), *extra]
+    if lse is not None:
+        if not _is_array(lse) or len(lse.shape) != 3:
+            raise TypeError("lse: expected a rank-3 float32 array [batch, nhead_q, max_seqlen_q]")
+        if np.dtype(lse.dtype) != _F32:
+            raise TypeError(f"lse: expected float32, got dtype {np.dtype(lse.dtype)}")
+        if tuple(int(n) for n in lse.shape) != (batch, hq, mq):
+            raise ValueError(
+                f"lse: expected shape {(batch, hq, mq)} ([batch, nhead_q, max_seqlen_q]), "
+                f"got {tuple(lse.shape)}"
+            )
+        named.append(("lse", lse))
+    if strides:
+        for name, a in named:
+            _check_strides(name, a)
+        _check_devices(named + [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
+    scale = _check_scale(softmax_scale, d)
+    spec = _check_mask(mask, causal, window_size, mq, mk, allow_empty=True)
+    return VarlenProblem(batch, cq, ck, mq, mk, hq, hk, d, dv, dt, scale, spec)
+
+
+def check_bias(bias, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, *,
+               any_float: bool = False, dtype=None) -> np.dtype:
+    """Check an elementwise bias: rank 1-4, broadcastable (NumPy rules: each dimension 1 or
+    equal) to [batch, nhead_q, seqlen_q, seqlen_k] (in varlen mode: max_seqlen_q, max_seqlen_k),
+    e.g. [1, 1, sq, sk], [1, h, sq, sk], [b, h, sq, sk], [sq, sk]. dtype fp16, bf16 or fp32
+    (uint16 bf16 bits with ``dtype="bfloat16"``); any float with ``any_float``.
+
+    Returns:
+        The bias's logical dtype.
+
+    Raises:
+        TypeError: not an array, bad dtype.  ValueError: rank or shape not broadcastable.
+    """
+    if not _is_array(bias):
+        raise TypeError(
+            "bias: expected a CuPy or NumPy array, got "
+            f"{type(bias).__module__}.{type(bias).__name__}"
+        )
+    dt = np.dtype(bias.dtype)
+    if dt == _U16:
+        if normalize_dtype(dtype) != _BF16:
+            raise TypeError(
+                "bias: got a uint16 array; bf16 bits travel as uint16, pass dtype='bfloat16'"
+            )
+        dt = _BF16
+    elif any_float:
+        if not (dt.kind == "f" or dt == _BF16):
+            raise TypeError(f"bias: expected a floating-point array, got dtype {dt}")
+    elif dt not in (_F16, _BF16, _F32):
+        raise TypeError(f"bias: expected float16, bfloat16 or float32, got dtype {dt}")
+    shape = tuple(int(n) for n in bias.shape)
+    full = (batch, nhead_q, seqlen_q, seqlen_k)
+    if not 1 <= len(shape) <= 4:
+        raise ValueError(f"bias: expected rank 1 to 4 (broadcastable to {full}), got shape {shape}")
+    names = ("seqlen_k", "seqlen_q", "nhead_q", "batch")
+    for have, want, what in zip(shape[::-1], full[::-1], names):
+        if have not in (1, want):
+            raise ValueError(
+                f"bias: shape {shape} is not broadcastable to [batch, nhead_q, seqlen_q, seqlen_k] "
+                f"= {full}: its {what} dimension is {have} (expected 1 or {want})"
+            )
+    return dt
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, nhead_q: int, *, bias=None,
+                       any_float: bool = False) -> tuple[int, ...]:
+    """Check ALiBi slopes: float32 [nhead_q] or [batch, nhead_q] (any float with ``any_float``);
+    not together with ``bias``. Returns the shape.
+
+    Raises:
+        ValueError: both bias and alibi_slopes given; bad shape.  TypeError: not an array, dtype.
+    """
+    if bias is not None:
+        raise ValueError("bias, alibi_slopes: give at most one of bias= and alibi_slopes=")
+    if not _is_array(alibi_slopes):
+        raise TypeError(
+            f"alibi_slopes: expected a float32 array, got "
+            f"{type(alibi_slopes).__module__}.{type(alibi_slopes).__name__}"
+        )
+    dt = np.dtype(alibi_slopes.dtype)
+    if any_float:
+        if dt.kind != "f":
+            raise TypeError(f"alibi_slopes: expected a floating-point array, got dtype {dt}")
+    elif dt != _F32:
+        raise TypeError(f"alibi_slopes: expected float32, got dtype {dt}")
+    shape = tuple(int(n) for n in alibi_slopes.shape)
+    if shape not in ((nhead_q,), (batch, nhead_q)):
+        raise ValueError(
+            f"alibi_slopes: expected shape ({nhead_q},) [nhead_q] or ({batch}, {nhead_q}) "
+            f"[batch, nhead_q], got {shape}"
+        )
+    return shape
+
+
+def check_dropout(dropout_p=0.0, seed=0, offset=0) -> Dropout:
+    """Check dropout settings: ``dropout_p`` a real number in [0, 1); ``seed`` and ``offset``
+    integers in [0, 2**64) (Python or NumPy integers).
+
+    Raises:
+        TypeError: non-number p, non-integer seed/offset.  ValueError: out of range.
+    """
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a real number in [0, 1), got {dropout_p!r}")
+    p = float(dropout_p)
+    if not (math.isfinite(p) and 0.0 <= p < 1.0):
+        raise ValueError(f"dropout_p: expected a number in [0, 1), got {dropout_p!r}")
+    seed = check_uint64("seed", seed)
+    offset = check_uint64("offset", offset)
+    return Dropout(p, seed, offset, keep_threshold(p))
+
+
+def check_flag(name: str, value) -> bool:
+    """A bool option (Python or NumPy bool)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return bool(value)
+
+
+def check_return_dbias(return_dbias, bias) -> bool:
+    """``return_dbias=True`` needs an explicit ``bias`` (ALiBi slopes have no gradient here)."""
+    flag = check_flag("return_dbias", return_dbias)
+    if flag and bias is None:
+        raise ValueError(
+            "return_dbias: True needs bias= (dbias is the gradient of an explicit bias)"
+        )
+    return flag

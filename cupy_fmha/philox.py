@@ -1,0 +1,177 @@
+"""Philox-4x32-10 (Salmon et al., SC'11) in vectorized NumPy, and the dropout keep mask built on it.
+
+This is the bit-exact host replica of the generator the GPU kernels use for dropout, so a
+kernel's keep mask can be checked element by element.
+
+Generator: the standard Philox-4x32 with 10 rounds. One round maps counter words (c0, c1, c2, c3)
+and key words (k0, k1) to::
+
+    hi0:lo0 = 0xD2511F53 * c0            (64-bit product)
+    hi1:lo1 = 0xCD9E8D57 * c2
+    (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
+
+and the key is bumped by (0x9E3779B9, 0xBB67AE85) (mod 2^32) between rounds.
+
+Dropout keying (independent of tile sizes and launch order): for the attention element
+(b, h, i, j) -- b the batch index (the sequence index in varlen mode), h the query head, i the
+query row and j the key column, both local to the sequence -- with 64-bit ``seed`` and
+``offset``::
+
+    key     = (seed & 0xffffffff, seed >> 32)
+    t       = (offset + b * nhead_q + h) mod 2^64
+    counter = (j >> 3, i, t & 0xffffffff, t >> 32)
+
+One call serves the 8 consecutive columns ``j = 8 * (j >> 3) + 0..7``: its output words r0..r3
+give the uint16 values ``u = (r0 & 0xffff, r0 >> 16, r1 & 0xffff, r1 >> 16, ..., r3 >> 16)``
+and column j uses ``u[j & 7]``. The element is kept iff ``u < threshold`` with
+``threshold = floor((1 - p) * 65536 + 0.5)`` (an integer in [0, 65536]; ``p = 0`` keeps all).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "PHILOX_M0",
+    "PHILOX_M1",
+    "PHILOX_W0",
+    "PHILOX_W1",
+    "philox4x32",
+    "keep_threshold",
+    "check_uint64",
+    "dropout_counter_key",
+    "dropout_random",
+    "dropout_keep",
+    "dropout_random_block",
+    "dropout_keep_block",
+]
+
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_U64_MAX = (1 << 64) - 1
+
+
+def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
+    """Philox-4x32-``rounds`` of every counter under its key.
+
+    Args:
+        counter: uint32-valued array [..., 4] (words c0..c3).
+        key: uint32-valued array [..., 2] (words k0, k1); broadcast against ``counter``'s
+            leading dimensions.
+        rounds: number of rounds (10 for the standard generator).
+
+    Returns:
+        uint32 array [..., 4] (leading dimensions broadcast).
+    """
+    c = np.asarray(counter)
+    k = np.asarray(key)
+    if c.shape[-1:] != (4,) or k.shape[-1:] != (2,):
+        raise ValueError(
+            f"philox4x32: counter must be [..., 4] and key [..., 2], got {c.shape} and {k.shape}"
+        )
+    c = c.astype(np.uint32).astype(np.uint64)
+    k = k.astype(np.uint32).astype(np.uint64)
+    lead = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+    c0, c1, c2, c3 = (np.broadcast_to(c[..., n], lead) for n in range(4))
+    k0, k1 = (np.broadcast_to(k[..., n], lead) for n in range(2))
+    m0, m1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)
+    w0, w1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
+    for r in range(rounds):
+        if r:
+            k0 = (k0 + w0) & _M32
+            k1 = (k1 + w1) & _M32
+        p0 = m0 * c0  # < 2^64: no wrap-around
+        p1 = m1 * c2
+        c0, c1, c2, c3 = (p1 >> _S32) ^ c1 ^ k0, p1 & _M32, (p0 >> _S32) ^ c3 ^ k1, p0 & _M32
+    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+
+
+def keep_threshold(p: float) -> int:
+    """``floor((1 - p) * 65536 + 0.5)``: an element is kept iff its uint16 draw is below it."""
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p: expected a number in [0, 1), got {p!r}")
+    return int(math.floor((1.0 - p) * 65536.0 + 0.5))
+
+
+def check_uint64(name: str, x) -> int:
+    """``x`` as a Python int, checked to be an integer (not bool) in [0, 2**64)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer in [0, 2**64), got {x!r}")
+    x = int(x)
+    if not 0 <= x <= _U64_MAX:
+        raise ValueError(f"{name}: expected an integer in [0, 2**64), got {x}")
+    return x
+
+
+def _indices(*xs):
+    return np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in xs))
+
+
+def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
+    """Philox counters [..., 4] and key [2] for the elements (batch_index, head, rows, cols)
+    (integers or integer arrays, broadcast together)."""
+    seed, offset = check_uint64("seed", seed), check_uint64("offset", offset)
+    b, h, i, j = _indices(batch_index, head, rows, cols)
+    with np.errstate(over="ignore"):
+        t = (
+            np.uint64(offset)
+            + b.astype(np.uint64) * np.uint64(int(nhead_q))
+            + h.astype(np.uint64)
+        )
+    counter = np.stack(
+        [(j >> 3).astype(np.uint64), i.astype(np.uint64), t & _M32, t >> _S32], axis=-1
+    ).astype(np.uint32)
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)
+    return counter, key
+
+
+def _select_u16(words: np.ndarray, lane) -> np.ndarray:
+    """uint16 value ``lane`` (0..7) of the 4 words [..., 4]: word ``lane >> 1``, high half when
+    ``lane`` is odd."""
+    lane = np.asarray(lane)
+    w = np.take_along_axis(words, (lane >> 1)[..., None].astype(np.intp), axis=-1)[..., 0]
+    return ((w >> ((lane & 1) * 16).astype(np.uint32)) & np.uint32(0xFFFF)).astype(np.uint16)
+
+
+def dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) -> np.ndarray:
+    """The uint16 draw of each element (batch_index, head, rows, cols) (broadcast together)."""
+    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols)
+    words = philox4x32(counter, key)
+    j = _indices(batch_index, head, rows, cols)[3]
+    return _select_u16(words, j & 7)
+
+
+def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.ndarray:
+    """Boolean keep mask of the elements (batch_index, head, rows, cols) (integers or integer
+    arrays, broadcast together) for dropout probability ``p``."""
+    return dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) < keep_threshold(p)
+
+
+def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads=None):
+    """uint16 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per 8
+    columns; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
+    heads = np.arange(nhead_q) if heads is None else np.asarray(heads, dtype=np.int64)
+    ng = -(-int(seqlen_k) // 8)
+    h = heads[:, None, None]
+    i = np.arange(seqlen_q)[None, :, None]
+    g = np.arange(ng)[None, None, :]
+    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, i, g * 8)
+    words = philox4x32(counter, key)  # [H, sq, ng, 4]
+    lo = words & np.uint32(0xFFFF)
+    hi = words >> np.uint32(16)
+    u = np.stack([lo, hi], axis=-1).reshape(*words.shape[:-1], 8)  # u[0..7] per call
+    return u.reshape(len(heads), int(seqlen_q), ng * 8)[..., : int(seqlen_k)].astype(np.uint16)
+
+
+def dropout_keep_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, p, heads=None):
+    """Boolean keep mask [len(heads), seqlen_q, seqlen_k] of one batch entry (see
+    :func:`dropout_random_block`)."""
+    thr = keep_threshold(p)
+    return dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads) < thr
