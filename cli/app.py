@@ -161,7 +161,7 @@ HdimVOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp16 or bf16.")]
 LayoutOpt = Annotated[
-    str, typer.Option("--layout", help="bshd ([batch, seq, head, dim]) or bhsd ([b, h, s, d]).")
+    str, typer.Option("--layout", help="bshd (batch, seq, head, dim) or bhsd (batch, head, seq, dim).")
 ]
 MaskOpt = Annotated[
     Optional[str],

@@ -62,7 +62,15 @@ def _checked(check, arrays, **kw):
     return p
 
 
+_GPU_ERROR: list = []  # the reason no GPU is usable, once known
+
+
 def _cupy():
+    """CuPy, after checking once that a CUDA device is usable.
+
+    Raises:
+        RuntimeError: CuPy is missing or no GPU is usable (with the reason).
+    """
     try:
         import cupy
     except Exception as exc:  # pragma: no cover - depends on the machine
@@ -70,6 +78,15 @@ def _cupy():
             "cupy-fmha's GPU API needs CuPy and a CUDA GPU; install cupy-fmha[cuda13] (or [cuda12]),"
             " or use cupy_fmha.reference for the NumPy implementation"
         ) from exc
+    if not _GPU_ERROR:
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+            _GPU_ERROR.append("" if n > 0 else "no CUDA device found")
+        except Exception as exc:  # noqa: BLE001 - CUDA runtime errors of every kind
+            _GPU_ERROR.append(f"{type(exc).__name__}: {exc}")
+    if _GPU_ERROR[0]:
+        raise RuntimeError(f"cupy_fmha: no usable CUDA GPU ({_GPU_ERROR[0]}); "
+                           "cupy_fmha.reference runs the same functions on the CPU")
     return cupy
 
 
@@ -180,13 +197,16 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
-    q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+    store = np.uint16 if p.dtype == _BF16 else np.float16  # element storage on the device
     o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
     lse_shape = (p.batch, p.nhead_q, p.seqlen_q)
+    if out is not None:
+        _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
+    q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
     if out is None:
-        o, lse = cp.empty(o_shape, dtype=q.dtype), cp.empty(lse_shape, dtype=cp.float32)
+        o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
-        o, lse = _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (q.dtype, cp.float32))
+        o, lse = out
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
@@ -225,22 +245,25 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
+    store = np.uint16 if p.dtype == _BF16 else np.float16
+    b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
+    shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),
+              _shape(layout, b, sk, hk, p.hdim_v))
+    if out is not None:
+        _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
-    b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
             (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v)))
 
     dq_acc = cp.zeros((b, hq, sq, p.hdim_q), dtype=cp.float32)
-    shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),
-              _shape(layout, b, sk, hk, p.hdim_v))
     if out is None:
-        dq, dk, dv = (cp.empty(s, dtype=q.dtype) for s in shapes)
+        dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
     else:
-        dq, dk, dv = _check_out(cp, out, ("dq", "dk", "dv"), shapes, (q.dtype,) * 3)
+        dq, dk, dv = out
     if p.group == 1:
         dk_buf, dv_buf = dk, dv
         dk_st, dv_st = _strides(dk, layout), _strides(dv, layout)

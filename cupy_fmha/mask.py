@@ -128,7 +128,7 @@ def parse_mask(mask: str | int | None) -> MaskSpec:
     if head in ("t", "b"):
         left, right = _ints(tail, 2, s)
         kind = "top_left" if head == "t" else "bottom_right"
-        return MaskSpec(kind, left, right)
+        return MaskSpec(kind, max(left, -1), max(right, -1))  # any negative size = unlimited (-1)
     if head in ("xt", "xb"):
         (w,) = _ints(tail, 1, s)
         kind = "top_left" if head == "xt" else "bottom_right"
@@ -158,11 +158,14 @@ def resolve_mask(
         ValueError: naming ``mask``, ``causal`` or ``window_size``.
     """
     try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"window_size: expected a pair of ints (left, right), got {window_size!r}"
-        ) from None
+        pair = tuple(window_size)
+    except TypeError:
+        pair = ()
+    if len(pair) != 2 or not all(
+        isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_)) for w in pair
+    ):
+        raise ValueError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    left, right = (int(w) for w in pair)
     fa_given = bool(causal) or (left, right) != (-1, -1)
     spec = parse_mask(mask)  # a "no mask" value (None, "0", 0, MaskSpec()) defers to causal/window
     if not spec.is_none:

@@ -1,0 +1,61 @@
+"""GPU-API behaviour that needs no GPU: validation order, the no-GPU error, the tolerance rule's
+zero-reference case, and mask-argument hygiene."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_fmha
+from cupy_fmha import api
+from cupy_fmha.mask import parse_mask, resolve_mask
+from cupy_fmha.verify import compare
+
+
+def _gpu_usable() -> bool:
+    try:
+        api._cupy()
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(_gpu_usable(), reason="checks the no-GPU message")
+def test_valid_input_without_gpu_says_so():
+    q = np.random.default_rng(0).standard_normal((1, 16, 2, 64)).astype(np.float16)
+    with pytest.raises(RuntimeError, match="no usable CUDA GPU.*cupy_fmha.reference"):
+        cupy_fmha.attention_forward(q, q, q)
+
+
+def test_bad_input_is_reported_before_any_gpu_use():
+    q = np.zeros((1, 16, 2, 64), np.float16)
+    with pytest.raises(ValueError, match="k"):
+        cupy_fmha.attention_forward(q, q[..., :32], q)
+
+
+def test_validation_is_memoized_but_errors_are_not():
+    q = np.zeros((1, 16, 2, 64), np.float16)
+    a = api._checked(api.check_forward_inputs, (q, q, q), causal=True)
+    b = api._checked(api.check_forward_inputs, (q, q, q), causal=True)
+    assert a is b
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            api._checked(api.check_forward_inputs, (q, q, q[:, :8]), causal=True)
+
+
+def test_zero_reference_is_judged_by_absolute_error():
+    ref = np.zeros((4, 8))
+    noise = np.full((4, 8), 1e-3)
+    assert compare("dq", noise, ref, dtype="float16", hdim_q=64, hdim_v=64).ok
+    assert not compare("dq", noise * 100, ref, dtype="float16", hdim_q=64, hdim_v=64).ok
+
+
+@pytest.mark.parametrize("bad", [(1.5, 2), (True, 2), (1,), "ab", None])
+def test_window_size_must_be_two_ints(bad):
+    with pytest.raises(ValueError, match="window_size"):
+        resolve_mask(None, False, bad)
+
+
+def test_negative_ck_window_sizes_mean_unlimited():
+    assert parse_mask("t:-5,3") == parse_mask("t:-1,3")
+    assert parse_mask("b:-2,-7").describe() == "b:-1,-1"
