@@ -1,5 +1,11 @@
-// Probe: wgmma descriptor semantics for no-swizzle K-major and MN-major operands.
-#include "wg.cuh"
+// Probe: wgmma descriptor semantics for no-swizzle K-major and MN-major operands, on the
+// wrappers of kernels/arch_sm90.cuh (bf16). Run: python bench/probe/probe.py MODE... (each mode in
+// its own process: a wrong descriptor can fault the context). Modes 0, 2, 4, 5, 7 matched numpy on
+// an H200 (2026-11-29); 1, 3, 6 faulted: for MN-major operands too, LBO is the stride between core
+// matrices along K and SBO the stride along M/N.
+#include "common.cuh"
+#include "arch_sm90.cuh"
+using namespace fmha;
 typedef unsigned short u16;
 __device__ __forceinline__ unsigned long long desc(const void* p, int lbo, int sbo) {
     unsigned a = (unsigned)__cvta_generic_to_shared(p);

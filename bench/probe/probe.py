@@ -1,7 +1,9 @@
+"""wgmma descriptor probe (see probe.cu): python bench/probe/probe.py 0 1 2 ..."""
 import numpy as np, cupy as cp, ml_dtypes, os
 here = os.path.dirname(os.path.abspath(__file__))
-src = open(os.path.join(here, "wg.cuh")).read() + open(os.path.join(here, "probe.cu")).read().replace('#include "wg.cuh"', "")
-mod = cp.RawModule(code=src, options=("-std=c++17", "-arch=sm_90a"))
+kdir = os.path.join(here, "..", "..", "kernels")
+mod = cp.RawModule(code=open(os.path.join(here, "probe.cu")).read(),
+                   options=("-std=c++17", "-arch=sm_90a", "-DFMHA_BF16=1", f"-I{os.path.abspath(kdir)}"))
 f = mod.get_function("probe")
 rng = np.random.default_rng(0)
 A = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
