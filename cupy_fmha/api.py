@@ -20,7 +20,7 @@ import numpy as np
 from . import launch as L
 from .compile import get_function
 from .spec import bwd_specs, fwd_spec
-from .validate import _BF16, check_backward_inputs, check_forward_inputs
+from .validate import _BF16, check_alibi_slopes, check_backward_inputs, check_forward_inputs
 
 __all__ = ["attention_forward", "attention_backward", "AttentionGrads"]
 
@@ -156,6 +156,15 @@ def _check_out(cp, out, names, shapes, dtypes):
     return out
 
 
+def _alibi_args(cp, alibi_slopes, p):
+    """(pointer, batch stride) kernel arguments for ALiBi slopes; a null pointer when off."""
+    if alibi_slopes is None:
+        return np.uint64(0), np.int64(0)
+    shape = check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    slopes = cp.ascontiguousarray(_to_device(cp, "alibi_slopes", alibi_slopes))
+    return slopes, np.int64(p.nhead_q if len(shape) == 2 else 0)
+
+
 def _launch(cp, spec, launch, args):
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
@@ -164,7 +173,7 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None, out=None):
+                      layout="bshd", dtype=None, alibi_slopes=None, out=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
     Args:
@@ -181,6 +190,9 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             ``xb:w``, ``g:y,x``); see :mod:`cupy_fmha.mask`.
         layout: ``"bshd"`` (default) or ``"bhsd"``.
         dtype: ``None``, ``"float16"`` or ``"bfloat16"``.
+        alibi_slopes: optional float32 [nhead_q] or [batch, nhead_q]: ALiBi as FlashAttention
+            defines it, a bias ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the scaled
+            scores of query row ``i`` and key ``j``.
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
             a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
 
@@ -197,6 +209,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
     store = np.uint16 if p.dtype == _BF16 else np.float16  # element storage on the device
     o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
     lse_shape = (p.batch, p.nhead_q, p.seqlen_q)
@@ -212,13 +226,13 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x))
+            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p))
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
     return o, lse
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       mask=None, layout="bshd", dtype=None, out=None) -> AttentionGrads:
+                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None) -> AttentionGrads:
     """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
@@ -229,7 +243,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             from o's.
         q, k, v: as in :func:`attention_forward`.
         o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward.
-        softmax_scale, causal, window_size, mask, layout, dtype: as in the forward (must match).
+        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes: as in the
+            forward (must match).
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows).
 
@@ -245,6 +260,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
     store = np.uint16 if p.dtype == _BF16 else np.float16
     b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
     shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),
@@ -276,7 +293,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             *_strides(q, layout), *_strides(k, layout), *_strides(v, layout), *_strides(do, layout),
             *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
-            np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1))
+            np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
+            *_alibi_args(cp, alibi_slopes, p))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq

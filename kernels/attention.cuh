@@ -27,22 +27,38 @@ __device__ __forceinline__ void query_block_range(const Window& w, int k0, int n
     end = hi > lo ? (hi + m - 1) / m : begin;
 }
 
+// ALiBi (FlashAttention's definition): bias[i, j] = -slope * |i + seqlen_k - seqlen_q - j|, added
+// after scaling. Kept in log2 units: slope_log2 = slope * log2(e); slope_log2 == 0 means off.
+struct Alibi {
+    float slope_log2;
+    int diag;  // seqlen_k - seqlen_q
+    __device__ __forceinline__ float operator()(int i, int j) const {
+        return -slope_log2 * fabsf((float)(i + diag - j));
+    }
+};
+
+__device__ __forceinline__ Alibi make_alibi(const float* slopes, index_t batch_stride, int b, int h, int seqlen_q,
+                                            int seqlen_k) {
+    return Alibi{slopes ? slopes[b * batch_stride + h] * FMHA_LOG2E : 0.f, seqlen_k - seqlen_q};
+}
+
 // Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
 // the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
-// units first; the window test runs only when `edge` (the tile crosses a mask or sequence edge).
+// units first (plus ALiBi when on); the window test runs only when `edge` (the tile crosses a
+// mask or sequence edge).
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
-                                               float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                               int g, int t, int seqlen_k) {
+                                               float scale_log2, bool edge, const Window& win, const Alibi& alibi,
+                                               int row0, int k0, int g, int t, int seqlen_k) {
+    const bool use_alibi = alibi.slope_log2 != 0.f;
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
+            const int i = row0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
             s[4 * n + e] *= scale_log2;
-            if (edge) {
-                const int i = row0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
-                if (!win.visible(i, j, seqlen_k)) s[4 * n + e] = -FMHA_INF;
-            }
+            if (use_alibi) s[4 * n + e] += alibi(i, j);
+            if (edge && !win.visible(i, j, seqlen_k)) s[4 * n + e] = -FMHA_INF;
         }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -86,20 +102,21 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 template <int NQ>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
-                                              bool edge, const Window& win, int key0, int q0, int g, int t,
-                                              int seqlen_q, int seqlen_k) {
+                                              bool edge, const Window& win, const Alibi& alibi, int key0, int q0,
+                                              int g, int t, int seqlen_q, int seqlen_k) {
+    const bool use_alibi = alibi.slope_log2 != 0.f;
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int c = n * 8 + 2 * t + (e & 1);  // query row inside the block
+            const int j = key0 + g + (e >> 1) * 8, i = q0 + c;
             float l = lse[c];
             l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
-            float p = fast_exp2(s[4 * n + e] * scale_log2 - l);
-            if (edge) {
-                const int j = key0 + g + (e >> 1) * 8, i = q0 + c;
-                if (i >= seqlen_q || !win.visible(i, j, seqlen_k)) p = 0.f;
-            }
+            float x = s[4 * n + e] * scale_log2 - l;
+            if (use_alibi) x += alibi(i, j);
+            float p = fast_exp2(x);
+            if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             s[4 * n + e] = p;
             dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
         }

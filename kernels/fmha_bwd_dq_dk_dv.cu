@@ -49,7 +49,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
                   index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                   int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                  float scale, int win_y, int win_x, int dkdv_fp32) {
+                  float scale, int win_y, int win_x, int dkdv_fp32,
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -75,6 +76,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
+    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -140,7 +142,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, k0 + n0, q0, g, t, seqlen_q,
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, k0 + n0, q0, g, t, seqlen_q,
                             seqlen_k);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4

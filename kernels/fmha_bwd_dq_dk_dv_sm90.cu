@@ -39,7 +39,8 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
                        index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                        int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                       float scale, int win_y, int win_x, int dkdv_fp32) {
+                       float scale, int win_y, int win_x, int dkdv_fp32,
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -58,6 +59,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
+    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -123,7 +125,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
                           seqlen_k);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll

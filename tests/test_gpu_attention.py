@@ -332,3 +332,32 @@ def test_bad_out_buffers_rejected():
         cp_fmha().attention_forward(q, k, v, out=(o, lse.astype(cp.float16)))
     with pytest.raises(TypeError, match="out"):
         cp_fmha().attention_backward(cp.ones_like(o), q, k, v, o, lse, out=(q, k))
+
+
+# ALiBi: id -> (dtype, layout, b, sq, sk, hq, hk, d, slopes per batch?, mask kwargs)
+ALIBI = {
+    "f16-d64-causal-gqa2-500": (F16, "bshd", 1, 500, 500, 4, 2, 64, False, {"causal": True}),
+    "bf16-d128-none-bhsd-253x500": (BF16, "bhsd", 2, 253, 500, 2, 2, 128, True, {}),
+    "f16-d96-b:50,10-1000x333": (F16, "bshd", 1, 1000, 333, 2, 1, 96, False, {"mask": "b:50,10"}),
+    "bf16-d256-t-300": (BF16, "bshd", 2, 300, 300, 2, 2, 256, True, {"mask": "t"}),
+    "f16-d128-xb:64-17x253": (F16, "bshd", 2, 17, 253, 4, 4, 128, True, {"mask": "xb:64"}),
+}
+
+
+@pytest.mark.parametrize("case", list(ALIBI))
+def test_alibi_matches_reference(case, poison_pool):
+    dtype, layout, b, sq, sk, hq, hk, d, per_batch, mkw = ALIBI[case]
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, _seed("alibi", case))
+    rng = np.random.default_rng(_seed("slopes", case))
+    slopes = rng.uniform(0.01, 0.5, (b, hq) if per_batch else (hq,)).astype(np.float32)
+    kw = dict(mkw, layout=layout, alibi_slopes=slopes)
+    o, lse, g = _run(inp, poison_pool, kw)
+    _check_all(inp, o, lse, g, kw, d, d)
+
+
+def test_alibi_bad_slopes_rejected():
+    q, k, v = _bad_inputs()
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((3,), np.float32))
+    with pytest.raises(TypeError, match="alibi_slopes"):
+        cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((2,), np.float16))
