@@ -182,6 +182,14 @@ WindowOpt = Annotated[
         help="FlashAttention-style sliding window 'L,R' (-1 = unlimited), bottom-right aligned.",
     ),
 ]
+BiasOpt = Annotated[
+    str,
+    typer.Option(
+        "--bias",
+        help="n: none; a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead] (CK's "
+        "names). Elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU yet.",
+    ),
+]
 ScaleOpt = Annotated[
     Optional[float], typer.Option("--scale", help="Softmax scale; default 1/sqrt(hdim).")
 ]
@@ -292,6 +300,41 @@ def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
     return {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
 
 
+def _alibi_slopes(kind: str | None, batch: int, nhead: int) -> np.ndarray | None:
+    """ALiBi slopes for ``--bias a|a:0|a:1``: the usual geometric series 2^(-8 (h+1) / nhead),
+    per batch entry scaled by 1 + b/8 for ``a:1`` so that batches differ."""
+    if kind is None:
+        return None
+    base = 2.0 ** (-8.0 * (np.arange(nhead) + 1) / nhead)
+    if kind == "a:1":
+        base = base[None, :] * (1.0 + np.arange(batch)[:, None] / 8.0)
+    return base.astype(np.float32)
+
+
+def _parse_bias(text: str) -> str | None:
+    t = str(text).strip().lower()
+    if t in ("n", "0", "none", ""):
+        return None
+    if t in ("a", "a:0", "a:1"):
+        return "a:1" if t == "a:1" else "a:0"
+    if t.startswith("e"):
+        raise UsageProblem("--bias: elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU "
+                           "yet (the NumPy reference has it); use n, a, a:0 or a:1")
+    raise UsageProblem(f"--bias: expected n, a, a:0 or a:1, got {text!r}")
+
+
+def _alibi_kwargs(cfg: dict, batches=None, heads=None) -> dict[str, Any]:
+    """``alibi_slopes=`` for the library, optionally restricted to some batches and query heads."""
+    slopes = cfg["alibi_slopes"]
+    if slopes is None:
+        return {}
+    if heads is not None:
+        slopes = np.take(slopes, heads, axis=-1)
+    if batches is not None and slopes.ndim == 2:
+        slopes = np.take(slopes, batches, axis=0)
+    return {"alibi_slopes": np.ascontiguousarray(slopes)}
+
+
 def _mask_kwargs(cfg: dict) -> dict[str, Any]:
     return {
         "softmax_scale": cfg["scale"],
@@ -359,7 +402,7 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
         return cp.asarray(x.view(np.uint16) if bf16 else x)
 
     d = {n: dev(x) for n, x in inputs.items()}
-    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None)
+    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg))
     with _phase("compiling and running the first call...", progress):
         if mode == "fwd":
             fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **kw)  # noqa: E731
@@ -389,7 +432,7 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
         inputs["q"], inputs["k"], inputs["v"], **_mask_kwargs(cfg),
         dtype="bfloat16" if cfg["dtype"] == "bf16" else "float16",
     )
-    kw = dict(_mask_kwargs(cfg), precision="low")
+    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg))
     last: dict[str, Any] = {}
     if mode == "fwd":
 
@@ -428,7 +471,7 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
     sub = {
         n: _take(x, lay, batches, kh if n in ("k", "v") else qh) for n, x in inputs.items()
     }
-    kw = _mask_kwargs(cfg)
+    kw = dict(_mask_kwargs(cfg), **_alibi_kwargs(cfg, batches, qh))
 
     def ref(precision: str):
         if mode == "fwd":
@@ -476,7 +519,7 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
 
 def _config(
     batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout, mask, causal, window,
-    scale, seed,
+    scale, seed, bias="n",
 ) -> dict:
     from cupy_fmha.mask import resolve_mask
 
@@ -500,7 +543,10 @@ def _config(
         spec = resolve_mask(mask, causal=causal, window_size=win)
     except ValueError as e:
         raise UsageProblem(_option_names(str(e))) from None
+    alibi = _parse_bias(bias)
     return {
+        "bias": alibi or "n",
+        "alibi_slopes": _alibi_slopes(alibi, b, hq),
         "batch": b,
         "nhead": hq,
         "nhead_k": hk,
@@ -565,7 +611,7 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
     parts = [
         f"{mode} {cfg['dtype']} {cfg['layout']} b={cfg['batch']} h={cfg['nhead']}/{cfg['nhead_k']}"
         f" sq={cfg['seqlen_q']} sk={cfg['seqlen_k']} d={cfg['hdim']}/{cfg['hdim_v']}"
-        f" mask={mask} [{backend}]",
+        f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}") + f" [{backend}]",
         f"{t.median_ms:.3f} ms, {_fmt_rate(tflops)} TFLOP/s, {_fmt_rate(gbs)} GB/s",
     ]
     if checks is not None:
@@ -582,12 +628,12 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
 
 def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
          mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend) -> None:
+         backend, bias="n") -> None:
     from cupy_fmha import flops
 
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-                      mask, causal, window, scale, seed)
+                      mask, causal, window, scale, seed, bias)
         be = _pick_backend(backend, json_out)
         warm = DEFAULT_WARMUP[be] if warmup is None else warmup
         rep = DEFAULT_REPEAT[be] if repeat is None else repeat
@@ -635,7 +681,7 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
             "config": {
                 k: cfg[k]
                 for k in ("batch", "nhead", "nhead_k", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
-                          "dtype", "layout", "mask", "causal", "scale", "seed")
+                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias")
             },
             "window": list(cfg["window"]),
             "mask_resolved": spec.describe(),
@@ -695,6 +741,7 @@ def fwd(
     mask: MaskOpt = None,
     causal: CausalOpt = False,
     window: WindowOpt = None,
+    bias: BiasOpt = "n",
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -708,7 +755,7 @@ def fwd(
     _run("fwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
 
 
 @app.command()
@@ -725,6 +772,7 @@ def bwd(
     mask: MaskOpt = None,
     causal: CausalOpt = False,
     window: WindowOpt = None,
+    bias: BiasOpt = "n",
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -738,7 +786,7 @@ def bwd(
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
 
 
 @app.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numpy as np
 
 import pytest
 from typer.testing import CliRunner
@@ -253,3 +254,36 @@ def test_cupy_backend_small(mode):
     assert res.exit_code == 0, (res.stdout, res.stderr)
     obj = json.loads(res.stdout)
     assert obj["backend"] == "cupy" and obj["valid"] is True
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("bias", ["a", "a:0", "a:1"])
+def test_alibi_bias_option(no_gpu, mode, bias):
+    line = assert_valid_line(invoke(mode, "-b", 2, "--nhead", 4, "--nhead-k", 2, "-s", 24,
+                                    "--seqlen-k", 17, "-d", 16, "--causal", "--bias", bias,
+                                    "--backend", "numpy"))
+    assert f"bias={'a:1' if bias == 'a:1' else 'a:0'}" in line
+
+
+def test_alibi_with_subset_check(no_gpu, monkeypatch):
+    # the reference's subset must take the matching slopes (batch and head) along
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    res = invoke("bwd", "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 16, "-d", 8, "--bias", "a:1",
+                 "--backend", "numpy", "--json")
+    obj = json.loads(res.stdout)
+    assert res.exit_code == 0 and obj["valid"] is True and obj["config"]["bias"] == "a:1"
+    assert obj["checked"]["full"] is False
+
+
+def test_alibi_slopes_differ_by_head_and_batch():
+    s = cli._alibi_slopes("a:1", 3, 4)
+    assert s.shape == (3, 4) and s.dtype == np.float32
+    assert len(np.unique(s)) == 12
+    assert cli._alibi_slopes("a:0", 3, 4).shape == (4,)
+    assert cli._alibi_slopes(None, 3, 4) is None
+
+
+@pytest.mark.parametrize("bias, words", [("e", ["--bias", "not supported"]), ("x", ["--bias"]),
+                                         ("a:2", ["--bias"])])
+def test_bias_option_errors(no_gpu, bias, words):
+    assert_usage_error(invoke("bwd", "-s", 8, "-d", 8, "--bias", bias, "--backend", "numpy"), *words)
