@@ -187,6 +187,21 @@ def _fmt(layout: str, b: int, s: int, h: int, d: int) -> tuple[int, int, int, in
     return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
 
 
+def _check_lse(lse, shape: tuple[int, ...], what: str) -> None:
+    """lse (already known to be a rank-3 array): float32 of ``shape`` (described as ``what``)."""
+    if np.dtype(lse.dtype) != _F32:
+        raise TypeError(f"lse: expected float32, got dtype {np.dtype(lse.dtype)}")
+    if tuple(int(n) for n in lse.shape) != shape:
+        raise ValueError(f"lse: expected shape {shape} ({what}), got {tuple(lse.shape)}")
+
+
+def _check_layout_and_devices(named, also_on_device=()) -> None:
+    """Unit last stride and non-negative strides for each (name, array); one device for all."""
+    for name, a in named:
+        _check_strides(name, a)
+    _check_devices(list(named) + list(also_on_device))
+
+
 def _check_layout(layout) -> str:
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -299,18 +314,10 @@ def _problem(q, k, v, extra, *, softmax_scale, causal, window_size, mask, layout
     named = [("q", q), ("k", k), ("v", v), *extra]
     if lse is not None:
         _check_array("lse", lse, 3)
-        if np.dtype(lse.dtype) != _F32:
-            raise TypeError(f"lse: expected float32, got dtype {np.dtype(lse.dtype)}")
-        if tuple(int(n) for n in lse.shape) != (b, hq, sq):
-            raise ValueError(
-                f"lse: expected shape {(b, hq, sq)} ([batch, nhead_q, seqlen_q]), "
-                f"got {tuple(lse.shape)}"
-            )
+        _check_lse(lse, (b, hq, sq), "[batch, nhead_q, seqlen_q]")
         named.append(("lse", lse))
     if strides:
-        for name, a in named:
-            _check_strides(name, a)
-        _check_devices(named)
+        _check_layout_and_devices(named)
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, sq, sk, allow_empty)
     return Problem(b, sq, sk, hq, hk, d, dv, dt, layout, scale, spec)
@@ -641,18 +648,11 @@ def check_varlen_inputs(
     if lse is not None:
         if not _is_array(lse) or len(lse.shape) != 3:
             raise TypeError("lse: expected a rank-3 float32 array [batch, nhead_q, max_seqlen_q]")
-        if np.dtype(lse.dtype) != _F32:
-            raise TypeError(f"lse: expected float32, got dtype {np.dtype(lse.dtype)}")
-        if tuple(int(n) for n in lse.shape) != (batch, hq, mq):
-            raise ValueError(
-                f"lse: expected shape {(batch, hq, mq)} ([batch, nhead_q, max_seqlen_q]), "
-                f"got {tuple(lse.shape)}"
-            )
+        _check_lse(lse, (batch, hq, mq), "[batch, nhead_q, max_seqlen_q]")
         named.append(("lse", lse))
     if strides:
-        for name, a in named:
-            _check_strides(name, a)
-        _check_devices(named + [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
+        _check_layout_and_devices(
+            named, [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, mq, mk, allow_empty=True)
     return VarlenProblem(batch, cq, ck, mq, mk, hq, hk, d, dv, dt, scale, spec)
