@@ -221,7 +221,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
-    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
+    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+                    alibi=alibi_slopes is not None)
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
@@ -270,7 +271,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
+    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+                      alibi=alibi_slopes is not None)
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),

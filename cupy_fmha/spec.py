@@ -114,13 +114,20 @@ def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
-def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> KernelSpec:
-    """Forward kernel instance for these head dims on a device of compute capability ``cc``."""
+def _features(alibi: bool = False) -> dict[str, int]:
+    """Compile-time feature macros of the main kernels: only those switched on, so the plain
+    instances keep their names and their code (a feature costs nothing unless used)."""
+    return {"ALIBI": 1} if alibi else {}
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False) -> KernelSpec:
+    """Forward kernel instance for these head dims on a device of compute capability ``cc``
+    (``alibi``: the instance that adds ALiBi)."""
     if use_sm90(hdim_q, hdim_v, cc):
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v))
+                   **fwd_sm90_tiles(hdim_q, hdim_v), **_features(alibi))
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v), **_features(alibi))
 
 
 @dataclass(frozen=True)
@@ -141,16 +148,16 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
-def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
-    (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`."""
     if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}))
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **_features(alibi))
     else:
         tiles = bwd_tiles(hdim_q, hdim_v)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
-        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles)
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **_features(alibi))
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -158,15 +165,21 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
     )
 
 
+#: every combination of compile-time features the library dispatches to
+FEATURE_SETS = ({}, {"alibi": True})
+
+
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
-    sm_80-class and sm_90 devices."""
+    sm_80-class and sm_90 devices, for every feature set."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
-    for dtype in DTYPES:
-        for hq, hv in pairs:
-            for cc in (80, 90):
-                for spec in (fwd_spec(dtype, hq, hv, cc), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
-                    seen.setdefault(spec.name, spec)
+    for feats in FEATURE_SETS:
+        for dtype in DTYPES:
+            for hq, hv in pairs:
+                for cc in (80, 90):
+                    for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
+                                 *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values()):
+                        seen.setdefault(spec.name, spec)
     return list(seen.values())
