@@ -320,8 +320,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq
+    conv_dq = specs.convert_dq_split if deterministic else conv
     block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
-    _launch(cp, conv, L.convert_launch(conv, b, hq, sq),
+    _launch(cp, conv_dq, L.convert_launch(conv_dq, b, hq, sq),
             (dq_acc, dq, *_strides(dq, layout), np.int32(sq), np.int32(p.hdim_q), np.int32(1),
              np.float32(p.softmax_scale),
              np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(sk), np.int32(win_y), np.int32(win_x),

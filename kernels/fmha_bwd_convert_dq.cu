@@ -3,13 +3,16 @@
 // dQ (nsum = 1, scale = softmax_scale), and sums the per-query-head dK/dV of a GQA group
 // (nsum = nhead_q / nhead_k, scale = 1), always in the same order.
 //
-// Deterministic dQ (nsplit > 0): acc is [nsplit, batch, nhead_out, seqlen, hdim] (slab stride
-// split_stride), slab kb written by the dq_dk_dv CTAs of key block kb, and only for the query
-// blocks in that key block's range. Row i sums slab kb, kb ascending, exactly when its query
-// block (i / block_m) lies in query_block_range(window, kb * block_n, ...), the maths the main
-// kernel uses, so no slab is read where it was not written (the workspace is not zero-filled).
-// A row that no key block sees is 0. nsplit = 0: one accumulator, no range test (atomic mode
-// and the GQA sums; split_stride, seqlen_k, the window and the block sizes are then unused).
+// Deterministic dQ (instance DQ_SPLIT=1, nsplit > 0): acc is [nsplit, batch, nhead_out, seqlen,
+// hdim] (slab stride split_stride), slab kb written by the dq_dk_dv CTAs of key block kb, and
+// only for the query blocks in that key block's range. Row i sums slab kb, kb ascending, exactly
+// when its query block (i / block_m) lies in query_block_range(window, kb * block_n, ...), the
+// maths the main kernel uses, so no slab is read where it was not written (the workspace is not
+// zero-filled). A row that no key block sees is 0.
+// DQ_SPLIT=0 (atomic mode and the GQA sums): one accumulator; nsplit, split_stride, seqlen_k,
+// the window and the block sizes are passed but unused. The split loop lives only in the
+// DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
+// which the default path's convert should not pay.
 //
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time.
@@ -19,6 +22,9 @@
 
 #ifndef ROWS
 #define ROWS 16
+#endif
+#ifndef DQ_SPLIT
+#define DQ_SPLIT 0
 #endif
 
 using namespace fmha;
@@ -35,9 +41,9 @@ fmha_bwd_convert_dq(const float* __restrict__ acc, uint16_t* __restrict__ out, i
         const int i = blockIdx.x * ROWS + c / ch_per_row, col = (c % ch_per_row) * 8;
         if (i >= seqlen) continue;
         float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        const int qb = nsplit > 0 ? i / block_m : 0;
-        for (int kb = 0; kb < max(nsplit, 1); ++kb) {
-            if (nsplit > 0) {  // deterministic dQ: only slabs whose key block wrote this row
+        const int qb = DQ_SPLIT ? i / block_m : 0;
+        for (int kb = 0; kb < (DQ_SPLIT ? nsplit : 1); ++kb) {
+            if (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
                 int qb_begin, qb_end;
                 query_block_range(win, kb * block_n, block_n, block_m, seqlen, seqlen_k, qb_begin, qb_end);
                 if (qb < qb_begin || qb >= qb_end) continue;

@@ -202,3 +202,12 @@ def test_cli_bwd_deterministic_json(no_gpu):
 def test_cli_fwd_has_no_deterministic_option(no_gpu):
     res = runner.invoke(cli.app, ["fwd", *SMALL, "--deterministic"])
     assert res.exit_code == 2
+
+
+def test_split_convert_is_its_own_instance():
+    for cc in (80, 90):
+        s = bwd_specs("fp16", 128, 128, cc)
+        assert s.convert_dq.macro("DQ_SPLIT") is None and s.convert_dq_split.macro("DQ_SPLIT") == 1
+        assert s.convert_dq_split.source == s.convert_dq.source
+    names = {spec.name for spec in default_dispatch_table()}
+    assert {"fmha_bwd_convert_dq_fp16_DQ_SPLIT1_ROWS16", "fmha_bwd_convert_dq_bf16_DQ_SPLIT1_ROWS16"} <= names
