@@ -190,6 +190,14 @@ BiasOpt = Annotated[
         "names). Elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU yet.",
     ),
 ]
+DeterministicOpt = Annotated[
+    bool,
+    typer.Option(
+        "--deterministic",
+        help="Bit-reproducible dQ (per-key-block dQ slabs summed in a fixed order instead of "
+        "float atomics; more memory). The numpy backend is deterministic anyway: accepted, no-op.",
+    ),
+]
 ScaleOpt = Annotated[
     Optional[float], typer.Option("--scale", help="Softmax scale; default 1/sqrt(hdim).")
 ]
@@ -403,6 +411,7 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
 
     d = {n: dev(x) for n, x in inputs.items()}
     kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg))
+    bwd_kw = {"deterministic": True} if cfg.get("deterministic") else {}
     with _phase("compiling and running the first call...", progress):
         if mode == "fwd":
             fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **kw)  # noqa: E731
@@ -411,7 +420,7 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
         else:
             o, lse = api.attention_forward(d["q"], d["k"], d["v"], **kw)
             fn = lambda: api.attention_backward(  # noqa: E731
-                d["do"], d["q"], d["k"], d["v"], o, lse, **kw
+                d["do"], d["q"], d["k"], d["v"], o, lse, **kw, **bwd_kw
             )
             g = fn()
             outs = {"dq": g[0], "dk": g[1], "dv": g[2]}
@@ -611,7 +620,8 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
     parts = [
         f"{mode} {cfg['dtype']} {cfg['layout']} b={cfg['batch']} h={cfg['nhead']}/{cfg['nhead_k']}"
         f" sq={cfg['seqlen_q']} sk={cfg['seqlen_k']} d={cfg['hdim']}/{cfg['hdim_v']}"
-        f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}") + f" [{backend}]",
+        f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}")
+        + (" deterministic" if cfg.get("deterministic") else "") + f" [{backend}]",
         f"{t.median_ms:.3f} ms, {_fmt_rate(tflops)} TFLOP/s, {_fmt_rate(gbs)} GB/s",
     ]
     if checks is not None:
@@ -628,12 +638,14 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
 
 def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
          mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend, bias="n") -> None:
+         backend, bias="n", deterministic=False) -> None:
     from cupy_fmha import flops
 
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
                       mask, causal, window, scale, seed, bias)
+        if mode == "bwd":
+            cfg["deterministic"] = bool(deterministic)
         be = _pick_backend(backend, json_out)
         warm = DEFAULT_WARMUP[be] if warmup is None else warmup
         rep = DEFAULT_REPEAT[be] if repeat is None else repeat
@@ -681,7 +693,9 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
             "config": {
                 k: cfg[k]
                 for k in ("batch", "nhead", "nhead_k", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
-                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias")
+                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias",
+                          "deterministic")
+                if k in cfg
             },
             "window": list(cfg["window"]),
             "mask_resolved": spec.describe(),
@@ -773,6 +787,7 @@ def bwd(
     causal: CausalOpt = False,
     window: WindowOpt = None,
     bias: BiasOpt = "n",
+    deterministic: DeterministicOpt = False,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -782,11 +797,13 @@ def bwd(
     json_out: JsonOpt = False,
     backend: BackendOpt = "auto",
 ) -> None:
-    """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV."""
+    """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV
+    (``--deterministic``: bit-reproducible dQ, see attention_backward)."""
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias,
+         deterministic=deterministic)
 
 
 @app.command()

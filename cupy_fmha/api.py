@@ -2,8 +2,9 @@
 
 Forward: FlashAttention-2 (Dao, 2023). Backward: the three-kernel pipeline of AMD Composable
 Kernel's FMHA backward (ck_tile ``fmha_bwd_kernel.hpp``): ``dot_do_o`` (D = rowsum(dO * O)),
-``dq_dk_dv`` (K/V resident per CTA, Q/dO/LSE/D streamed; dQ added into an fp32 workspace) and
-``convert_dq`` (cast dQ; also sums dK/dV over each GQA group).
+``dq_dk_dv`` (K/V resident per CTA, Q/dO/LSE/D streamed; dQ added into an fp32 workspace, or
+with ``deterministic=True`` stored into one slab per key block) and ``convert_dq`` (sum the slabs
+and cast dQ; also sums dK/dV over each GQA group).
 
 Arrays: CuPy arrays (NumPy arrays are copied to the current device; for other frameworks use
 ``cupy.from_dlpack``). fp16 is ``float16``. CuPy has no bfloat16, so bf16 travels as ``uint16``
@@ -233,7 +234,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None) -> AttentionGrads:
+                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None,
+                       deterministic=False) -> AttentionGrads:
     """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
@@ -248,16 +250,33 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             forward (must match).
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows).
+        deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
+            one fp32 accumulator [batch, nhead_q, seqlen_q, hdim_q] with float atomics, so dQ
+            may differ in the last bits from run to run. True: dq, dk and dv are bit-identical
+            on every run with the same inputs on the same device and library version. Each CTA
+            stores its key block kb's dQ contribution with plain stores into slab kb of an fp32
+            workspace [nsplit, batch, nhead_q, seqlen_q, hdim_q], nsplit = ceil(seqlen_k /
+            BLOCK_N) (BLOCK_N = 128 on the Hopper kernel, 16 * NWARPS = 128 or 64 on the
+            mma.sync kernels), and ``convert_dq`` sums, in kb order, only the slabs whose key
+            block sees that row (nothing is zero-filled). Memory: nsplit times the atomic
+            accumulator, i.e. ``4 * nsplit * batch * nhead_q * seqlen_q * hdim_q`` bytes, e.g.
+            4.3 GB for batch 4, 16 heads, seqlen 4096, hdim 128 (32 slabs) instead of 134 MB;
+            see :func:`cupy_fmha.launch.dq_workspace`. dK/dV are deterministic in both modes
+            (plain stores; GQA sums per-head fp32 copies in a fixed order).
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
         contiguous arrays in ``layout`` and the inputs' dtype.
 
     Raises:
+        TypeError: ``deterministic`` is not a bool; and see below.
         TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_backward_inputs`),
             before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    deterministic = bool(deterministic)
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
@@ -278,7 +297,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
             (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v)))
 
-    dq_acc = cp.zeros((b, hq, sq, p.hdim_q), dtype=cp.float32)
+    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
+    # atomic mode adds into zeros; deterministic slabs are stored before convert_dq reads them
+    dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
     if out is None:
         dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
     else:
@@ -296,16 +317,22 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
             np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
-            *_alibi_args(cp, alibi_slopes, p))
+            *_alibi_args(cp, alibi_slopes, p),
+            np.int64(ws.split_stride))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq
-    _launch(cp, conv, L.convert_launch(conv, b, hq, sq),
+    conv_dq = specs.convert_dq_split if deterministic else conv
+    block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
+    _launch(cp, conv_dq, L.convert_launch(conv_dq, b, hq, sq),
             (dq_acc, dq, *_strides(dq, layout), np.int32(sq), np.int32(p.hdim_q), np.int32(1),
-             np.float32(p.softmax_scale)))
+             np.float32(p.softmax_scale),
+             np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(sk), np.int32(win_y), np.int32(win_x),
+             np.int32(block_n), np.int32(block_m)))
     if p.group > 1:
+        no_split = (np.int32(0), np.int64(0), np.int32(0), np.int32(0), np.int32(0), np.int32(1), np.int32(1))
         for acc, out, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
             _launch(cp, conv, L.convert_launch(conv, b, hk, sk),
                     (acc, out, *_strides(out, layout), np.int32(sk), np.int32(d), np.int32(p.group),
-                     np.float32(1.0)))
+                     np.float32(1.0), *no_split))
     return AttentionGrads(dq, dk, dv)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .spec import KernelSpec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
-           "WINDOW_INF", "kernel_window"]
+           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
@@ -79,3 +79,60 @@ def dot_do_o_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -
 def convert_launch(spec: KernelSpec, batch: int, nhead_out: int, seqlen: int) -> Launch:
     rows = spec.macro("ROWS")
     return Launch((cdiv(seqlen, rows), nhead_out, batch), (256, 1, 1), 0)
+
+
+# --------------------------------------------------------------------------- deterministic dQ
+
+
+def dq_dk_dv_blocks(spec: KernelSpec) -> tuple[int, int]:
+    """(BLOCK_N keys per CTA, BLOCK_M query rows per step) of a dq_dk_dv instance."""
+    if spec.target == "sm90a":
+        return 128, 64
+    return 16 * spec.macro("NWARPS"), spec.macro("BLOCK_M")
+
+
+def query_block_range(win_y: int, win_x: int, k0: int, n: int, m: int, seqlen_q: int,
+                      seqlen_k: int) -> tuple[int, int]:
+    """Query blocks ``[begin, end)`` of height ``m`` that see keys ``[k0, k0 + n)``; empty when
+    ``end <= begin``. Mirrors ``query_block_range`` in kernels/attention.cuh line for line (the
+    kernels' window is (y, x) from :func:`kernel_window`); used by the CPU tests."""
+    lo = max(k0 - win_x + 1, 0)
+    hi = min(min(k0 + n, seqlen_k) - 1 + win_y, seqlen_q)
+    begin = lo // m
+    end = -(-hi // m) if hi > lo else begin
+    return begin, end
+
+
+class DqWorkspace(tuple):
+    """(shape, nsplit, split_stride): the fp32 dQ workspace of one backward call."""
+
+    def __new__(cls, shape, nsplit, split_stride):
+        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride)))
+
+    shape = property(lambda s: s[0])
+    nsplit = property(lambda s: s[1])  # 0: one accumulator (atomic adds)
+    split_stride = property(lambda s: s[2])  # elements between slabs; 0 in atomic mode
+
+    @property
+    def nbytes(self) -> int:
+        n = 4
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
+                 deterministic: bool) -> DqWorkspace:
+    """The dQ workspace for the dq_dk_dv instance ``spec``.
+
+    Atomic mode: [batch, nhead_q, seqlen_q, hdim_q], zero-filled by the caller. Deterministic:
+    [nsplit, batch, nhead_q, seqlen_q, hdim_q] with nsplit = ceil(seqlen_k / BLOCK_N) (one slab per
+    key block), not zero-filled: convert_dq reads only the slabs that were written. That is
+    nsplit times the memory, e.g. 32 slabs (4.3 GB) for batch 4, 16 heads, 4096 x 4096, hdim 128
+    on the Hopper kernel (BLOCK_N = 128)."""
+    per = (batch, nhead_q, seqlen_q, hdim_q)
+    if not deterministic:
+        return DqWorkspace(per, 0, 0)
+    bn, _ = dq_dk_dv_blocks(spec)
+    nsplit = cdiv(seqlen_k, bn)
+    return DqWorkspace((nsplit, *per), nsplit, batch * nhead_q * seqlen_q * hdim_q)

@@ -135,6 +135,8 @@ class BwdSpecs:
     dot_do_o: KernelSpec
     dq_dk_dv: KernelSpec
     convert_dq: KernelSpec
+    #: convert_dq summing per-key-block dQ slabs (``deterministic=True``)
+    convert_dq_split: KernelSpec
 
 
 #: padded head dims the Hopper (wgmma) kernels are built for
@@ -162,6 +164,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
         convert_dq=_mk("fmha_bwd_convert_dq", dtype, ROWS=16),
+        convert_dq_split=_mk("fmha_bwd_convert_dq", dtype, ROWS=16, DQ_SPLIT=1),
     )
 
 

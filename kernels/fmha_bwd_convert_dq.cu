@@ -2,32 +2,60 @@
 // is an fp32 workspace [batch, nhead_out * nsum, seqlen, hdim]. It turns the dQ accumulator into
 // dQ (nsum = 1, scale = softmax_scale), and sums the per-query-head dK/dV of a GQA group
 // (nsum = nhead_q / nhead_k, scale = 1), always in the same order.
+//
+// Deterministic dQ (instance DQ_SPLIT=1, nsplit > 0): acc is [nsplit, batch, nhead_out, seqlen,
+// hdim] (slab stride split_stride), slab kb written by the dq_dk_dv CTAs of key block kb, and
+// only for the query blocks in that key block's range. Row i sums slab kb, kb ascending, exactly
+// when its query block (i / block_m) lies in query_block_range(window, kb * block_n, ...), the
+// maths the main kernel uses, so no slab is read where it was not written (the workspace is not
+// zero-filled). A row that no key block sees is 0.
+// DQ_SPLIT=0 (atomic mode and the GQA sums): one accumulator; nsplit, split_stride, seqlen_k,
+// the window and the block sizes are passed but unused. The split loop lives only in the
+// DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
+// which the default path's convert should not pay.
+//
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time.
 #include "common.cuh"
 #include "arch_sm80.cuh"
+#include "attention.cuh"
 
 #ifndef ROWS
 #define ROWS 16
+#endif
+#ifndef DQ_SPLIT
+#define DQ_SPLIT 0
 #endif
 
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(256)
 fmha_bwd_convert_dq(const float* __restrict__ acc, uint16_t* __restrict__ out, index_t o_sb, index_t o_sh,
-                    index_t o_ss, int seqlen, int hdim, int nsum, float scale) {
+                    index_t o_ss, int seqlen, int hdim, int nsum, float scale,
+                    int nsplit, index_t split_stride, int seqlen_k, int win_y, int win_x, int block_n,
+                    int block_m) {
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
     const int ch_per_row = hdim / 8;
+    const Window win{win_y, win_x};
     for (int c = threadIdx.x; c < ROWS * ch_per_row; c += 256) {
         const int i = blockIdx.x * ROWS + c / ch_per_row, col = (c % ch_per_row) * 8;
         if (i >= seqlen) continue;
         float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int s = 0; s < nsum; ++s) {
-            const float* src = acc + ((((index_t)b * nhead_out + h) * nsum + s) * seqlen + i) * hdim + col;
-            const float4 u = *reinterpret_cast<const float4*>(src);
-            const float4 w = *reinterpret_cast<const float4*>(src + 4);
-            x[0] += u.x; x[1] += u.y; x[2] += u.z; x[3] += u.w;
-            x[4] += w.x; x[5] += w.y; x[6] += w.z; x[7] += w.w;
+        const int qb = DQ_SPLIT ? i / block_m : 0;
+        for (int kb = 0; kb < (DQ_SPLIT ? nsplit : 1); ++kb) {
+            if (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
+                int qb_begin, qb_end;
+                query_block_range(win, kb * block_n, block_n, block_m, seqlen, seqlen_k, qb_begin, qb_end);
+                if (qb < qb_begin || qb >= qb_end) continue;
+            }
+            const float* slab = acc + kb * split_stride;
+            for (int s = 0; s < nsum; ++s) {
+                const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * seqlen + i) * hdim + col;
+                const float4 u = *reinterpret_cast<const float4*>(src);
+                const float4 w = *reinterpret_cast<const float4*>(src + 4);
+                x[0] += u.x; x[1] += u.y; x[2] += u.z; x[3] += u.w;
+                x[4] += w.x; x[5] += w.y; x[6] += w.z; x[7] += w.w;
+            }
         }
         uint4 r;
         r.x = pack2(x[0] * scale, x[1] * scale);

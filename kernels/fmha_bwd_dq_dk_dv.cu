@@ -11,7 +11,8 @@
 //   GEMM1  dV  += P^T dO                      (A: P^T straight from registers)
 //          dS^T = P^T * (dP^T - D)
 //   GEMM3  dK  += dS^T Q                      (A: dS^T from registers)
-//   GEMM4  dQ   = dS K  -> fp32 atomic adds   (A: dS^T from smem, transposed loads)
+//   GEMM4  dQ   = dS K  -> fp32 atomic adds   (A: dS^T from smem, transposed loads), or with
+//                          dq_split_stride != 0 (deterministic) plain stores into slab kb
 // After the loop dK is scaled by softmax_scale and dK, dV are written once.
 //
 // Head dims above 128 would need more accumulator registers than a thread has, so NSPLIT > 1
@@ -21,7 +22,12 @@
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
-// dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller.
+// dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller, when dq_split_stride == 0
+//         (atomic adds). Deterministic mode: dq_split_stride = batch * nhead_q * seqlen_q * hdim_q
+//         and dq_acc is [nsplit = ceil(seqlen_k / BLOCK_N), batch, nhead_q, seqlen_q, hdim_q],
+//         not zeroed: the CTAs of key block kb store (no atomics) every row of every query block
+//         in their query_block_range into slab kb (the NSPLIT column-split CTAs of one key block
+//         write disjoint columns of it); convert_dq sums the slabs that were written, kb ascending.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
 #include "common.cuh"
@@ -50,7 +56,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                   int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                   float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                  index_t dq_split_stride) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -83,7 +90,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const index_t bh = (index_t)b * nhead_q + h;
     const float* lse_g = lse + bh * seqlen_q;
     const float* d_g = delta + bh * seqlen_q;
-    float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
+    float* dq_g = dq_acc + kb * dq_split_stride + bh * seqlen_q * hdim_q;  // slab kb (deterministic)
 
     int qb_begin, qb_end;  // query blocks that can see this key block
     query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
@@ -164,7 +171,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         }
         __syncthreads();
 
-        // GEMM4: dQ[q0 + 16*mt4 .., cols] += dS K, added into the fp32 workspace
+        // GEMM4: dQ[q0 + 16*mt4 .., cols] += dS K, added into the fp32 workspace (or stored
+        // into this key block's slab, deterministic mode)
         {
             float acc_dq[NT4][4];
             zero<NT4>(acc_dq);
@@ -184,7 +192,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
                         const int col = c0 + n * 8 + 2 * t;
-                        if (col < c_end) red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                        if (col >= c_end) continue;
+                        if (dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                        else red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                     }
                 }
             }

@@ -10,7 +10,8 @@
 //   GEMM1  dV  += P^T dO    wgmma A = P^T (registers),     B = dO (smem, MN-major)
 //   GEMM3  dK  += dS^T Q    wgmma A = dS^T (registers),    B = Q  (smem, MN-major)
 //   GEMM4  dQ   = dS K      wgmma A = dS (smem, MN-major), B = K  (smem, MN-major); warpgroup w
-//                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds.
+//                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds,
+//                           or plain stores into slab kb when dq_split_stride != 0 (deterministic).
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128).
@@ -40,7 +41,8 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                        int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                        float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                       index_t dq_split_stride) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -66,7 +68,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const index_t bh = (index_t)b * nhead_q + h;
     const float* lse_g = lse + bh * seqlen_q;
     const float* d_g = delta + bh * seqlen_q;
-    float* dq_g = dq_acc + bh * seqlen_q * hdim_q;
+    float* dq_g = dq_acc + kb * dq_split_stride + bh * seqlen_q * hdim_q;  // slab kb (deterministic)
 
     int qb_begin, qb_end;
     query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
@@ -182,7 +184,10 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 #pragma unroll
                     for (int n = 0; n < DQ_HALF / 8; ++n) {
                         const int col = wg * DQ_HALF + n * 8 + 2 * t;
-                        if (col < hdim_q) red_add_f32x2(row + col, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        if (col >= hdim_q) continue;
+                        if (dq_split_stride)
+                            *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        else red_add_f32x2(row + col, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
                     }
                 }
             }
