@@ -24,6 +24,9 @@
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
+// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
+// LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
+// (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"

@@ -7,6 +7,8 @@
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS.
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
+// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths, the
+// window comes in top-left form (+ win_bottom_right), and LSE rows past a sequence are -inf.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
@@ -48,7 +50,6 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     if (cu_seqlens_q) {
         const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
         q += tq * q_ss;
-        o += tq * o_ss;
         k += tk * k_ss;
         v += tk * v_ss;
         lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
@@ -151,6 +152,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     }
     __syncwarp();
     uint16_t* og = o + b * o_sb + h * o_sh;
+    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
     constexpr int CH = HDIM_V / 8;
     for (int c = lane; c < 16 * CH; c += 32) {
         const int r = c / CH, ch = c % CH, i = q0 + m0 + r;

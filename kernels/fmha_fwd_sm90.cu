@@ -50,7 +50,6 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     if (cu_seqlens_q) {
         const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
         q += tq * q_ss;
-        o += tq * o_ss;
         k += tk * k_ss;
         v += tk * v_ss;
         lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
@@ -122,6 +121,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
 
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
     uint16_t* og = o + b * o_sb + h * o_sh;
+    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
     float inv[2], row_lse[2];
     finish_rows(row_max, row_sum, inv, row_lse);
 #pragma unroll

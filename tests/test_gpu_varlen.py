@@ -7,8 +7,8 @@ lengths include zero-length query and key sequences in the middle of the batch; 
 tolerance rule, rows of sequences without keys must be exactly o = 0, lse = -inf, dq = 0, and
 keys of sequences without queries exactly dk = dv = 0.
 
-Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 32, 96 and 256
-always run the mma.sync kernels. Every test is marked ``gpu`` (skipped without a device).
+Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 32, 96, 240 and
+256 always run the mma.sync kernels (240: the forward's 16-key blocks). Every test is marked ``gpu`` (skipped without a device).
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ CASES = {
     "bf16-d96-b:40,0": (BF16, LQ, LK, 2, 2, 96, 96, {"mask": "b:40,0"}),
     "f16-d256-t": (F16, LQ3, LK3, 2, 1, 256, 256, {"mask": "t"}),
     "bf16-d256-b-gqa2": (BF16, LQ2, LK2, 2, 1, 256, 256, {"mask": "b"}),
+    "f16-d240-b:30,0": (F16, LQ3, LK3, 2, 2, 240, 240, {"mask": "b:30,0"}),  # forward BLOCK_N=16
     # longer sequences (several key blocks per CTA), one sequence only, sq != sk
     "f16-d64-b-single-300x700": (F16, [300], [700], 2, 2, 64, 64, {"mask": "b"}),
     "bf16-d128-t-700x300": (BF16, [700, 5], [300, 9], 2, 1, 128, 128, {"mask": "t"}),
