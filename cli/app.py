@@ -19,6 +19,11 @@ reference (dense NumPy, costly on a CPU) runs on a subset of the problem when th
 too slow: the first and last batch, and the first and last K/V head together with all the query
 heads of their groups (so GQA group sums are checked). ``--full-check`` checks everything. The
 JSON output lists the batches and query heads checked.
+
+Group mode (``--mode group``, variable-length sequences packed along one axis, layout ``thd``):
+``--seqlen-q 100,37,0,250`` gives one length per sequence (the batch is their number; zeros are
+allowed), ``--seqlen-k`` the same number of key lengths (default: the query lengths). Masks are
+resolved per sequence with its own lengths; the subset check takes the first and last sequence.
 """
 
 from __future__ import annotations
@@ -145,15 +150,35 @@ app = typer.Typer(
 # ---------------------------------------------------------------------------------------------
 # options shared by fwd and bwd
 
-BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Batch size.")]
+BatchOpt = Annotated[
+    Optional[int],
+    typer.Option("--batch", "-b", help="Batch size (default 2; group mode: the number of lengths)."),
+]
+ModeOpt = Annotated[
+    str,
+    typer.Option("--mode", help="batch (equal lengths) or group (variable lengths, layout thd)."),
+]
 NheadOpt = Annotated[int, typer.Option("--nhead", help="Number of query heads.")]
 NheadKOpt = Annotated[
     Optional[int],
     typer.Option("--nhead-k", help="Number of K/V heads (GQA/MQA); default = --nhead."),
 ]
-SeqQOpt = Annotated[int, typer.Option("--seqlen-q", "-s", help="Query sequence length.")]
+SeqQOpt = Annotated[
+    str,
+    typer.Option(
+        "--seqlen-q",
+        "-s",
+        help="Query sequence length; group mode: comma list of per-sequence lengths, e.g. "
+        "100,37,0,250.",
+    ),
+]
 SeqKOpt = Annotated[
-    Optional[int], typer.Option("--seqlen-k", help="Key sequence length; default = --seqlen-q.")
+    Optional[str],
+    typer.Option(
+        "--seqlen-k",
+        help="Key sequence length (group mode: a comma list as long as --seqlen-q's); default = "
+        "--seqlen-q.",
+    ),
 ]
 HdimOpt = Annotated[int, typer.Option("--hdim", "-d", help="Head dim of Q and K.")]
 HdimVOpt = Annotated[
@@ -161,7 +186,12 @@ HdimVOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp16 or bf16.")]
 LayoutOpt = Annotated[
-    str, typer.Option("--layout", help="bshd (batch, seq, head, dim) or bhsd (batch, head, seq, dim).")
+    Optional[str],
+    typer.Option(
+        "--layout",
+        help="bshd (batch, seq, head, dim; the default) or bhsd (batch, head, seq, dim); group "
+        "mode: thd (tokens, head, dim), its only layout.",
+    ),
 ]
 MaskOpt = Annotated[
     Optional[str],
@@ -298,6 +328,13 @@ def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(cfg["seed"])
     hd = _host_dtype(cfg["dtype"])
     b, lay = cfg["batch"], cfg["layout"]
+    if cfg["group"]:  # packed [total, heads, dim]
+        tq, tk = sum(cfg["seqlens_q"]), sum(cfg["seqlens_k"])
+        shapes = {"q": (tq, cfg["nhead"], cfg["hdim"]), "k": (tk, cfg["nhead_k"], cfg["hdim"]),
+                  "v": (tk, cfg["nhead_k"], cfg["hdim_v"])}
+        if mode == "bwd":
+            shapes["do"] = (tq, cfg["nhead"], cfg["hdim_v"])
+        return {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
     shapes = {
         "q": _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim"]),
         "k": _shape(lay, b, cfg["seqlen_k"], cfg["nhead_k"], cfg["hdim"]),
@@ -343,24 +380,45 @@ def _alibi_kwargs(cfg: dict, batches=None, heads=None) -> dict[str, Any]:
     return {"alibi_slopes": np.ascontiguousarray(slopes)}
 
 
-def _mask_kwargs(cfg: dict) -> dict[str, Any]:
-    return {
+def _cu(lengths) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
+
+
+def _mask_kwargs(cfg: dict, batches=None) -> dict[str, Any]:
+    """Mask, scale and layout keywords for the library (group mode: the cu_seqlens too, of the
+    sequences ``batches`` when given, with the full problem's max lengths so that lse shapes
+    agree)."""
+    kw = {
         "softmax_scale": cfg["scale"],
         "causal": cfg["causal"],
         "window_size": cfg["window"],
         "mask": cfg["mask"],
         "layout": cfg["layout"],
     }
+    if cfg["group"]:
+        lq, lk = cfg["seqlens_q"], cfg["seqlens_k"]
+        if batches is not None:
+            lq, lk = [lq[b] for b in batches], [lk[b] for b in batches]
+        kw.update(cu_seqlens_q=_cu(lq), cu_seqlens_k=_cu(lk), max_seqlen_q=cfg["seqlen_q"],
+                  max_seqlen_k=cfg["seqlen_k"])
+    return kw
 
 
 def _head_axis(layout: str) -> int:
     return 2 if layout == "bshd" else 1
 
 
+def _pairs(cfg: dict) -> int:
+    """Query-key pairs per head before masking (sum over sequences in group mode)."""
+    if cfg["group"]:
+        return sum(a * b for a, b in zip(cfg["seqlens_q"], cfg["seqlens_k"]))
+    return cfg["batch"] * cfg["seqlen_q"] * cfg["seqlen_k"]
+
+
 def _check_selection(cfg: dict, full: bool) -> tuple[list[int], list[int], list[int]]:
     """(batches, q heads, k/v heads) the float64 reference runs on."""
     b, hq, hk = cfg["batch"], cfg["nhead"], cfg["nhead_k"]
-    work = b * hq * cfg["seqlen_q"] * cfg["seqlen_k"] * (cfg["hdim"] + cfg["hdim_v"])
+    work = hq * _pairs(cfg) * (cfg["hdim"] + cfg["hdim_v"])
     if full or work <= FULL_CHECK_LIMIT:
         return list(range(b)), list(range(hq)), list(range(hk))
     group = hq // hk
@@ -368,6 +426,13 @@ def _check_selection(cfg: dict, full: bool) -> tuple[list[int], list[int], list[
     kheads = sorted({0, hk - 1})
     qheads = [g * group + j for g in kheads for j in range(group)]
     return batches, qheads, kheads
+
+
+def _take_packed(x: np.ndarray, lengths: list[int], batches: list[int], heads: list[int]) -> np.ndarray:
+    """Rows of sequences ``batches`` (in order) and ``heads`` of a packed [total, heads, dim] array."""
+    cu = _cu(lengths)
+    rows = np.concatenate([x[cu[b]:cu[b + 1]] for b in batches], axis=0)
+    return np.take(rows, heads, axis=1)
 
 
 def _take(x: np.ndarray, layout: str, batches: list[int], heads: list[int]) -> np.ndarray:
@@ -412,6 +477,9 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
     d = {n: dev(x) for n, x in inputs.items()}
     kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg))
     bwd_kw = {"deterministic": True} if cfg.get("deterministic") else {}
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):  # group mode: on the device once, not per call
+        if name in kw:
+            kw[name] = cp.asarray(kw[name])
     with _phase("compiling and running the first call...", progress):
         if mode == "fwd":
             fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **kw)  # noqa: E731
@@ -437,7 +505,8 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
 
     # reject what the GPU library would reject (head dims, empty masks, ...), not just what the
     # permissive reference would
-    validate.check_forward_inputs(
+    check = validate.check_varlen_inputs if cfg["group"] else validate.check_forward_inputs
+    check(
         inputs["q"], inputs["k"], inputs["v"], **_mask_kwargs(cfg),
         dtype="bfloat16" if cfg["dtype"] == "bf16" else "float16",
     )
@@ -477,10 +546,16 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
 
     batches, qh, kh = _check_selection(cfg, full)
     lay = cfg["layout"]
-    sub = {
-        n: _take(x, lay, batches, kh if n in ("k", "v") else qh) for n, x in inputs.items()
-    }
-    kw = dict(_mask_kwargs(cfg), **_alibi_kwargs(cfg, batches, qh))
+
+    def take(name: str, x: np.ndarray) -> np.ndarray:
+        heads = kh if name in ("k", "v", "dk", "dv") else qh
+        if cfg["group"]:
+            lengths = cfg["seqlens_k"] if name in ("k", "v", "dk", "dv") else cfg["seqlens_q"]
+            return _take_packed(x, lengths, batches, heads)
+        return _take(x, lay, batches, heads)
+
+    sub = {n: take(n, x) for n, x in inputs.items()}
+    kw = dict(_mask_kwargs(cfg, batches), **_alibi_kwargs(cfg, batches, qh))
 
     def ref(precision: str):
         if mode == "fwd":
@@ -501,7 +576,7 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
         if name == "lse":
             out = _take_lse(outs[name], batches, qh)
         else:
-            out = _take(outs[name], lay, batches, kh if name in ("dk", "dv") else qh)
+            out = take(name, outs[name])
         low = rlow.get(name)
         checks.append(
             verify.compare(
@@ -526,25 +601,68 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
 # the run
 
 
+def _lengths(name: str, text, group: bool) -> list[int]:
+    """``--seqlen-q``/``--seqlen-k``: one positive integer (batch mode) or a comma list of
+    integers >= 0 (group mode)."""
+    parts = str(text).replace(" ", "").split(",")
+    try:
+        vals = [int(x) for x in parts]
+    except ValueError:
+        what = "a comma list of integers >= 0" if group else "a positive integer"
+        raise UsageProblem(f"{name}: expected {what}, got {text!r}") from None
+    if not group:
+        if len(vals) != 1:
+            raise UsageProblem(f"{name}: a list of lengths ({text!r}) needs --mode group")
+        return [_positive(name, vals[0])]
+    if any(v < 0 for v in vals):
+        raise UsageProblem(f"{name}: lengths must be >= 0, got {text!r}")
+    return vals
+
+
+def _group_lengths(batch, seqlen_q, seqlen_k) -> tuple[list[int], list[int]]:
+    lq = _lengths("--seqlen-q", seqlen_q, True)
+    lk = lq if seqlen_k is None else _lengths("--seqlen-k", seqlen_k, True)
+    if len(lk) != len(lq):
+        raise UsageProblem(f"--seqlen-k: {len(lk)} lengths, but --seqlen-q has {len(lq)} (one per sequence)")
+    if batch is not None and int(batch) != len(lq):
+        raise UsageProblem(f"--batch: {batch} does not match the {len(lq)} lengths of --seqlen-q "
+                           "(group mode: the batch is the number of sequences)")
+    if sum(lq) == 0 or sum(lk) == 0:
+        raise UsageProblem("--seqlen-q/--seqlen-k: group mode needs at least one non-empty query "
+                           "sequence and one non-empty key sequence")
+    return lq, lk
+
+
 def _config(
     batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout, mask, causal, window,
-    scale, seed, bias="n",
+    scale, seed, bias="n", seq_mode="batch",
 ) -> dict:
     from cupy_fmha.mask import resolve_mask
 
-    b = _positive("--batch", batch)
+    group = _choice("--mode", seq_mode, ("batch", "group")) == "group"
+    if group:
+        lq, lk = _group_lengths(batch, seqlen_q, seqlen_k)
+        b, sq, sk = len(lq), max(lq), max(lk)
+        if layout is not None and str(layout).strip().lower() != "thd":
+            raise UsageProblem(f"--layout: group mode packs sequences as thd, got {layout!r}")
+        lay = "thd"
+    else:
+        b = _positive("--batch", DEFAULT_BATCH if batch is None else batch)
+        sq = _lengths("--seqlen-q", seqlen_q, False)[0]
+        sk = sq if seqlen_k is None else _lengths("--seqlen-k", seqlen_k, False)[0]
+        lq = lk = None
+        if layout is not None and str(layout).strip().lower() == "thd":
+            raise UsageProblem("--layout: thd (packed variable-length sequences) needs --mode group")
+        lay = _choice("--layout", "bshd" if layout is None else layout, ("bshd", "bhsd"))
     hq = _positive("--nhead", nhead)
     hk = _positive("--nhead-k", hq if nhead_k is None else nhead_k)
     if hq % hk:
         raise UsageProblem(f"--nhead-k: --nhead ({hq}) must be a multiple of --nhead-k ({hk})")
-    sq = _positive("--seqlen-q", seqlen_q)
-    sk = _positive("--seqlen-k", sq if seqlen_k is None else seqlen_k)
     d = _positive("--hdim", hdim)
     dv = _positive("--hdim-v", d if hdim_v is None else hdim_v)
     dt = _DTYPES.get(str(dtype).strip().lower())
     if dt is None:
         raise UsageProblem(f"--dtype: expected fp16 or bf16, got {dtype!r}")
-    lay = _choice("--layout", layout, ("bshd", "bhsd"))
     win = _parse_window(window)
     if scale is not None and not (math.isfinite(scale) and scale != 0):
         raise UsageProblem(f"--scale: must be a finite nonzero number, got {scale}")
@@ -559,8 +677,11 @@ def _config(
         "batch": b,
         "nhead": hq,
         "nhead_k": hk,
-        "seqlen_q": sq,
+        "seqlen_q": sq,  # group mode: the longest sequence
         "seqlen_k": sk,
+        "group": group,
+        "seqlens_q": lq,  # group mode: one length per sequence; None in batch mode
+        "seqlens_k": lk,
         "hdim": d,
         "hdim_v": dv,
         "dtype": dt,
@@ -583,6 +704,8 @@ _ARG_TO_OPTION = {
     "softmax_scale": "--scale",
     "layout": "--layout",
     "dtype": "--dtype",
+    "cu_seqlens_q": "--seqlen-q",
+    "cu_seqlens_k": "--seqlen-k",
 }
 
 
@@ -617,9 +740,13 @@ def _fmt_rate(x: float) -> str:
 
 def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, valid) -> str:
     mask = cfg["mask_spec"].describe()
+    if cfg["group"]:
+        sq, sk = (",".join(str(n) for n in cfg[key]) for key in ("seqlens_q", "seqlens_k"))
+    else:
+        sq, sk = cfg["seqlen_q"], cfg["seqlen_k"]
     parts = [
         f"{mode} {cfg['dtype']} {cfg['layout']} b={cfg['batch']} h={cfg['nhead']}/{cfg['nhead_k']}"
-        f" sq={cfg['seqlen_q']} sk={cfg['seqlen_k']} d={cfg['hdim']}/{cfg['hdim_v']}"
+        f" sq={sq} sk={sk} d={cfg['hdim']}/{cfg['hdim_v']}"
         f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}")
         + (" deterministic" if cfg.get("deterministic") else "") + f" [{backend}]",
         f"{t.median_ms:.3f} ms, {_fmt_rate(tflops)} TFLOP/s, {_fmt_rate(gbs)} GB/s",
@@ -636,14 +763,31 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
     return " | ".join(parts)
 
 
-def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-         mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend, bias="n", deterministic=False) -> None:
+def _work(cfg: dict, mode: str) -> tuple[int, int]:
+    """(FLOPs, bytes) of the run; group mode sums the sequences, each with its own lengths."""
     from cupy_fmha import flops
 
+    if cfg["group"]:
+        seqs = [(1, a, b) for a, b in zip(cfg["seqlens_q"], cfg["seqlens_k"])]
+    else:
+        seqs = [(cfg["batch"], cfg["seqlen_q"], cfg["seqlen_k"])]
+    nflop = nbytes = 0
+    for b, sq, sk in seqs:
+        nflop += flops.attention_flops(b, cfg["nhead"], sq, sk, cfg["hdim"], cfg["hdim_v"],
+                                       cfg["mask_spec"], mode)
+        nbytes += flops.attention_bytes(  # by keyword: nhead_k is keyword-only in flops.py
+            batch=b, nhead_q=cfg["nhead"], nhead_k=cfg["nhead_k"], seqlen_q=sq, seqlen_k=sk,
+            hdim_q=cfg["hdim"], hdim_v=cfg["hdim_v"], mode=mode, itemsize=2,
+        )
+    return nflop, nbytes
+
+
+def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
+         mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
+         backend, bias="n", seq_mode="batch", deterministic=False) -> None:
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-                      mask, causal, window, scale, seed, bias)
+                      mask, causal, window, scale, seed, bias, seq_mode)
         if mode == "bwd":
             cfg["deterministic"] = bool(deterministic)
         be = _pick_backend(backend, json_out)
@@ -673,15 +817,7 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
         valid = all(bool(c.ok) for c in checks)
 
     spec = cfg["mask_spec"]
-    nflop = flops.attention_flops(
-        cfg["batch"], cfg["nhead"], cfg["seqlen_q"], cfg["seqlen_k"], cfg["hdim"], cfg["hdim_v"],
-        spec, mode,
-    )
-    nbytes = flops.attention_bytes(  # by keyword: nhead_k is keyword-only in flops.py
-        batch=cfg["batch"], nhead_q=cfg["nhead"], nhead_k=cfg["nhead_k"],
-        seqlen_q=cfg["seqlen_q"], seqlen_k=cfg["seqlen_k"], hdim_q=cfg["hdim"],
-        hdim_v=cfg["hdim_v"], mode=mode, itemsize=2,
-    )
+    nflop, nbytes = _work(cfg, mode)
     secs = t.median_ms * 1e-3
     tflops = nflop / secs / 1e12 if secs > 0 else float("inf")
     gbs = nbytes / secs / 1e9 if secs > 0 else float("inf")
@@ -697,6 +833,9 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
                           "deterministic")
                 if k in cfg
             },
+            "seq_mode": "group" if cfg["group"] else "batch",
+            "seqlens_q": cfg["seqlens_q"],
+            "seqlens_k": cfg["seqlens_k"],
             "window": list(cfg["window"]),
             "mask_resolved": spec.describe(),
             "timing": t.as_dict(),
@@ -743,15 +882,15 @@ def _json_float(x):
 
 @app.command()
 def fwd(
-    batch: BatchOpt = DEFAULT_BATCH,
+    batch: BatchOpt = None,
     nhead: NheadOpt = DEFAULT_NHEAD,
     nhead_k: NheadKOpt = None,
-    seqlen_q: SeqQOpt = DEFAULT_SEQLEN,
+    seqlen_q: SeqQOpt = str(DEFAULT_SEQLEN),
     seqlen_k: SeqKOpt = None,
     hdim: HdimOpt = DEFAULT_HDIM,
     hdim_v: HdimVOpt = None,
     dtype: DtypeOpt = DEFAULT_DTYPE,
-    layout: LayoutOpt = "bshd",
+    layout: LayoutOpt = None,
     mask: MaskOpt = None,
     causal: CausalOpt = False,
     window: WindowOpt = None,
@@ -764,25 +903,26 @@ def fwd(
     full_check: FullCheckOpt = False,
     json_out: JsonOpt = False,
     backend: BackendOpt = "auto",
+    seq_mode: ModeOpt = "batch",
 ) -> None:
     """Time the forward pass and check O and LSE against the float64 reference."""
     _run("fwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode)
 
 
 @app.command()
 def bwd(
-    batch: BatchOpt = DEFAULT_BATCH,
+    batch: BatchOpt = None,
     nhead: NheadOpt = DEFAULT_NHEAD,
     nhead_k: NheadKOpt = None,
-    seqlen_q: SeqQOpt = DEFAULT_SEQLEN,
+    seqlen_q: SeqQOpt = str(DEFAULT_SEQLEN),
     seqlen_k: SeqKOpt = None,
     hdim: HdimOpt = DEFAULT_HDIM,
     hdim_v: HdimVOpt = None,
     dtype: DtypeOpt = DEFAULT_DTYPE,
-    layout: LayoutOpt = "bshd",
+    layout: LayoutOpt = None,
     mask: MaskOpt = None,
     causal: CausalOpt = False,
     window: WindowOpt = None,
@@ -796,13 +936,14 @@ def bwd(
     full_check: FullCheckOpt = False,
     json_out: JsonOpt = False,
     backend: BackendOpt = "auto",
+    seq_mode: ModeOpt = "batch",
 ) -> None:
     """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV
     (``--deterministic``: bit-reproducible dQ, see attention_backward)."""
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias,
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
          deterministic=deterministic)
 
 

@@ -10,6 +10,13 @@ Arrays: CuPy arrays (NumPy arrays are copied to the current device; for other fr
 ``cupy.from_dlpack``). fp16 is ``float16``. CuPy has no bfloat16, so bf16 travels as ``uint16``
 arrays of raw bits, passed with ``dtype="bfloat16"``; NumPy ``ml_dtypes.bfloat16`` arrays are
 recognized and copied. bf16 outputs are ``uint16`` CuPy arrays of raw bits.
+
+Group mode (variable-length sequences, ``layout="thd"`` with ``cu_seqlens_q``/``cu_seqlens_k``):
+sequences are packed along the token axis, q [total_q, nhead_q, d], k/v [total_k, nhead_k, d/dv];
+each sequence is its own attention problem (masks and ALiBi use its own lengths). The kernels get
+max_seqlen_q/max_seqlen_k as their sequence lengths (the row pitch of lse, D and the dQ workspace,
+all [batch, nhead_q, max_seqlen_q]) and move every token-indexed pointer by ``cu_seqlens[b]``
+rows; see ``kernels/varlen.cuh``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ import numpy as np
 from . import launch as L
 from .compile import get_function
 from .spec import bwd_specs, fwd_spec
-from .validate import _BF16, check_alibi_slopes, check_backward_inputs, check_forward_inputs
+from .validate import (
+    _BF16,
+    check_alibi_slopes,
+    check_backward_inputs,
+    check_forward_inputs,
+    check_varlen_inputs,
+)
 
 __all__ = ["attention_forward", "attention_backward", "AttentionGrads"]
 
@@ -166,7 +179,36 @@ def _alibi_args(cp, alibi_slopes, p):
     return slopes, np.int64(p.nhead_q if len(shape) == 2 else 0)
 
 
+_NULL = np.uint64(0)  # a null pointer kernel argument
+#: the group-mode kernel arguments in batch mode: no cu_seqlens_q/k, window already resolved
+_BATCH_MODE = (_NULL, _NULL, np.int32(0))
+
+#: convert_dq's deterministic-split arguments when it does not sum slabs (dQ atomics, GQA sums)
+_NO_SPLIT = (np.int32(0), np.int64(0), np.int32(0), np.int32(0), np.int32(0), np.int32(1), np.int32(1))
+
+_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def _reject_varlen_args(layout, values) -> None:
+    for name, val in zip(_VARLEN_ARGS, values):
+        if val is not None:
+            raise ValueError(f"{name}: variable-length inputs need layout='thd', got {layout!r}")
+
+
+def _strides_thd(a) -> tuple[np.int64, np.int64, np.int64]:
+    """(batch, head, token) strides in elements of a packed [total, heads, d] array; batch 0."""
+    st = [s // a.itemsize for s in a.strides]
+    return np.int64(0), np.int64(st[1]), np.int64(st[0])
+
+
+def _cu_device(cp, name: str, cu):
+    """cu_seqlens as a contiguous int32 CuPy array on the current device (already validated)."""
+    return cp.ascontiguousarray(_to_device(cp, name, cu))
+
+
 def _launch(cp, spec, launch, args):
+    if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
+        return
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
         fn.max_dynamic_shared_size_bytes = launch.smem
@@ -174,39 +216,54 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None, alibi_slopes=None, out=None):
+                      layout="bshd", dtype=None, alibi_slopes=None, out=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
     Args:
-        q: [batch, seqlen_q, nhead_q, hdim_q] (``layout="bshd"``) or [batch, nhead_q, seqlen_q,
-            hdim_q] (``"bhsd"``); fp16, or bf16 (uint16 bits with ``dtype="bfloat16"``). Any
-            strides with a unit last stride.
-        k: [batch, seqlen_k, nhead_k, hdim_q] (or bhsd); ``nhead_q`` a multiple of ``nhead_k``
-            (GQA/MQA).
-        v: [batch, seqlen_k, nhead_k, hdim_v] (or bhsd).
+        q: [batch, seqlen_q, nhead_q, hdim_q] (``layout="bshd"``), [batch, nhead_q, seqlen_q,
+            hdim_q] (``"bhsd"``) or [total_q, nhead_q, hdim_q] (``"thd"``, group mode); fp16, or
+            bf16 (uint16 bits with ``dtype="bfloat16"``). Any strides with a unit last stride.
+        k: [batch, seqlen_k, nhead_k, hdim_q] (or bhsd, or [total_k, nhead_k, hdim_q] for thd);
+            ``nhead_q`` a multiple of ``nhead_k`` (GQA/MQA).
+        v: [batch, seqlen_k, nhead_k, hdim_v] (or bhsd, or [total_k, nhead_k, hdim_v]).
         softmax_scale: multiplies Q K^T; default ``1 / sqrt(hdim_q)``.
         causal: FlashAttention's causal mask (bottom-right aligned).
         window_size: (left, right) sliding window, bottom-right aligned, -1 = unlimited.
         mask: CK's mask string instead (``0``, ``t``, ``b``, ``t:l,r``, ``b:l,r``, ``xt:w``,
-            ``xb:w``, ``g:y,x``); see :mod:`cupy_fmha.mask`.
-        layout: ``"bshd"`` (default) or ``"bhsd"``.
+            ``xb:w``, ``g:y,x``); see :mod:`cupy_fmha.mask`. In group mode every mask is resolved
+            per sequence with that sequence's own lengths.
+        layout: ``"bshd"`` (default), ``"bhsd"``, or ``"thd"`` (group mode, needs cu_seqlens).
         dtype: ``None``, ``"float16"`` or ``"bfloat16"``.
         alibi_slopes: optional float32 [nhead_q] or [batch, nhead_q]: ALiBi as FlashAttention
             defines it, a bias ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the scaled
-            scores of query row ``i`` and key ``j``.
+            scores of query row ``i`` and key ``j`` (group mode: local positions and each
+            sequence's own lengths).
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
             a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
+        cu_seqlens_q, cu_seqlens_k: group mode only: int32 [batch + 1] offsets (CuPy or NumPy;
+            read back once to validate): sequence ``b`` is rows ``cu_seqlens_q[b]`` to
+            ``cu_seqlens_q[b + 1]`` of q (and likewise of k, v). Lengths may be 0 anywhere.
+        max_seqlen_q, max_seqlen_k: group mode only: ``None`` (the longest sequence) or an int
+            at least that long; max_seqlen_q sets lse's last dimension.
 
     Returns:
-        (o, lse): o [batch, seqlen_q, nhead_q, hdim_v] in ``layout`` and the inputs' dtype;
-        lse float32 [batch, nhead_q, seqlen_q], natural log. Rows that see no key: o = 0,
-        lse = -inf.
+        (o, lse): o [batch, seqlen_q, nhead_q, hdim_v] in ``layout`` (thd: [total_q, nhead_q,
+        hdim_v]) and the inputs' dtype; lse float32 [batch, nhead_q, seqlen_q] (thd: [batch,
+        nhead_q, max_seqlen_q], -inf beyond each sequence's length), natural log. Rows that see
+        no key (all rows of a sequence with no keys): o = 0, lse = -inf.
 
     Raises:
         TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`),
             before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
+    if layout == "thd":
+        return _forward_varlen(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, out=out,
+                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                               max_seqlen_k=max_seqlen_k)
+    _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
@@ -228,26 +285,28 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p))
+            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE)
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
     return o, lse
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
                        mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None,
-                       deterministic=False) -> AttentionGrads:
+                       deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None) -> AttentionGrads:
     """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
     group sum of dK/dV through the same convert kernel when nhead_q != nhead_k).
 
     Args:
-        do: gradient of o, [batch, seqlen_q, nhead_q, hdim_v] (or bhsd); its strides may differ
-            from o's.
+        do: gradient of o, [batch, seqlen_q, nhead_q, hdim_v] (or bhsd, or [total_q, nhead_q,
+            hdim_v] for thd); its strides may differ from o's.
         q, k, v: as in :func:`attention_forward`.
-        o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward.
-        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes: as in the
-            forward (must match).
+        o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward (thd:
+            [batch, nhead_q, max_seqlen_q]).
+        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, cu_seqlens_q,
+            cu_seqlens_k, max_seqlen_q, max_seqlen_k: as in the forward (must match).
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows).
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
@@ -266,7 +325,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
-        contiguous arrays in ``layout`` and the inputs' dtype.
+        contiguous arrays in ``layout`` and the inputs' dtype. Group mode: rows of a sequence
+        with no keys get dq = 0; keys of a sequence with no queries get dk = dv = 0.
 
     Raises:
         TypeError: ``deterministic`` is not a bool; and see below.
@@ -277,6 +337,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     deterministic = bool(deterministic)
+    if layout == "thd":
+        return _backward_varlen(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, mask=mask, dtype=dtype, alibi_slopes=alibi_slopes,
+                                out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     cp = _cupy()
@@ -295,7 +361,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
-            (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v)))
+            (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v),
+             _NULL))
 
     ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
     # atomic mode adds into zeros; deterministic slabs are stored before convert_dq reads them
@@ -317,8 +384,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
             np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
-            *_alibi_args(cp, alibi_slopes, p),
-            np.int64(ws.split_stride))
+            *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, np.int64(ws.split_stride))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq
@@ -328,11 +394,114 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             (dq_acc, dq, *_strides(dq, layout), np.int32(sq), np.int32(p.hdim_q), np.int32(1),
              np.float32(p.softmax_scale),
              np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(sk), np.int32(win_y), np.int32(win_x),
-             np.int32(block_n), np.int32(block_m)))
+             np.int32(block_n), np.int32(block_m), *_BATCH_MODE))
     if p.group > 1:
-        no_split = (np.int32(0), np.int64(0), np.int32(0), np.int32(0), np.int32(0), np.int32(1), np.int32(1))
         for acc, out, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
             _launch(cp, conv, L.convert_launch(conv, b, hk, sk),
                     (acc, out, *_strides(out, layout), np.int32(sk), np.int32(d), np.int32(p.group),
-                     np.float32(1.0), *no_split))
+                     np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
+    return AttentionGrads(dq, dk, dv)
+
+
+# --------------------------------------------------------------------------- group mode (varlen)
+
+
+def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, out,
+                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """attention_forward for layout "thd": one launch over (max_seqlen_q blocks, heads, batch)."""
+    p = check_varlen_inputs(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                            causal=causal, window_size=window_size, mask=mask, layout="thd", dtype=dtype)
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    cp = _cupy()
+    store = np.uint16 if p.dtype == _BF16 else np.float16
+    o_shape = (p.total_q, p.nhead_q, p.hdim_v)
+    lse_shape = (p.batch, p.nhead_q, p.max_seqlen_q)
+    if out is not None:
+        _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
+    q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+    cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
+    if out is None:
+        o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
+    else:
+        o, lse = out
+    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+                    alibi=alibi_slopes is not None)
+    win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
+    args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
+            np.int32(p.max_seqlen_q), np.int32(p.max_seqlen_k), np.int32(p.hdim_q), np.int32(p.hdim_v),
+            np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.int32(win_y), np.int32(win_x),
+            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right))
+    _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.max_seqlen_q), args)
+    return o, lse
+
+
+def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes,
+                     out, deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k) -> AttentionGrads:
+    """attention_backward for layout "thd".
+
+    Workspaces: D and dQ are [batch, nhead_q, max_seqlen_q(, hdim_q)] (rows past a sequence's end
+    unused); the GQA dK/dV workspaces are fp32 [nhead_q, total_k, hdim] (packed like the keys, so
+    the convert kernel sums each group as one batch of total_k rows)."""
+    p = check_varlen_inputs(q, k, v, [("o", o), ("do", do)], cu_seqlens_q=cu_seqlens_q,
+                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                            softmax_scale=softmax_scale, causal=causal, window_size=window_size, mask=mask,
+                            layout="thd", dtype=dtype, lse=lse)
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    cp = _cupy()
+    store = np.uint16 if p.dtype == _BF16 else np.float16
+    b, hq, hk, msq, msk = p.batch, p.nhead_q, p.nhead_k, p.max_seqlen_q, p.max_seqlen_k
+    tq, tk, d, dv_ = p.total_q, p.total_k, p.hdim_q, p.hdim_v
+    shapes = ((tq, hq, d), (tk, hk, d), (tk, hk, dv_))
+    if out is not None:
+        _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
+    do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
+    lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
+    cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
+    specs = bwd_specs(_dtype_name(p), d, dv_, int(cp.cuda.Device().compute_capability),
+                      alibi=alibi_slopes is not None)
+
+    delta = cp.empty((b, hq, msq), dtype=cp.float32)
+    _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, msq),
+            (do, o, delta, *_strides_thd(do), *_strides_thd(o), np.int32(msq), np.int32(dv_), cu_q))
+
+    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
+    dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
+    if out is None:
+        dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
+    else:
+        dq, dk, dv = out
+    if p.group == 1:
+        dk_buf, dv_buf = dk, dv
+        dk_st, dv_st = _strides_thd(dk), _strides_thd(dv)
+    else:  # per-query-head fp32 dK/dV [nhead_q, total_k, hdim], summed over each group below
+        dk_buf = cp.empty((hq, tk, d), dtype=cp.float32)
+        dv_buf = cp.empty((hq, tk, dv_), dtype=cp.float32)
+        dk_st = (np.int64(0), np.int64(tk * d), np.int64(d))
+        dv_st = (np.int64(0), np.int64(tk * dv_), np.int64(dv_))
+    win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
+    args = (q, k, v, do, lse, delta, dq_acc, dk_buf, dv_buf,
+            *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(do), *dk_st, *dv_st,
+            np.int32(msq), np.int32(msk), np.int32(d), np.int32(dv_), np.int32(p.group),
+            np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale), np.int32(win_y), np.int32(win_x),
+            np.int32(0 if p.group == 1 else 1), *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k,
+            np.int32(bottom_right), np.int64(ws.split_stride))
+    _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, msk), args)
+
+    conv = specs.convert_dq
+    conv_dq = specs.convert_dq_split if deterministic else conv
+    block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
+    _launch(cp, conv_dq, L.convert_launch(conv_dq, b, hq, msq),
+            (dq_acc, dq, *_strides_thd(dq), np.int32(msq), np.int32(d), np.int32(1),
+             np.float32(p.softmax_scale), np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(msk),
+             np.int32(win_y), np.int32(win_x), np.int32(block_n), np.int32(block_m), cu_q, cu_k,
+             np.int32(bottom_right)))
+    if p.group > 1:
+        for acc, res, dim in ((dk_buf, dk, d), (dv_buf, dv, dv_)):
+            _launch(cp, conv, L.convert_launch(conv, 1, hk, tk),
+                    (acc, res, *_strides_thd(res), np.int32(tk), np.int32(dim), np.int32(p.group),
+                     np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
     return AttentionGrads(dq, dk, dv)

@@ -1,6 +1,11 @@
 """Launch maths: grid, block and dynamic shared-memory sizes for every kernel, and workspaces.
 
 Pure Python (no CuPy), so CI checks it without a GPU.
+
+Group mode (varlen): the same launch functions take ``max_seqlen_q`` / ``max_seqlen_k`` for the
+sequence lengths (grid x covers the longest sequence; blocks past a shorter sequence's end exit
+at once), and the window travels in top-left form plus a bottom-right flag
+(:func:`kernel_window_spec`).
 """
 
 from __future__ import annotations
@@ -8,7 +13,8 @@ from __future__ import annotations
 from .spec import KernelSpec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
-           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace"]
+           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace",
+           "kernel_window_spec", "sequence_window", "empty_grid"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
@@ -42,6 +48,48 @@ def kernel_window(window) -> tuple[int, int]:
         return WINDOW_INF, WINDOW_INF
     clamp = lambda v: max(-WINDOW_INF, min(WINDOW_INF, int(v)))  # noqa: E731
     return clamp(window.y), clamp(window.x)
+
+
+def kernel_window_spec(spec) -> tuple[int, int, int]:
+    """(y, x, bottom_right) kernel arguments for a length-independent ``MaskSpec`` (group mode).
+
+    The window is given in top-left form: ``y = 1 + left``, ``x = 1 + right`` (WINDOW_INF for an
+    unlimited side); with ``bottom_right = 1`` each kernel shifts it by its sequence's own lengths
+    (:func:`sequence_window`, ``window_for_sequence`` in ``kernels/varlen.cuh``). No mask is
+    (WINDOW_INF, WINDOW_INF, 0); a generic ``g:y,x`` window is passed as is (clamped).
+    """
+    clamp = lambda v: max(-WINDOW_INF, min(WINDOW_INF, int(v)))  # noqa: E731
+    if spec is None or spec.kind == "none":
+        return WINDOW_INF, WINDOW_INF, 0
+    if spec.kind == "generic":
+        return clamp(spec.left), clamp(spec.right), 0
+    y = WINDOW_INF if spec.left < 0 else clamp(1 + spec.left)
+    x = WINDOW_INF if spec.right < 0 else clamp(1 + spec.right)
+    if spec.kind == "top_left":
+        return y, x, 0
+    if spec.kind == "bottom_right":
+        return y, x, 1
+    raise ValueError(f"mask: unknown kind {spec.kind!r}")
+
+
+def sequence_window(y: int, x: int, bottom_right: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """What a kernel makes of (y, x, bottom_right) for one sequence: the Python mirror of
+    ``window_for_sequence`` (kernels/varlen.cuh), for tests. Unlimited edges stay unlimited;
+    others are shifted by the length difference and clamped to +-WINDOW_INF."""
+    if not bottom_right:
+        return y, x
+    d = seqlen_q - seqlen_k
+    clamp = lambda v: max(-WINDOW_INF, min(WINDOW_INF, v))  # noqa: E731
+    if -WINDOW_INF < y < WINDOW_INF:
+        y = clamp(y + d)
+    if -WINDOW_INF < x < WINDOW_INF:
+        x = clamp(x - d)
+    return y, x
+
+
+def empty_grid(launch: "Launch") -> bool:
+    """True when the grid has no blocks (group mode: every sequence empty), so nothing launches."""
+    return any(int(n) == 0 for n in launch.grid)
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:

@@ -80,6 +80,10 @@ def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
         tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
+    elif d in (224, 240):
+        # 32-key blocks sit at the 255-register cap here (251 before group mode) and spill once
+        # the per-sequence lengths and window live in registers; 16-key blocks use ~215
+        tiles = dict(NWARPS=4, BLOCK_N=16, Q_IN_REGS=0)
     else:
         tiles = dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
     return _override("CUPY_FMHA_FWD_TILES", tiles)

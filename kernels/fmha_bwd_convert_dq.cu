@@ -15,10 +15,13 @@
 // which the default path's convert should not pay.
 //
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
-// stride); each thread converts 8 elements at a time.
+// stride); each thread converts 8 elements at a time. Group mode (cu_seqlens non-null, see
+// varlen.cuh): seqlen is the max length (acc's row pitch), output rows are packed tokens (batch
+// stride 0) and only each sequence's own rows are written.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "attention.cuh"
+#include "varlen.cuh"
 
 #ifndef ROWS
 #define ROWS 16
@@ -33,8 +36,15 @@ extern "C" __global__ void __launch_bounds__(256)
 fmha_bwd_convert_dq(const float* __restrict__ acc, uint16_t* __restrict__ out, index_t o_sb, index_t o_sh,
                     index_t o_ss, int seqlen, int hdim, int nsum, float scale,
                     int nsplit, index_t split_stride, int seqlen_k, int win_y, int win_x, int block_n,
-                    int block_m) {
+                    int block_m, const int* __restrict__ cu_seqlens, const int* __restrict__ cu_seqlens_k,
+                    int win_bottom_right) {
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
+    const int pitch = seqlen;  // group mode: the max sequence length, the row pitch of acc
+    if (cu_seqlens) out += (index_t)varlen_start(cu_seqlens, b, seqlen) * o_ss;
+    if (DQ_SPLIT && cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
+        varlen_start(cu_seqlens_k, b, seqlen_k);
+        window_for_sequence(win_y, win_x, win_bottom_right, seqlen, seqlen_k);
+    }
     const int ch_per_row = hdim / 8;
     const Window win{win_y, win_x};
     for (int c = threadIdx.x; c < ROWS * ch_per_row; c += 256) {
@@ -44,13 +54,14 @@ fmha_bwd_convert_dq(const float* __restrict__ acc, uint16_t* __restrict__ out, i
         const int qb = DQ_SPLIT ? i / block_m : 0;
         for (int kb = 0; kb < (DQ_SPLIT ? nsplit : 1); ++kb) {
             if (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
+                if (kb * block_n >= seqlen_k) break;  // key blocks past the sequence exit early
                 int qb_begin, qb_end;
                 query_block_range(win, kb * block_n, block_n, block_m, seqlen, seqlen_k, qb_begin, qb_end);
                 if (qb < qb_begin || qb >= qb_end) continue;
             }
             const float* slab = acc + kb * split_stride;
             for (int s = 0; s < nsum; ++s) {
-                const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * seqlen + i) * hdim + col;
+                const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * pitch + i) * hdim + col;
                 const float4 u = *reinterpret_cast<const float4*>(src);
                 const float4 w = *reinterpret_cast<const float4*>(src + 4);
                 x[0] += u.x; x[1] += u.y; x[2] += u.z; x[3] += u.w;

@@ -1,8 +1,11 @@
 // Attention backward, kernel 1 (CK's dot_do_o): D[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c],
 // in fp32. One warp per query row, 16-byte loads (8 elements per lane per step).
 // Grid (ceil(seqlen_q / ROWS), nhead_q, batch), block ROWS * 32. D is [batch, nhead_q, seqlen_q].
+// Group mode (cu_seqlens_q non-null, see varlen.cuh): seqlen_q is max_seqlen_q, the pitch of D;
+// dO and O rows are packed tokens, batch strides 0.
 #include "common.cuh"
 #include "arch_sm80.cuh"
+#include "varlen.cuh"
 
 #ifndef ROWS
 #define ROWS 8
@@ -13,9 +16,15 @@ using namespace fmha;
 extern "C" __global__ void __launch_bounds__(ROWS * 32)
 fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict__ o, float* __restrict__ delta,
                   index_t do_sb, index_t do_sh, index_t do_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-                  int seqlen_q, int hdim_v) {
+                  int seqlen_q, int hdim_v, const int* __restrict__ cu_seqlens_q) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.x * ROWS + warp, h = blockIdx.y, b = blockIdx.z;
+    const int pitch = seqlen_q;  // group mode: max_seqlen_q, the row pitch of D
+    if (cu_seqlens_q) {
+        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q);
+        dout += tq * do_ss;
+        o += tq * o_ss;
+    }
     if (i >= seqlen_q) return;
     const uint16_t* dr = dout + b * do_sb + h * do_sh + (index_t)i * do_ss;
     const uint16_t* orow = o + b * o_sb + h * o_sh + (index_t)i * o_ss;
@@ -32,5 +41,5 @@ fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict_
     }
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) acc += shfl_xor(acc, m);
-    if (lane == 0) delta[((index_t)b * gridDim.y + h) * seqlen_q + i] = acc;
+    if (lane == 0) delta[((index_t)b * gridDim.y + h) * pitch + i] = acc;
 }

@@ -30,10 +30,14 @@
 //         write disjoint columns of it); convert_dq sums the slabs that were written, kb ascending.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
+// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
+// LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
+// (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
 #include "attention.cuh"
+#include "varlen.cuh"
 
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_N (NWARPS * 16)
@@ -57,7 +61,8 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                   float scale, int win_y, int win_x, int dkdv_fp32,
                   const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                  index_t dq_split_stride) {
+                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                  int win_bottom_right, index_t dq_split_stride) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -82,15 +87,29 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
     const int k0 = kb * BLOCK_N;
+    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
+    // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
+    const int pitch_q = seqlen_q;
+    if (cu_seqlens_q) {
+        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
+        if (k0 >= seqlen_k) return;  // past this sequence's end
+        q += tq * q_ss;
+        dout += tq * do_ss;
+        k += tk * k_ss;
+        v += tk * v_ss;
+        dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
+        dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
+    }
+    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
     const index_t bh = (index_t)b * nhead_q + h;
-    const float* lse_g = lse + bh * seqlen_q;
-    const float* d_g = delta + bh * seqlen_q;
-    float* dq_g = dq_acc + kb * dq_split_stride + bh * seqlen_q * hdim_q;  // slab kb (deterministic)
+    const float* lse_g = lse + bh * pitch_q;
+    const float* d_g = delta + bh * pitch_q;
+    float* dq_g = dq_acc + kb * dq_split_stride + bh * pitch_q * hdim_q;  // slab kb (deterministic)
 
     int qb_begin, qb_end;  // query blocks that can see this key block
     query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);

@@ -21,6 +21,7 @@
 #include "tile.cuh"
 #include "tile_blocked.cuh"
 #include "attention.cuh"
+#include "varlen.cuh"
 
 #define NTHREADS 256
 #define BLOCK_N 128
@@ -42,7 +43,8 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                        float scale, int win_y, int win_x, int dkdv_fp32,
                   const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                       index_t dq_split_stride) {
+                       const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                       int win_bottom_right, index_t dq_split_stride) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -60,15 +62,29 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
     const int k0 = kb * BLOCK_N;
+    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
+    // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
+    const int pitch_q = seqlen_q;
+    if (cu_seqlens_q) {
+        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
+        if (k0 >= seqlen_k) return;  // past this sequence's end
+        q += tq * q_ss;
+        dout += tq * do_ss;
+        k += tk * k_ss;
+        v += tk * v_ss;
+        dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
+        dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
+    }
+    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
     const index_t bh = (index_t)b * nhead_q + h;
-    const float* lse_g = lse + bh * seqlen_q;
-    const float* d_g = delta + bh * seqlen_q;
-    float* dq_g = dq_acc + kb * dq_split_stride + bh * seqlen_q * hdim_q;  // slab kb (deterministic)
+    const float* lse_g = lse + bh * pitch_q;
+    const float* d_g = delta + bh * pitch_q;
+    float* dq_g = dq_acc + kb * dq_split_stride + bh * pitch_q * hdim_q;  // slab kb (deterministic)
 
     int qb_begin, qb_end;
     query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
@@ -180,14 +196,18 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
             for (int r = 0; r < 2; ++r) {
                 const int i = q0 + wi * 16 + g + r * 8;
                 if (i < seqlen_q) {
-                    float* row = dq_g + (index_t)i * hdim_q;
+                    float* row = dq_g + (index_t)i * hdim_q + wg * DQ_HALF + 2 * t;
+                    const int ncol = hdim_q - wg * DQ_HALF - 2 * t;
+                    if (dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
-                    for (int n = 0; n < DQ_HALF / 8; ++n) {
-                        const int col = wg * DQ_HALF + n * 8 + 2 * t;
-                        if (col >= hdim_q) continue;
-                        if (dq_split_stride)
-                            *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                        else red_add_f32x2(row + col, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        for (int n = 0; n < DQ_HALF / 8; ++n)
+                            if (n * 8 < ncol)
+                                *reinterpret_cast<float2*>(row + n * 8) =
+                                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                    } else {
+#pragma unroll
+                        for (int n = 0; n < DQ_HALF / 8; ++n)
+                            if (n * 8 < ncol) red_add_f32x2(row + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
                     }
                 }
             }

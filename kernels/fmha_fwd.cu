@@ -7,10 +7,13 @@
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS.
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
+// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths, the
+// window comes in top-left form (+ win_bottom_right), and LSE rows past a sequence are -inf.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
 #include "attention.cuh"
+#include "varlen.cuh"
 
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
@@ -29,7 +32,8 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
          index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
          index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
          int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
+         const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -41,6 +45,17 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
+    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the LSE pitch
+    const int lse_pitch = seqlen_q;
+    if (cu_seqlens_q) {
+        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
+        q += tq * q_ss;
+        k += tk * k_ss;
+        v += tk * v_ss;
+        lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
+        if (q0 >= seqlen_q) return;  // past this sequence's end
+    }
+    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* kg = k + b * k_sb + hk * k_sh;
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
@@ -114,7 +129,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     }
 
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
-    float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
+    float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
     float inv[2], row_lse[2];
     finish_rows(row_max, row_sum, inv, row_lse);
 #pragma unroll
@@ -137,6 +152,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     }
     __syncwarp();
     uint16_t* og = o + b * o_sb + h * o_sh;
+    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
     constexpr int CH = HDIM_V / 8;
     for (int c = lane; c < 16 * CH; c += 32) {
         const int r = c / CH, ch = c % CH, i = q0 + m0 + r;

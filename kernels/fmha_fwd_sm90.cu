@@ -13,6 +13,7 @@
 #include "tile.cuh"
 #include "tile_blocked.cuh"
 #include "attention.cuh"
+#include "varlen.cuh"
 
 #ifndef NWG
 #define NWG 2
@@ -89,7 +90,8 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
               index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
               index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
               int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
+              const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right) {
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
@@ -101,6 +103,17 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
+    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the LSE pitch
+    const int lse_pitch = seqlen_q;
+    if (cu_seqlens_q) {
+        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
+        q += tq * q_ss;
+        k += tk * k_ss;
+        v += tk * v_ss;
+        lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
+        if (q0 >= seqlen_q) return;  // past this sequence's end
+    }
+    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* kg = k + b * k_sb + hk * k_sh;
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
@@ -152,8 +165,9 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     for (int kb = all_end; kb < kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
 #undef FMHA_FWD_BLOCK
 
-    float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
+    float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
     uint16_t* og = o + b * o_sb + h * o_sh;
+    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
     float inv[2], row_lse[2];
     finish_rows(row_max, row_sum, inv, row_lse);
 #pragma unroll

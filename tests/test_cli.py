@@ -287,3 +287,84 @@ def test_alibi_slopes_differ_by_head_and_batch():
                                          ("a:2", ["--bias"])])
 def test_bias_option_errors(no_gpu, bias, words):
     assert_usage_error(invoke("bwd", "-s", 8, "-d", 8, "--bias", bias, "--backend", "numpy"), *words)
+
+
+# ---------------------------------------------------------------------------------------------
+# group mode (variable-length sequences, layout thd)
+
+GROUP = ["--mode", "group", "--nhead", "2", "-d", "32", "--backend", "numpy"]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_group_mode_run_is_valid(no_gpu, mode, dtype):
+    line = assert_valid_line(invoke(mode, *GROUP, "-s", "40,17,0,60", "--seqlen-k", "30,0,21,60",
+                                    "--dtype", dtype))
+    assert line.startswith(f"{mode} {dtype} thd b=4 h=2/2 sq=40,17,0,60 sk=30,0,21,60 d=32/32")
+
+
+@pytest.mark.parametrize("mask_args", [["--mask", "t"], ["--mask", "b"], ["--mask", "t:8,0"],
+                                       ["--mask", "b:4,4"], ["--causal"], ["--window", "6,2"]])
+def test_group_mode_masks(no_gpu, mask_args):
+    assert_valid_line(invoke("bwd", *GROUP, "-s", "25,0,40", "--seqlen-k", "0,33,19", *mask_args))
+
+
+def test_group_mode_gqa_alibi_and_default_key_lengths(no_gpu):
+    line = assert_valid_line(invoke("bwd", "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-d", 16,
+                                    "-s", "12,0,30", "--bias", "a:1", "--mask", "b", "--backend", "numpy"))
+    assert "h=4/2 sq=12,0,30 sk=12,0,30" in line and "bias=a:1" in line
+
+
+def test_group_mode_json_and_subset(no_gpu, monkeypatch):
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    res = invoke("bwd", "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-d", 16, "-s", "9,0,20,7",
+                 "--seqlen-k", "0,5,20,11", "--backend", "numpy", "--json", "--mask", "b")
+    assert res.exit_code == 0, res.stderr
+    obj = json.loads(res.stdout)
+    assert obj["valid"] is True and obj["seq_mode"] == "group" and obj["config"]["layout"] == "thd"
+    assert obj["seqlens_q"] == [9, 0, 20, 7] and obj["seqlens_k"] == [0, 5, 20, 11]
+    assert obj["config"]["batch"] == 4 and obj["config"]["seqlen_q"] == 20
+    assert obj["checked"] == {"batches": [0, 3], "heads_q": [0, 1, 2, 3], "full": False}
+    assert obj["flops"] > 0
+
+
+def test_group_mode_flops_sum_the_sequences(no_gpu):
+    from cupy_fmha import flops
+
+    res = invoke("fwd", *GROUP, "-s", "10,0,7", "--seqlen-k", "5,4,7", "--json", "--mask", "b")
+    obj = json.loads(res.stdout)
+    want = sum(flops.attention_flops(1, 2, a, b, 32, 32, "b", "fwd") for a, b in ((10, 5), (0, 4), (7, 7)))
+    assert obj["flops"] == want
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--mode", "group", "-s", "10,x"], ["--seqlen-q"]),
+        (["--mode", "group", "-s", "10,-1"], ["--seqlen-q"]),
+        (["--mode", "group", "-s", "0,0"], ["--seqlen-q", "non-empty"]),
+        (["--mode", "group", "-s", "10,5", "--seqlen-k", "3"], ["--seqlen-k"]),
+        (["--mode", "group", "-s", "10,5", "--seqlen-k", "0,0"], ["--seqlen-k", "non-empty"]),
+        (["--mode", "group", "-b", "3", "-s", "10,5"], ["--batch"]),
+        (["--mode", "group", "-s", "10,5", "--layout", "bshd"], ["--layout"]),
+        (["-s", "10,5"], ["--seqlen-q", "--mode group"]),
+        (["-s", "16", "--layout", "thd"], ["--layout", "--mode group"]),
+        (["--mode", "ragged"], ["--mode"]),
+        (["--mode", "group", "-s", "10,5", "--hdim", 12], ["head dim"]),
+    ],
+)
+def test_group_mode_bad_arguments(no_gpu, args, words):
+    assert_usage_error(invoke("bwd", "--nhead", 2, "-d", 32, "--backend", "numpy", *args), *words)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_cupy_backend_group_mode(mode):
+    if not device.gpu_available():
+        pytest.skip("needs a CUDA GPU with CuPy")
+    res = invoke(mode, "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-s", "100,37,0,250",
+                 "--seqlen-k", "80,0,51,250", "-d", 64, "--mask", "b", "--bias", "a:1", "--backend", "cupy",
+                 "--warmup", 1, "--repeat", 3, "--json")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    obj = json.loads(res.stdout)
+    assert obj["backend"] == "cupy" and obj["valid"] is True and obj["seq_mode"] == "group"

@@ -66,15 +66,16 @@ def _signature(stem: str, entry: str) -> list[str]:
 
 
 @pytest.mark.parametrize("stem", ["fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90"])
-def test_main_kernels_take_the_split_stride_after_alibi(stem):
+def test_main_kernels_take_the_split_stride_after_the_varlen_group(stem):
     params = _signature(stem, stem)
     i = params.index("alibi_sb")
-    assert params[i + 1] == "dq_split_stride"
+    assert params[i + 1:i + 5] == ["cu_seqlens_q", "cu_seqlens_k", "win_bottom_right", "dq_split_stride"]
 
 
 def test_convert_kernel_signature_matches_the_api():
     params = _signature("fmha_bwd_convert_dq", "fmha_bwd_convert_dq")
-    assert params[-7:] == ["nsplit", "split_stride", "seqlen_k", "win_y", "win_x", "block_n", "block_m"]
+    assert params[-10:] == ["nsplit", "split_stride", "seqlen_k", "win_y", "win_x", "block_n", "block_m",
+                            "cu_seqlens", "cu_seqlens_k", "win_bottom_right"]
 
 
 def test_python_range_mirrors_the_kernel_header():

@@ -1,0 +1,272 @@
+"""Group mode (varlen, ``layout="thd"`` with cu_seqlens) on the GPU against the NumPy reference.
+
+Modeled on test_gpu_attention.py: fresh random inputs per case, outputs written into NaN-poisoned
+``out=`` buffers, results judged by :func:`cupy_fmha.verify.compare` against the float64 and the
+``precision="low"`` reference (which implements group mode itself: it is the spec). Sequence
+lengths include zero-length query and key sequences in the middle of the batch; on top of the
+tolerance rule, rows of sequences without keys must be exactly o = 0, lse = -inf, dq = 0, and
+keys of sequences without queries exactly dk = dv = 0.
+
+Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 32, 96, 240 and
+256 always run the mma.sync kernels (240: the forward's 16-key blocks). Every test is marked ``gpu`` (skipped without a device).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:  # the conftest hook skips these tests without a device; this keeps collection clean
+    import cupy as cp
+except Exception:  # pragma: no cover - no CuPy at all
+    cp = None
+
+from cupy_fmha import reference as R
+from cupy_fmha.verify import bf16_bits_to_float, compare
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+
+
+def _fmha():
+    import cupy_fmha
+
+    return cupy_fmha
+
+
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+@pytest.fixture
+def nan_like():
+    """Fresh device buffers filled with NaN bits (0xFFFF for 16-bit, NaN for float32)."""
+
+    def make(shape, dtype):
+        a = cp.empty(shape, dtype=dtype)
+        if a.dtype == cp.float32:
+            a.fill(cp.nan)
+        else:
+            a.view(cp.uint16).fill(0xFFFF)
+        return a
+
+    yield make
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def _cu(lengths) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+class Packed:
+    """Packed q [total_q, hq, d], k/v [total_k, hk, d/dv], dO; host copies (reference) and device
+    copies (bf16 as uint16 bits), and the cu_seqlens."""
+
+    def __init__(self, dtype, lq, lk, hq, hk, d, dv, seed):
+        rng = np.random.default_rng(seed)
+        self.dtype, self.d, self.dv = dtype, d, dv
+        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
+        tq, tk = sum(lq), sum(lk)
+        self.cq, self.ck = _cu(lq), _cu(lk)
+        self.batch, self.hq = len(lq), hq
+        cast = lambda x: x.astype(np.float32).astype(dtype)  # noqa: E731
+        self.host = {
+            "q": cast(1.5 * rng.standard_normal((tq, hq, d))),
+            "k": cast(rng.standard_normal((tk, hk, d))),
+            "v": cast(rng.standard_normal((tk, hk, dv))),
+            "do": cast(rng.standard_normal((tq, hq, dv))),
+        }
+        self.dev = {n: self.to_device(x) for n, x in self.host.items()}
+
+    def to_device(self, x):
+        if self.dtype == BF16:
+            return cp.asarray(np.ascontiguousarray(x).view(np.uint16))
+        return cp.asarray(x)
+
+    def to_float(self, x):
+        if self.dtype == BF16:
+            return bf16_bits_to_float(x).astype(np.float64)
+        return cp.asnumpy(x).astype(np.float64)
+
+
+def _run(inp, nan_like, kw, dev=None, cu_on_device=True):
+    """Forward then backward through poisoned out= buffers; returns (o, lse, grads)."""
+    dev = dev or inp.dev
+    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
+    cu = (cp.asarray(inp.cq), cp.asarray(inp.ck)) if cu_on_device else (inp.cq, inp.ck)
+    kw = dict(kw, layout="thd", cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], dtype=inp.dtype_arg)
+    msq = kw.get("max_seqlen_q") or int(np.diff(inp.cq).max())
+    o_out = nan_like((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
+    lse_out = nan_like((inp.batch, inp.hq, msq), cp.float32)
+    o, lse = _fmha().attention_forward(q, k, v, **kw, out=(o_out, lse_out))
+    assert o is o_out and lse is lse_out
+    g_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
+    g = _fmha().attention_backward(do, q, k, v, o, lse, **kw, out=g_out)
+    assert all(x is y for x, y in zip(g, g_out))
+    cp.cuda.get_current_stream().synchronize()
+    return o, lse, g
+
+
+def _check(inp, o, lse, g, kw):
+    """The tolerance rule on every output, plus the exact values of empty sequences."""
+    h = inp.host
+    kw = dict(kw, layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck)
+    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **kw)
+    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **kw)
+    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
+    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
+    outs = {
+        "o": (inp.to_float(o), ref_o, low_o),
+        "lse": (cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse),
+        "dq": (inp.to_float(g.dq), ref_g[0], low_g[0]),
+        "dk": (inp.to_float(g.dk), ref_g[1], low_g[1]),
+        "dv": (inp.to_float(g.dv), ref_g[2], low_g[2]),
+    }
+    for name, (out, ref, _) in outs.items():
+        assert out.shape == ref.shape, (name, out.shape, ref.shape)
+        assert not np.isnan(out).any(), f"{name}: NaN (unwritten or poisoned)"
+    checks = [compare(n, out, ref, low, dtype=inp.dtype, hdim_q=inp.d, hdim_v=inp.dv)
+              for n, (out, ref, low) in outs.items() if out.size]
+    bad = [str(c) for c in checks if not c.ok]
+    assert not bad, "\n".join(bad)
+    lq, lk = np.diff(inp.cq), np.diff(inp.ck)
+    o_f, lse_f, dq_f, dk_f, dv_f = (outs[n][0] for n in ("o", "lse", "dq", "dk", "dv"))
+    for b in range(inp.batch):
+        rows = slice(inp.cq[b], inp.cq[b + 1])
+        keys = slice(inp.ck[b], inp.ck[b + 1])
+        assert np.all(np.isneginf(lse_f[b, :, lq[b]:])), f"lse beyond sequence {b} must be -inf"
+        if lk[b] == 0:
+            assert np.all(o_f[rows] == 0) and np.all(dq_f[rows] == 0), f"sequence {b} has no keys"
+            assert np.all(np.isneginf(lse_f[b]))
+        if lq[b] == 0:
+            assert np.all(dk_f[keys] == 0) and np.all(dv_f[keys] == 0), f"sequence {b} has no queries"
+    return outs
+
+
+LQ, LK = [100, 37, 0, 250], [80, 0, 51, 250]  # the lead's lengths: empty q and empty k in the middle
+LQ2, LK2 = [64, 0, 130, 1, 77], [0, 70, 130, 200, 0]  # empty k at both ends, empty q in the middle
+LQ3, LK3 = [50, 0, 33], [40, 0, 33]  # both empty in the middle
+
+# id: (dtype, lengths q, lengths k, hq, hk, d, dv, mask kwargs)
+CASES = {
+    # wgmma-eligible head dims (64, 128): every mask form, GQA 1/2/4
+    "f16-d64-none": (F16, LQ, LK, 2, 2, 64, 64, {}),
+    "f16-d64-t-gqa2": (F16, LQ, LK, 4, 2, 64, 64, {"mask": "t"}),
+    "f16-d64-b-gqa4": (F16, LQ, LK, 4, 1, 64, 64, {"mask": "b"}),
+    "f16-d64-t:20,5": (F16, LQ2, LK2, 2, 2, 64, 64, {"mask": "t:20,5"}),
+    "f16-d64-b:20,5-gqa2": (F16, LQ, LK, 2, 1, 64, 64, {"mask": "b:20,5"}),
+    "f16-d64-causal-both-empty": (F16, LQ3, LK3, 2, 1, 64, 64, {"causal": True}),
+    "bf16-d64-window16,-1": (BF16, LQ2, LK2, 2, 2, 64, 64, {"window_size": (16, -1)}),
+    "bf16-d128-none-gqa2": (BF16, LQ, LK, 2, 1, 128, 128, {}),
+    "bf16-d128-t": (BF16, LQ2, LK2, 2, 2, 128, 128, {"mask": "t"}),
+    "bf16-d128-b-gqa4": (BF16, LQ, LK, 4, 1, 128, 128, {"mask": "b"}),
+    "bf16-d128-t:30,0": (BF16, LQ3, LK3, 2, 2, 128, 128, {"mask": "t:30,0"}),
+    "bf16-d128-b:10,40": (BF16, LQ, LK, 2, 1, 128, 128, {"mask": "b:10,40"}),
+    "f16-d128-xb:33-gqa2": (F16, LQ2, LK2, 2, 1, 128, 128, {"mask": "xb:33"}),
+    # mma.sync head dims (32, 96, 256)
+    "f16-d32-b-gqa2": (F16, LQ, LK, 2, 1, 32, 32, {"mask": "b"}),
+    "bf16-d32-t:8,8": (BF16, LQ2, LK2, 2, 2, 32, 32, {"mask": "t:8,8"}),
+    "f16-d96-none-gqa4": (F16, LQ2, LK2, 4, 1, 96, 96, {}),
+    "bf16-d96-b:40,0": (BF16, LQ, LK, 2, 2, 96, 96, {"mask": "b:40,0"}),
+    "f16-d256-t": (F16, LQ3, LK3, 2, 1, 256, 256, {"mask": "t"}),
+    "bf16-d256-b-gqa2": (BF16, LQ2, LK2, 2, 1, 256, 256, {"mask": "b"}),
+    "f16-d240-b:30,0": (F16, LQ3, LK3, 2, 2, 240, 240, {"mask": "b:30,0"}),  # forward BLOCK_N=16
+    # longer sequences (several key blocks per CTA), one sequence only, sq != sk
+    "f16-d64-b-single-300x700": (F16, [300], [700], 2, 2, 64, 64, {"mask": "b"}),
+    "bf16-d128-t-700x300": (BF16, [700, 5], [300, 9], 2, 1, 128, 128, {"mask": "t"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_varlen_matches_reference(case, nan_like):
+    dtype, lq, lk, hq, hk, d, dv, mkw = CASES[case]
+    inp = Packed(dtype, lq, lk, hq, hk, d, dv, _seed("varlen", case))
+    before = {n: x.copy() for n, x in inp.dev.items()}
+    # cu_seqlens as CuPy arrays in most cases, as NumPy arrays in every third
+    o, lse, g = _run(inp, nan_like, mkw, cu_on_device=list(CASES).index(case) % 3 != 0)
+    _check(inp, o, lse, g, mkw)
+    for n, x in inp.dev.items():  # inputs untouched
+        assert bool((x == before[n]).all()), n
+
+
+# ALiBi per sequence: id -> (dtype, lq, lk, hq, hk, d, slopes per sequence?, mask kwargs)
+ALIBI = {
+    "f16-d64-b-gqa2": (F16, LQ, LK, 4, 2, 64, False, {"mask": "b"}),
+    "bf16-d128-none-per-seq": (BF16, LQ2, LK2, 2, 2, 128, True, {}),
+    "f16-d96-t:30,10-per-seq": (F16, LQ, LK, 2, 1, 96, True, {"mask": "t:30,10"}),
+}
+
+
+@pytest.mark.parametrize("case", list(ALIBI))
+def test_varlen_alibi_matches_reference(case, nan_like):
+    dtype, lq, lk, hq, hk, d, per_seq, mkw = ALIBI[case]
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, _seed("alibi", case))
+    rng = np.random.default_rng(_seed("slopes", case))
+    slopes = rng.uniform(0.01, 0.5, (len(lq), hq) if per_seq else (hq,)).astype(np.float32)
+    kw = dict(mkw, alibi_slopes=slopes)
+    o, lse, g = _run(inp, nan_like, kw)
+    _check(inp, o, lse, g, kw)
+
+
+def test_varlen_larger_max_seqlen_pads_lse(nan_like):
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("max_seqlen"))
+    kw = {"mask": "b", "max_seqlen_q": 80, "max_seqlen_k": 300}
+    o, lse, g = _run(inp, nan_like, kw)
+    assert lse.shape == (3, 2, 80)
+    _check(inp, o, lse, g, kw)
+
+
+def test_varlen_all_keys_empty(nan_like):
+    inp = Packed(BF16, [10, 20], [0, 0], 2, 1, 64, 64, _seed("no keys"))
+    o, lse, g = _run(inp, nan_like, {})
+    assert g.dk.shape == (0, 1, 64) and g.dv.shape == (0, 1, 64)
+    assert bool((o == 0).all()) and bool(cp.isneginf(lse).all()) and bool((g.dq == 0).all())
+
+
+def test_varlen_all_queries_empty(nan_like):
+    inp = Packed(F16, [0, 0], [10, 5], 4, 2, 32, 32, _seed("no queries"))
+    o, lse, g = _run(inp, nan_like, {"causal": True}, cu_on_device=False)
+    assert o.shape == (0, 4, 32) and lse.shape == (2, 4, 0) and g.dq.shape == (0, 4, 32)
+    assert bool((g.dk == 0).all()) and bool((g.dv == 0).all())
+
+
+def test_varlen_strided_inputs_match_contiguous(nan_like):
+    inp = Packed(F16, LQ, LQ, 2, 2, 64, 64, _seed("strided"))
+    packed = cp.stack([inp.dev["q"], inp.dev["k"], inp.dev["v"]], axis=1)  # [t, 3, h, d]
+    strided = {"q": packed[:, 0], "k": packed[:, 1], "v": packed[:, 2], "do": inp.dev["do"]}
+    assert not strided["q"].flags.c_contiguous
+    kw = {"mask": "b"}
+    o1, lse1, g1 = _run(inp, nan_like, kw, dev=strided)
+    o2, lse2, g2 = _run(inp, nan_like, kw)
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
+    assert bool((g1.dk == g2.dk).all()) and bool((g1.dv == g2.dv).all())
+    _check(inp, o1, lse1, g1, kw)
+
+
+def test_varlen_equal_lengths_match_batch_mode(nan_like):
+    b, s, h, d = 3, 130, 2, 64
+    inp = Packed(BF16, [s] * b, [s] * b, h, h, d, d, _seed("batch"))
+    kw = {"mask": "b:16,0"}
+    o, lse, g = _run(inp, nan_like, kw)
+    as_batch = {n: x.reshape(b, s, *x.shape[1:]) for n, x in inp.dev.items()}
+    ob, lseb = _fmha().attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], dtype="bfloat16", **kw)
+    gb = _fmha().attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
+                                    dtype="bfloat16", **kw)
+    assert bool((o.reshape(ob.shape) == ob).all()) and bool((lse == lseb).all())
+    assert bool((g.dk.reshape(gb.dk.shape) == gb.dk).all()) and bool((g.dv.reshape(gb.dv.shape) == gb.dv).all())
+
+
+def test_varlen_bad_out_buffers_rejected():
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("bad out"))
+    q, k, v = inp.dev["q"], inp.dev["k"], inp.dev["v"]
+    kw = dict(layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck)
+    with pytest.raises(ValueError, match="out"):  # lse pitch is max_seqlen_q (50), not 33
+        _fmha().attention_forward(q, k, v, **kw, out=(cp.empty_like(q), cp.empty((3, 2, 33), cp.float32)))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        _fmha().attention_forward(q, k, v, layout="thd", cu_seqlens_q=cp.asarray(inp.cq[::-1].copy()),
+                                  cu_seqlens_k=inp.ck)
