@@ -114,13 +114,20 @@ def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
-def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> KernelSpec:
-    """Forward kernel instance for these head dims on a device of compute capability ``cc``."""
+def _features(bias: bool) -> dict[str, int]:
+    """Compile-time feature switches; absent when off, so the default instances keep their names
+    (and their code: the features cost nothing where they are not compiled in)."""
+    return {"BIAS": 1} if bias else {}
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, bias: bool = False) -> KernelSpec:
+    """Forward kernel instance for these head dims on a device of compute capability ``cc``;
+    ``bias=True``: the instance that adds an elementwise bias (``-D BIAS=1``)."""
     if use_sm90(hdim_q, hdim_v, cc):
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v))
+                   **fwd_sm90_tiles(hdim_q, hdim_v), **_features(bias))
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v), **_features(bias))
 
 
 @dataclass(frozen=True)
@@ -141,16 +148,17 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
-def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, bias: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
-    (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``bias=True``: a dq_dk_dv
+    instance that adds an elementwise bias and can write dS for dBias (``-D BIAS=1``)."""
     if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}))
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **_features(bias))
     else:
         tiles = bwd_tiles(hdim_q, hdim_v)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
-        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles)
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **_features(bias))
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -161,12 +169,15 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
-    sm_80-class and sm_90 devices."""
+    sm_80-class and sm_90 devices, without and with the elementwise bias."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
     for dtype in DTYPES:
         for hq, hv in pairs:
             for cc in (80, 90):
-                for spec in (fwd_spec(dtype, hq, hv, cc), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
-                    seen.setdefault(spec.name, spec)
+                for bias in (False, True):
+                    specs = (fwd_spec(dtype, hq, hv, cc, bias=bias),
+                             *vars(bwd_specs(dtype, hq, hv, cc, bias=bias)).values())
+                    for spec in specs:
+                        seen.setdefault(spec.name, spec)
     return list(seen.values())

@@ -19,11 +19,13 @@
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias).
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
+// dbias_acc (BIAS=1, may be null): fp32 [batch, nhead_q, seqlen_q, seqlen_k], zeroed by the caller;
+//        receives dS (before any 16-bit rounding), reduced to dBias's shape by the caller.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
@@ -50,7 +52,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                   int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                   float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                  const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
+                  index_t bias_sk, float* __restrict__ dbias_acc) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -77,6 +81,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -142,8 +147,13 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, k0 + n0, q0, g, t, seqlen_q,
-                            seqlen_k);
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + n0, q0, g, t,
+                            seqlen_q, seqlen_k);
+#if BIAS
+        if (dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
+            store_ds<NT_M>(&dp[0][0], dbias_acc + bh * seqlen_q * seqlen_k, seqlen_k, k0 + n0, q0, g, t, seqlen_q,
+                           seqlen_k);
+#endif
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll

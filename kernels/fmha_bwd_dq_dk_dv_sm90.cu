@@ -13,7 +13,8 @@
 //                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds.
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128).
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
+//            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -40,7 +41,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                        int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                        float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                       const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh,
+                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -60,6 +63,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -125,8 +129,13 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
-                          seqlen_k);
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + key_row0 + wi * 16, q0, g, t,
+                          seqlen_q, seqlen_k);
+#if BIAS
+        if (dbias_acc != nullptr)  // dS in fp32 for dBias
+            store_ds<NQ>(dp, dbias_acc + bh * seqlen_q * seqlen_k, seqlen_k, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
+                         seqlen_k);
+#endif
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
