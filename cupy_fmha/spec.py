@@ -75,13 +75,15 @@ def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
     return tiles
 
 
-def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
-    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step."""
+def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False) -> dict[str, int]:
+    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step. Head dims above
+    128 with the elementwise bias step 16 keys at a time: at 32 the bias's address arithmetic
+    pushes the hdim 240 instance past 255 registers (spills)."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
         tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
     else:
-        tiles = dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
+        tiles = dict(NWARPS=4, BLOCK_N=16 if bias else 32, Q_IN_REGS=0)
     return _override("CUPY_FMHA_FWD_TILES", tiles)
 
 
@@ -127,7 +129,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, bias: bool =
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **fwd_sm90_tiles(hdim_q, hdim_v), **_features(bias))
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v), **_features(bias))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias), **_features(bias))
 
 
 @dataclass(frozen=True)
