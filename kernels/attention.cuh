@@ -137,7 +137,7 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 
 // Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + g (+8), columns = query rows q0 + 8n + 2t
 // (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
-// With a bias, P is recomputed from scale * S + bias, rounded as the forward rounds it.
+// With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
 template <int NQ>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
