@@ -216,8 +216,17 @@ BiasOpt = Annotated[
     str,
     typer.Option(
         "--bias",
-        help="n: none; a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead] (CK's "
-        "names). Elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU yet.",
+        help="CK's names. n: none; e or e:0: elementwise bias [1, 1, seqlen_q, seqlen_k]; e:1: "
+        "[1, nhead, seqlen_q, seqlen_k]; e:2: [batch, nhead, seqlen_q, seqlen_k] (normal draws in "
+        "the input dtype); a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead].",
+    ),
+]
+DbiasOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dbias/--no-dbias",
+        help="Also compute and check dBias (needs an elementwise --bias e, e:0, e:1 or e:2; with "
+        "e:0 and e:1 the whole problem is checked, since dBias sums over batches and heads).",
     ),
 ]
 DeterministicOpt = Annotated[
@@ -324,7 +333,8 @@ def _shape(layout: str, b: int, s: int, h: int, d: int) -> tuple[int, int, int, 
 
 
 def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
-    """Fixed-seed standard normal draws, rounded to the input dtype (dO too)."""
+    """Fixed-seed standard normal draws, rounded to the input dtype (dO too; the elementwise
+    bias, when on, under key ``bias`` from its own stream)."""
     rng = np.random.default_rng(cfg["seed"])
     hd = _host_dtype(cfg["dtype"])
     b, lay = cfg["batch"], cfg["layout"]
@@ -342,7 +352,19 @@ def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
     }
     if mode == "bwd":
         shapes["do"] = _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim_v"])
-    return {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
+    inputs = {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
+    if cfg["bias_shape"] is not None:
+        brng = np.random.default_rng([cfg["seed"], 1])
+        inputs["bias"] = brng.standard_normal(cfg["bias_shape"], dtype=np.float32).astype(hd)
+    return inputs
+
+
+#: --bias e:N -> shape of the elementwise bias (CK's meaning), from (batch, nhead, sq, sk)
+_ELEMENTWISE = {
+    "e:0": lambda b, h, sq, sk: (1, 1, sq, sk),
+    "e:1": lambda b, h, sq, sk: (1, h, sq, sk),
+    "e:2": lambda b, h, sq, sk: (b, h, sq, sk),
+}
 
 
 def _alibi_slopes(kind: str | None, batch: int, nhead: int) -> np.ndarray | None:
@@ -357,15 +379,31 @@ def _alibi_slopes(kind: str | None, batch: int, nhead: int) -> np.ndarray | None
 
 
 def _parse_bias(text: str) -> str | None:
+    """CK's --bias values -> None, 'e:0', 'e:1', 'e:2', 'a:0' or 'a:1'."""
     t = str(text).strip().lower()
     if t in ("n", "0", "none", ""):
         return None
     if t in ("a", "a:0", "a:1"):
         return "a:1" if t == "a:1" else "a:0"
-    if t.startswith("e"):
-        raise UsageProblem("--bias: elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU "
-                           "yet (the NumPy reference has it); use n, a, a:0 or a:1")
-    raise UsageProblem(f"--bias: expected n, a, a:0 or a:1, got {text!r}")
+    if t in ("e", "e:0", "e:1", "e:2"):
+        return "e:0" if t == "e" else t
+    raise UsageProblem(f"--bias: expected n, e, e:0, e:1, e:2, a, a:0 or a:1, got {text!r}")
+
+
+def _bias_kwargs(cfg: dict, inputs: dict, batches=None, heads=None) -> dict[str, Any]:
+    """``bias=`` (and ``return_dbias=``) for the library, optionally restricted to some batches
+    and query heads (only along the dimensions the bias does not broadcast)."""
+    bias = inputs.get("bias")
+    if bias is None:
+        return {}
+    if batches is not None and bias.shape[0] > 1:
+        bias = np.take(bias, batches, axis=0)
+    if heads is not None and bias.shape[1] > 1:
+        bias = np.take(bias, heads, axis=1)
+    kw: dict[str, Any] = {"bias": np.ascontiguousarray(bias)}
+    if cfg["dbias"]:
+        kw["return_dbias"] = True
+    return kw
 
 
 def _alibi_kwargs(cfg: dict, batches=None, heads=None) -> dict[str, Any]:
@@ -419,7 +457,9 @@ def _check_selection(cfg: dict, full: bool) -> tuple[list[int], list[int], list[
     """(batches, q heads, k/v heads) the float64 reference runs on."""
     b, hq, hk = cfg["batch"], cfg["nhead"], cfg["nhead_k"]
     work = hq * _pairs(cfg) * (cfg["hdim"] + cfg["hdim_v"])
-    if full or work <= FULL_CHECK_LIMIT:
+    # dBias of a bias shared by batches / heads sums over all of them: only the whole is checkable
+    dbias_sums = cfg["dbias"] and cfg["bias"] in ("e:0", "e:1")
+    if full or dbias_sums or work <= FULL_CHECK_LIMIT:
         return list(range(b)), list(range(hq)), list(range(hk))
     group = hq // hk
     batches = sorted({0, b - 1})
@@ -456,8 +496,10 @@ def _to_host_float(x, bf16_bits: bool) -> np.ndarray:
     return x.astype(np.float64)
 
 
-def _outputs_names(mode: str) -> tuple[str, ...]:
-    return ("o", "lse") if mode == "fwd" else ("dq", "dk", "dv")
+def _outputs_names(mode: str, cfg: dict | None = None) -> tuple[str, ...]:
+    if mode == "fwd":
+        return ("o", "lse")
+    return ("dq", "dk", "dv", "dbias") if cfg is not None and cfg["dbias"] else ("dq", "dk", "dv")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,23 +517,25 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
         return cp.asarray(x.view(np.uint16) if bf16 else x)
 
     d = {n: dev(x) for n, x in inputs.items()}
-    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg))
+    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg),
+              **_bias_kwargs(cfg, d))
     bwd_kw = {"deterministic": True} if cfg.get("deterministic") else {}
     for name in ("cu_seqlens_q", "cu_seqlens_k"):  # group mode: on the device once, not per call
         if name in kw:
             kw[name] = cp.asarray(kw[name])
+    fkw = {n: x for n, x in kw.items() if n != "return_dbias"}
     with _phase("compiling and running the first call...", progress):
         if mode == "fwd":
-            fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **kw)  # noqa: E731
+            fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **fkw)  # noqa: E731
             first = fn()
             outs = {"o": first[0], "lse": first[1]}
         else:
-            o, lse = api.attention_forward(d["q"], d["k"], d["v"], **kw)
+            o, lse = api.attention_forward(d["q"], d["k"], d["v"], **fkw)
             fn = lambda: api.attention_backward(  # noqa: E731
                 d["do"], d["q"], d["k"], d["v"], o, lse, **kw, **bwd_kw
             )
             g = fn()
-            outs = {"dq": g[0], "dk": g[1], "dv": g[2]}
+            outs = dict(zip(_outputs_names(mode, cfg), g))
         cp.cuda.get_current_stream().synchronize()
     t = timing.time_cuda(
         fn, warmup=warmup, repeat=repeat, progress=None if progress else False, label=mode
@@ -510,7 +554,9 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
         inputs["q"], inputs["k"], inputs["v"], **_mask_kwargs(cfg),
         dtype="bfloat16" if cfg["dtype"] == "bf16" else "float16",
     )
-    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg))
+    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg), **_bias_kwargs(cfg, inputs))
+    if mode == "fwd":
+        kw.pop("return_dbias", None)
     last: dict[str, Any] = {}
     if mode == "fwd":
 
@@ -534,7 +580,7 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
             progress=None if progress and not spin else False,
             label=mode,
         )
-    names = _outputs_names(mode)
+    names = _outputs_names(mode, cfg)
     host = {n: np.asarray(x, dtype=np.float64) for n, x in zip(names, last["r"])}
     return t, host
 
@@ -554,8 +600,12 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
             return _take_packed(x, lengths, batches, heads)
         return _take(x, lay, batches, heads)
 
-    sub = {n: take(n, x) for n, x in inputs.items()}
-    kw = dict(_mask_kwargs(cfg, batches), **_alibi_kwargs(cfg, batches, qh))
+    sub = {n: take(n, x) for n, x in inputs.items() if n != "bias"}
+    kw = dict(_mask_kwargs(cfg, batches), **_alibi_kwargs(cfg, batches, qh),
+              **_bias_kwargs(cfg, inputs, batches, qh))
+    if mode == "fwd":
+        kw.pop("return_dbias", None)
+    names = _outputs_names(mode, cfg)
 
     def ref(precision: str):
         if mode == "fwd":
@@ -567,14 +617,16 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
         )
 
     with _phase("verifying against the float64 reference...", progress):
-        r64 = dict(zip(_outputs_names(mode), ref("float64")))
+        r64 = dict(zip(names, ref("float64")))
         # On the numpy backend the output *is* the precision="low" reference: compare it with
         # float64 under the plain tolerance. On cupy, the low reference sets FlashAttention's bar.
-        rlow = dict(zip(_outputs_names(mode), ref("low"))) if backend == "cupy" else {}
+        rlow = dict(zip(names, ref("low"))) if backend == "cupy" else {}
     checks = []
-    for name in _outputs_names(mode):
+    for name in names:
         if name == "lse":
             out = _take_lse(outs[name], batches, qh)
+        elif name == "dbias":  # [b or 1, h or 1, sq, sk]: the subset along what does not broadcast
+            out = _bias_kwargs(cfg, {"bias": outs[name]}, batches, qh)["bias"]
         else:
             out = take(name, outs[name])
         low = rlow.get(name)
@@ -635,7 +687,7 @@ def _group_lengths(batch, seqlen_q, seqlen_k) -> tuple[list[int], list[int]]:
 
 def _config(
     batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout, mask, causal, window,
-    scale, seed, bias="n", seq_mode="batch",
+    scale, seed, bias="n", seq_mode="batch", dbias=False,
 ) -> dict:
     from cupy_fmha.mask import resolve_mask
 
@@ -670,10 +722,19 @@ def _config(
         spec = resolve_mask(mask, causal=causal, window_size=win)
     except ValueError as e:
         raise UsageProblem(_option_names(str(e))) from None
-    alibi = _parse_bias(bias)
+    kind = _parse_bias(bias)
+    alibi = kind if kind is not None and kind.startswith("a") else None
+    elem = kind if kind is not None and kind.startswith("e") else None
+    if group and elem is not None:
+        raise UsageProblem(f"--bias: an elementwise bias is not supported in group mode yet, got --bias {bias}")
+    if dbias and elem is None:
+        raise UsageProblem(f"--dbias: needs an elementwise bias (--bias e, e:0, e:1 or e:2), got "
+                           f"--bias {bias}")
     return {
-        "bias": alibi or "n",
+        "bias": kind or "n",
         "alibi_slopes": _alibi_slopes(alibi, b, hq),
+        "bias_shape": None if elem is None else _ELEMENTWISE[elem](b, hq, sq, sk),
+        "dbias": bool(dbias),
         "batch": b,
         "nhead": hq,
         "nhead_k": hk,
@@ -784,10 +845,10 @@ def _work(cfg: dict, mode: str) -> tuple[int, int]:
 
 def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
          mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend, bias="n", seq_mode="batch", deterministic=False) -> None:
+         backend, bias="n", seq_mode="batch", deterministic=False, dbias=False) -> None:
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-                      mask, causal, window, scale, seed, bias, seq_mode)
+                      mask, causal, window, scale, seed, bias, seq_mode, dbias)
         if mode == "bwd":
             cfg["deterministic"] = bool(deterministic)
         be = _pick_backend(backend, json_out)
@@ -829,7 +890,7 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
             "config": {
                 k: cfg[k]
                 for k in ("batch", "nhead", "nhead_k", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
-                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias",
+                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias", "dbias",
                           "deterministic")
                 if k in cfg
             },
@@ -928,6 +989,7 @@ def bwd(
     window: WindowOpt = None,
     bias: BiasOpt = "n",
     deterministic: DeterministicOpt = False,
+    dbias: DbiasOpt = False,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -938,13 +1000,13 @@ def bwd(
     backend: BackendOpt = "auto",
     seq_mode: ModeOpt = "batch",
 ) -> None:
-    """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV
-    (``--deterministic``: bit-reproducible dQ, see attention_backward)."""
+    """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV (and dBias;
+    ``--deterministic``: bit-reproducible dQ, see attention_backward)."""
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
          full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
-         deterministic=deterministic)
+         deterministic=deterministic, dbias=dbias)
 
 
 @app.command()

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):  # lazy: importing the package must not need CuPy or a GPU
-    if name in ("attention_forward", "attention_backward", "AttentionGrads"):
+    if name in ("attention_forward", "attention_backward", "AttentionGrads", "AttentionGradsWithBias"):
         from . import api
 
         return getattr(api, name)
@@ -22,6 +22,7 @@ __all__ = [
     "attention_forward",
     "attention_backward",
     "AttentionGrads",
+    "AttentionGradsWithBias",
     "MaskSpec",
     "Window",
     "parse_mask",

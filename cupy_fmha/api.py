@@ -32,11 +32,13 @@ from .validate import (
     _BF16,
     check_alibi_slopes,
     check_backward_inputs,
+    check_bias,
     check_forward_inputs,
+    check_return_dbias,
     check_varlen_inputs,
 )
 
-__all__ = ["attention_forward", "attention_backward", "AttentionGrads"]
+__all__ = ["attention_forward", "attention_backward", "AttentionGrads", "AttentionGradsWithBias"]
 
 LOG2E = 1.4426950408889634
 
@@ -50,6 +52,20 @@ class AttentionGrads(NamedTuple):
     dq: object
     dk: object
     dv: object
+
+
+class AttentionGradsWithBias(NamedTuple):
+    """What :func:`attention_backward` returns with ``return_dbias=True``: the three gradients of
+    :class:`AttentionGrads` plus ``dbias``, the gradient of the elementwise bias with the bias's
+    own shape and dtype (bf16 as uint16 bits), a fresh CuPy array.
+
+    dq: like q; dk: like k; dv: like v; dbias: like bias.
+    """
+
+    dq: object
+    dk: object
+    dv: object
+    dbias: object
 
 
 _CHECKED: dict = {}
@@ -206,6 +222,62 @@ def _cu_device(cp, name: str, cu):
     return cp.ascontiguousarray(_to_device(cp, name, cu))
 
 
+# --------------------------------------------------------------------------- elementwise bias
+
+#: bias_kind kernel argument per logical bias dtype (0 = no bias)
+_BIAS_KIND = {np.dtype(np.float16): 1, _BF16: 2, np.dtype(np.float32): 3}
+_NO_BIAS = (np.uint64(0), np.int32(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+
+
+def _check_bias_inputs(p, bias, alibi_slopes, dtype):
+    """The bias's logical dtype (``None`` without a bias); raises before anything runs when the
+    bias is malformed or given together with ALiBi slopes."""
+    if bias is None:
+        return None
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q, bias=bias)  # raises: both given
+    return check_bias(bias, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k, dtype=dtype)
+
+
+def _bias_strides(shape, strides, itemsize) -> tuple[int, int, int, int]:
+    """Element strides of a bias viewed as [batch, nhead_q, seqlen_q, seqlen_k]: missing leading
+    dimensions and every dimension of size 1 (broadcast) get stride 0; others keep theirs (any
+    sign), so no copy is needed whatever the bias's layout."""
+    st = [0 if int(n) == 1 else int(s) // itemsize for n, s in zip(shape, strides)]
+    return tuple([0] * (4 - len(st)) + st)
+
+
+def _bias_args(cp, bias, bias_dt):
+    """Kernel arguments (pointer, kind, batch / head / query / key strides in elements) for a
+    checked bias (:data:`_NO_BIAS` without one)."""
+    if bias is None:
+        return _NO_BIAS
+    dev = _to_device(cp, "bias", bias)
+    strides = _bias_strides(dev.shape, dev.strides, dev.itemsize)
+    return (dev, np.int32(_BIAS_KIND[bias_dt]), *(np.int64(x) for x in strides))
+
+
+def _f32_to_bf16_bits(cp, x):
+    """float32 CuPy array -> bf16 bits (uint16), rounded to nearest even; NaN stays NaN."""
+    u = x.view(cp.uint32)
+    bits = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+    return cp.where(cp.isnan(x), cp.uint16(0x7FC0), bits)
+
+
+def _reduce_dbias(cp, ds, bias, bias_dt):
+    """dBias from the fp32 dS workspace [batch, nhead_q, seqlen_q, seqlen_k]: summed over the
+    dimensions the bias broadcasts along (one CuPy reduction, float64 accumulation; no atomics,
+    so the result is the same on every run), cast to the bias's dtype, in the bias's shape."""
+    shape = tuple(int(n) for n in bias.shape)
+    shape4 = (1,) * (4 - len(shape)) + shape
+    axes = tuple(a for a in range(4) if shape4[a] == 1 and ds.shape[a] != 1)
+    red = ds.sum(axis=axes, dtype=cp.float64, keepdims=True) if axes else ds
+    red = red.astype(cp.float32).reshape(shape)
+    if bias_dt == _BF16:
+        return _f32_to_bf16_bits(cp, red)
+    return cp.ascontiguousarray(red.astype(bias_dt))
+
+
 def _launch(cp, spec, launch, args):
     if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
         return
@@ -216,7 +288,7 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None, alibi_slopes=None, out=None, cu_seqlens_q=None,
+                      layout="bshd", dtype=None, alibi_slopes=None, bias=None, out=None, cu_seqlens_q=None,
                       cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
@@ -239,6 +311,14 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             defines it, a bias ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the scaled
             scores of query row ``i`` and key ``j`` (group mode: local positions and each
             sequence's own lengths).
+        bias: optional elementwise bias added to the scaled scores (after ``softmax_scale``,
+            before the mask), any shape broadcastable (NumPy rules) to [batch, nhead_q,
+            seqlen_q, seqlen_k], e.g. [1, 1, sq, sk], [1, nhead_q, sq, sk], [batch, nhead_q, sq,
+            sk], [sq, sk] or [sq, 1]; any strides (broadcast dimensions are read with stride 0,
+            never copied). dtype float16, bfloat16 or float32, independent of q's dtype: bf16 as
+            a NumPy ``ml_dtypes.bfloat16`` array, or as uint16 bits on the GPU when
+            ``dtype="bfloat16"``. Not together with ``alibi_slopes``. A bias of ``-inf`` masks a
+            pair out. Not in group mode yet. Selects the kernel instance compiled with the bias (``-D BIAS=1``).
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
             a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
         cu_seqlens_q, cu_seqlens_k: group mode only: int32 [batch + 1] offsets (CuPy or NumPy;
@@ -254,11 +334,14 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         no key (all rows of a sequence with no keys): o = 0, lse = -inf.
 
     Raises:
-        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`),
-            before anything is launched.
+        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`
+            and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes``), before
+            anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
     if layout == "thd":
+        if bias is not None:
+            raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _forward_varlen(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, out=out,
                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -266,6 +349,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -275,29 +359,33 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     if out is not None:
         _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+    bias_args = _bias_args(cp, bias, bias_dt)
     if out is None:
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                    alibi=alibi_slopes is not None)
+                    alibi=alibi_slopes is not None, bias=bias is not None)
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE)
+            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, *bias_args)
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
     return o, lse
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None,
-                       deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None) -> AttentionGrads:
-    """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
+                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, bias=None, return_dbias=False,
+                       out=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None) -> AttentionGrads | AttentionGradsWithBias:
+    """Attention backward: dQ, dK, dV (and optionally dBias) from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
-    group sum of dK/dV through the same convert kernel when nhead_q != nhead_k).
+    group sum of dK/dV through the same convert kernel when nhead_q != nhead_k). With
+    ``return_dbias``, ``dq_dk_dv`` also stores dS = P * (dP - D) in float32 (before any 16-bit
+    rounding) into a zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (4 bytes
+    per score: plan memory for it), which CuPy then sums over the bias's broadcast dimensions.
 
     Args:
         do: gradient of o, [batch, seqlen_q, nhead_q, hdim_v] (or bhsd, or [total_q, nhead_q,
@@ -305,10 +393,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         q, k, v: as in :func:`attention_forward`.
         o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward (thd:
             [batch, nhead_q, max_seqlen_q]).
-        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, cu_seqlens_q,
+        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, bias, cu_seqlens_q,
             cu_seqlens_k, max_seqlen_q, max_seqlen_k: as in the forward (must match).
+        return_dbias: also return dbias, the gradient of ``bias`` (needs ``bias``): dS summed
+            over the dimensions the bias broadcasts along, in the bias's shape and dtype.
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
-            16-byte aligned rows).
+            16-byte aligned rows); dbias is always a fresh array.
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
             one fp32 accumulator [batch, nhead_q, seqlen_q, hdim_q] with float atomics, so dQ
             may differ in the last bits from run to run. True: dq, dk and dv are bit-identical
@@ -326,18 +416,23 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
         contiguous arrays in ``layout`` and the inputs' dtype. Group mode: rows of a sequence
-        with no keys get dq = 0; keys of a sequence with no queries get dk = dv = 0.
+        with no keys get dq = 0; keys of a sequence with no queries get dk = dv = 0. With
+        ``return_dbias=True``: :class:`AttentionGradsWithBias` (the same plus ``dbias``).
 
     Raises:
         TypeError: ``deterministic`` is not a bool; and see below.
-        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_backward_inputs`),
-            before anything is launched.
+        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_backward_inputs`
+            and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes`` or with
+            ``layout="thd"``; ``return_dbias`` not a bool or True without ``bias``), before
+            anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     deterministic = bool(deterministic)
     if layout == "thd":
+        if bias is not None or return_dbias:
+            raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _backward_varlen(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, mask=mask, dtype=dtype, alibi_slopes=alibi_slopes,
                                 out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
@@ -345,6 +440,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    want_dbias = check_return_dbias(return_dbias, bias)
+    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -356,8 +453,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
+    bias_args = _bias_args(cp, bias, bias_dt)
     specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                      alibi=alibi_slopes is not None)
+                      alibi=alibi_slopes is not None, bias=bias is not None)
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
@@ -367,6 +465,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
     # atomic mode adds into zeros; deterministic slabs are stored before convert_dq reads them
     dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
+    # dS for dBias; zeroed: pairs in key/query blocks the mask skips are never written
+    ds_acc = cp.zeros((b, hq, sq, sk), dtype=cp.float32) if want_dbias else None
     if out is None:
         dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
     else:
@@ -384,7 +484,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
             np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
-            *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, np.int64(ws.split_stride))
+            *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, np.int64(ws.split_stride), *bias_args,
+            ds_acc if want_dbias else _NULL)
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq
@@ -400,6 +501,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             _launch(cp, conv, L.convert_launch(conv, b, hk, sk),
                     (acc, out, *_strides(out, layout), np.int32(sk), np.int32(d), np.int32(p.group),
                      np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
+    if want_dbias:
+        return AttentionGradsWithBias(dq, dk, dv, _reduce_dbias(cp, ds_acc, bias, bias_dt))
     return AttentionGrads(dq, dk, dv)
 
 
@@ -432,7 +535,7 @@ def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype,
     args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
             np.int32(p.max_seqlen_q), np.int32(p.max_seqlen_k), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.int32(win_y), np.int32(win_x),
-            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right))
+            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *_NO_BIAS)
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.max_seqlen_q), args)
     return o, lse
 
@@ -488,7 +591,7 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
             np.int32(msq), np.int32(msk), np.int32(d), np.int32(dv_), np.int32(p.group),
             np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale), np.int32(win_y), np.int32(win_x),
             np.int32(0 if p.group == 1 else 1), *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k,
-            np.int32(bottom_right), np.int64(ws.split_stride))
+            np.int32(bottom_right), np.int64(ws.split_stride), *_NO_BIAS, _NULL)
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, msk), args)
 
     conv = specs.convert_dq

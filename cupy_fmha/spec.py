@@ -75,8 +75,10 @@ def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
     return tiles
 
 
-def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
-    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step."""
+def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False) -> dict[str, int]:
+    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step. Head dims above
+    128 with the elementwise bias step 16 keys at a time: at 32 the bias's address arithmetic
+    pushes the hdim 240 instance past 255 registers (spills)."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
         tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
@@ -85,11 +87,11 @@ def fwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
         # the per-sequence lengths and window live in registers; 16-key blocks use ~215
         tiles = dict(NWARPS=4, BLOCK_N=16, Q_IN_REGS=0)
     else:
-        tiles = dict(NWARPS=4, BLOCK_N=32, Q_IN_REGS=0)
+        tiles = dict(NWARPS=4, BLOCK_N=16 if (bias or alibi) else 32, Q_IN_REGS=0)
     return _override("CUPY_FMHA_FWD_TILES", tiles)
 
 
-def bwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
+def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False) -> dict[str, int]:
     """Backward dq_dk_dv tiles: BLOCK_N = 16 * NWARPS keys per CTA, BLOCK_M query rows per step,
     NSPLIT CTAs sharing one key block's output columns (head dims above 128)."""
     d = max(hdim_q, hdim_v)
@@ -99,6 +101,8 @@ def bwd_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
         tiles = dict(NWARPS=8, BLOCK_M=32, NSPLIT=1, MIN_BLOCKS=1)
     else:
         tiles = dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
+    if bias and tiles["NSPLIT"] == 1:  # the bias's loads and the dS store: half the rows per step, no spills
+        tiles["BLOCK_M"] //= 2
     return _override("CUPY_FMHA_BWD_TILES", tiles)
 
 
@@ -118,20 +122,26 @@ def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
-def _features(alibi: bool = False) -> dict[str, int]:
+def _features(alibi: bool = False, bias: bool = False) -> dict[str, int]:
     """Compile-time feature macros of the main kernels: only those switched on, so the plain
     instances keep their names and their code (a feature costs nothing unless used)."""
-    return {"ALIBI": 1} if alibi else {}
+    out = {}
+    if alibi:
+        out["ALIBI"] = 1
+    if bias:
+        out["BIAS"] = 1
+    return out
 
 
-def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False) -> KernelSpec:
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
+             bias: bool = False) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
-    (``alibi``: the instance that adds ALiBi)."""
+    (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``)."""
     if use_sm90(hdim_q, hdim_v, cc):
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v), **_features(alibi))
+                   **fwd_sm90_tiles(hdim_q, hdim_v), **_features(alibi, bias))
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v), **_features(alibi))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias, alibi), **_features(alibi, bias))
 
 
 @dataclass(frozen=True)
@@ -154,16 +164,18 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
-def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False) -> BwdSpecs:
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
+              bias: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
-    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`."""
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
+    ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias."""
     if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **_features(alibi))
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **_features(alibi, bias))
     else:
-        tiles = bwd_tiles(hdim_q, hdim_v)
+        tiles = bwd_tiles(hdim_q, hdim_v, bias)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
-        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **_features(alibi))
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **_features(alibi, bias))
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -173,7 +185,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
 
 
 #: every combination of compile-time features the library dispatches to
-FEATURE_SETS = ({}, {"alibi": True})
+FEATURE_SETS = ({}, {"alibi": True}, {"bias": True})
 
 
 def default_dispatch_table() -> list[KernelSpec]:

@@ -5,7 +5,7 @@
 //   ldsm_x4/x2(_t)   ldmatrix 8x8 b16 fragments from shared memory (optionally transposed)
 //   cp_async_16      16-byte global->shared copy, zero-filled when !pred (cp.async.cg)
 //   red_add_f32x2    fp32 pair atomically added to global memory (vector red on sm_90)
-//   pack2 / to_float element conversions
+//   pack2 / to_float element conversions (input dtype); f16/bf16_bits_to_float (run-time dtype)
 #pragma once
 #include "common.cuh"
 
@@ -86,6 +86,17 @@ __device__ __forceinline__ float to_float(uint16_t x) {
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
     return f;
 #endif
+}
+
+// Conversions of a stored element whose type is chosen at run time (the elementwise bias has its
+// own dtype, independent of FMHA_BF16).
+__device__ __forceinline__ float f16_bits_to_float(uint16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+    return f;
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
+    return __uint_as_float(static_cast<uint32_t>(x) << 16);
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -46,14 +46,50 @@ __device__ __forceinline__ Alibi make_alibi(const float* slopes, index_t batch_s
     return Alibi{ALIBI ? slopes[b * batch_stride + h] * FMHA_LOG2E : 0.f, seqlen_k - seqlen_q};
 }
 
+#ifndef BIAS
+#define BIAS 0  // 1: the instance takes an elementwise bias (and, in the backward, can write dS)
+#endif
+
+// Elementwise bias: any tensor broadcastable to [batch, nhead_q, seqlen_q, seqlen_k], read
+// through strides (0 along broadcast dimensions), added after scaling like ALiBi. Its dtype is
+// chosen at run time: kind 1 fp16, 2 bf16, 3 fp32 (0: none). Positions outside [0, rows) x
+// [0, cols) read as 0, so partial tiles never read past the tensor. Returns log2 units.
+struct ElemBias {
+    const void* ptr;  // element (b, h, 0, 0)
+    index_t sq, sk;   // strides along query rows and keys, in elements
+    int kind, rows, cols;
+    __device__ __forceinline__ float operator()(int i, int j) const {
+        if (i >= rows || j >= cols) return 0.f;
+        const index_t off = (index_t)i * sq + (index_t)j * sk;
+        float x;
+        if (kind == 3) {
+            x = static_cast<const float*>(ptr)[off];
+        } else {
+            const uint16_t u = static_cast<const uint16_t*>(ptr)[off];
+            x = kind == 2 ? bf16_bits_to_float(u) : f16_bits_to_float(u);
+        }
+        return x * FMHA_LOG2E;
+    }
+};
+
+// The bias of (batch b, query head h); i and j are positions local to the sequence.
+__device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_t sb, index_t sh, index_t sq,
+                                              index_t sk, int b, int h, int seqlen_q, int seqlen_k) {
+    if (!BIAS || bias == nullptr || kind == 0) return ElemBias{nullptr, 0, 0, 0, 0, 0};
+    const index_t off = b * sb + h * sh;
+    const void* p = kind == 3 ? static_cast<const void*>(static_cast<const float*>(bias) + off)
+                              : static_cast<const void*>(static_cast<const uint16_t*>(bias) + off);
+    return ElemBias{p, sq, sk, kind, seqlen_q, seqlen_k};
+}
+
 // Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
 // the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
-// units first (plus ALiBi when on); the window test runs only when `edge` (the tile crosses a
-// mask or sequence edge).
+// units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
+// (the tile crosses a mask or sequence edge).
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                               int row0, int k0, int g, int t, int seqlen_k) {
+                                               const ElemBias& bias, int row0, int k0, int g, int t, int seqlen_k) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -61,6 +97,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * n + e] *= scale_log2;
+            if (BIAS && bias.kind) s[4 * n + e] += bias(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
             if (ALIBI) s[4 * n + e] += alibi(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
         }
     if (edge) {
@@ -112,12 +149,13 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 
 // Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + g (+8), columns = query rows q0 + 8n + 2t
 // (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
+// With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
 // (Kept as one loop, unlike the forward: the compiler unswitches it by itself here, and splitting
 // it by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into spills.)
 template <int NQ>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
-                                              bool edge, const Window& win, const Alibi& alibi, int key0, int q0,
-                                              int g, int t, int seqlen_q, int seqlen_k) {
+                                              bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
+                                              int key0, int q0, int g, int t, int seqlen_q, int seqlen_k) {
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
@@ -126,12 +164,28 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             const int j = key0 + g + (e >> 1) * 8, i = q0 + c;
             float l = lse[c];
             l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
-            float x = s[4 * n + e] * scale_log2 - l;
+            float x;
+            if (BIAS && bias.kind) x = (s[4 * n + e] * scale_log2 + bias(i, j)) - l;
+            else x = s[4 * n + e] * scale_log2 - l;
             if (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);
             if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             s[4 * n + e] = p;
             dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
+        }
+}
+
+// Backward with dBias: dS^T (fp32, layout as in backward_p_ds) into ds_g, the row-major
+// [seqlen_q][ld] plane of one (batch, query head); plain stores, each element written once.
+template <int NQ>
+__device__ __forceinline__ void store_ds(const float* ds, float* ds_g, index_t ld, int key0, int q0, int g, int t,
+                                         int seqlen_q, int seqlen_k) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = q0 + n * 8 + 2 * t + (e & 1), j = key0 + g + (e >> 1) * 8;
+            if (i < seqlen_q && j < seqlen_k) ds_g[(index_t)i * ld + j] = ds[4 * n + e];
         }
 }
 

@@ -20,7 +20,7 @@
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias).
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller, when dq_split_stride == 0
 //         (atomic adds). Deterministic mode: dq_split_stride = batch * nhead_q * seqlen_q * hdim_q
@@ -33,6 +33,9 @@
 // Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
 // LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
 // (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
+// dbias_acc (BIAS=1, may be null): fp32 [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
+//        lengths), zeroed by the caller; receives dS (before any 16-bit rounding), reduced to
+//        dBias's shape by the caller.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
@@ -62,7 +65,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   float scale, int win_y, int win_x, int dkdv_fp32,
                   const float* __restrict__ alibi_slopes, index_t alibi_sb,
                   const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                  int win_bottom_right, index_t dq_split_stride) {
+                  int win_bottom_right, index_t dq_split_stride,
+                  const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
+                  index_t bias_sk, float* __restrict__ dbias_acc) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -89,7 +94,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int k0 = kb * BLOCK_N;
     // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
     // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
-    const int pitch_q = seqlen_q;
+    const int pitch_q = seqlen_q, pitch_k = seqlen_k;  // (dS workspace: [batch, nhead_q, pitch_q, pitch_k])
     if (cu_seqlens_q) {
         const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
         if (k0 >= seqlen_k) return;  // past this sequence's end
@@ -103,6 +108,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -168,8 +174,13 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, k0 + n0, q0, g, t, seqlen_q,
-                            seqlen_k);
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + n0, q0, g, t,
+                            seqlen_q, seqlen_k);
+#if BIAS
+        if (dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
+            store_ds<NT_M>(&dp[0][0], dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + n0, q0, g, t, seqlen_q,
+                           seqlen_k);
+#endif
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll

@@ -14,7 +14,8 @@
 //                           or plain stores into slab kb when dq_split_stride != 0 (deterministic).
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128).
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
+//            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -44,7 +45,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        float scale, int win_y, int win_x, int dkdv_fp32,
                   const float* __restrict__ alibi_slopes, index_t alibi_sb,
                        const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                       int win_bottom_right, index_t dq_split_stride) {
+                       int win_bottom_right, index_t dq_split_stride,
+                       const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh,
+                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -64,7 +67,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int k0 = kb * BLOCK_N;
     // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
     // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
-    const int pitch_q = seqlen_q;
+    const int pitch_q = seqlen_q, pitch_k = seqlen_k;  // (dS workspace: [batch, nhead_q, pitch_q, pitch_k])
     if (cu_seqlens_q) {
         const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
         if (k0 >= seqlen_k) return;  // past this sequence's end
@@ -78,6 +81,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -143,8 +147,13 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
-                          seqlen_k);
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + key_row0 + wi * 16, q0, g, t,
+                          seqlen_q, seqlen_k);
+#if BIAS
+        if (dbias_acc != nullptr)  // dS in fp32 for dBias
+            store_ds<NQ>(dp, dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
+                         seqlen_k);
+#endif
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {

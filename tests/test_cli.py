@@ -283,7 +283,7 @@ def test_alibi_slopes_differ_by_head_and_batch():
     assert cli._alibi_slopes(None, 3, 4) is None
 
 
-@pytest.mark.parametrize("bias, words", [("e", ["--bias", "not supported"]), ("x", ["--bias"]),
+@pytest.mark.parametrize("bias, words", [("e:3", ["--bias", "e:2"]), ("x", ["--bias"]),
                                          ("a:2", ["--bias"])])
 def test_bias_option_errors(no_gpu, bias, words):
     assert_usage_error(invoke("bwd", "-s", 8, "-d", 8, "--bias", bias, "--backend", "numpy"), *words)
@@ -368,3 +368,61 @@ def test_cupy_backend_group_mode(mode):
     assert res.exit_code == 0, (res.stdout, res.stderr)
     obj = json.loads(res.stdout)
     assert obj["backend"] == "cupy" and obj["valid"] is True and obj["seq_mode"] == "group"
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("bias, name", [("e", "e:0"), ("e:0", "e:0"), ("e:1", "e:1"), ("e:2", "e:2")])
+def test_elementwise_bias_option(no_gpu, mode, bias, name):
+    res = invoke(mode, "-b", 2, "--nhead", 4, "--nhead-k", 2, "-s", 24, "--seqlen-k", 17, "-d", 16,
+                 "--mask", "t", "--bias", bias, "--backend", "numpy", "--json")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    obj = json.loads(res.stdout)
+    assert obj["valid"] is True and obj["config"]["bias"] == name and obj["config"]["dbias"] is False
+    names = [c["name"] for c in obj["checks"]]
+    assert names == (["o", "lse"] if mode == "fwd" else ["dq", "dk", "dv"])
+
+
+@pytest.mark.parametrize("bias", ["e:0", "e:1", "e:2"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_dbias_option(no_gpu, bias, dtype):
+    line = assert_valid_line(invoke("bwd", "-b", 2, "--nhead", 2, "-s", 20, "--seqlen-k", 33, "-d", 16,
+                                    "--dtype", dtype, "--mask", "b:5,3", "--bias", bias, "--dbias",
+                                    "--backend", "numpy"))
+    assert f"bias={bias}" in line and " dbias " in line
+
+
+def test_dbias_subset_check(no_gpu, monkeypatch):
+    # e:2: dBias is checked on the subset; e:0 / e:1 sum over batches and heads: the whole problem
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    for bias, full in (("e:2", False), ("e:1", True), ("e:0", True)):
+        res = invoke("bwd", "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 16, "-d", 8, "--bias", bias,
+                     "--dbias", "--backend", "numpy", "--json")
+        assert res.exit_code == 0, (res.stdout, res.stderr)
+        obj = json.loads(res.stdout)
+        assert obj["valid"] is True and obj["checked"]["full"] is full, (bias, obj["checked"])
+        assert [c["name"] for c in obj["checks"]] == ["dq", "dk", "dv", "dbias"]
+    # subset without dBias: the bias is sliced along the batches / heads it does not broadcast
+    res = invoke("fwd", "-b", 3, "--nhead", 6, "-s", 16, "-d", 8, "--bias", "e:2", "--backend", "numpy",
+                 "--json")
+    obj = json.loads(res.stdout)
+    assert res.exit_code == 0 and obj["valid"] is True and obj["checked"]["full"] is False
+
+
+@pytest.mark.parametrize("bias", ["n", "a", "a:1"])
+def test_dbias_needs_elementwise_bias(no_gpu, bias):
+    assert_usage_error(invoke("bwd", "-s", 8, "-d", 8, "--bias", bias, "--dbias", "--backend", "numpy"),
+                       "--dbias", "elementwise")
+
+
+def test_dbias_is_not_a_forward_option(no_gpu):
+    res = invoke("fwd", "-s", 8, "-d", 8, "--bias", "e", "--dbias", "--backend", "numpy")
+    assert res.exit_code == 2 and "--dbias" in res.stderr
+
+
+def test_elementwise_bias_draws():
+    cfg = cli._config(2, 4, None, 8, 5, 16, None, "bf16", "bshd", None, False, None, None, 7, "e:1")
+    a = cli._make_inputs(cfg, "fwd")["bias"]
+    assert a.shape == (1, 4, 8, 5) and a.dtype == np.dtype("bfloat16")
+    assert np.array_equal(a, cli._make_inputs(cfg, "bwd")["bias"])  # same draws in both modes
+    assert len(np.unique(a.astype(np.float32))) > 100
+    kw = cli._bias_kwargs(dict(cfg, dbias=True), {"bias": np.zeros((3, 4, 8, 5))}, [0, 2], [1, 3])
+    assert kw["bias"].shape == (2, 2, 8, 5) and kw["return_dbias"] is True
+    assert cli._bias_kwargs(cfg, {"bias": np.zeros((1, 1, 8, 5))}, [0, 2], [1])["bias"].shape == (1, 1, 8, 5)
