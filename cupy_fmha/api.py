@@ -178,6 +178,8 @@ def _check_out(cp, out, names, shapes, dtypes):
             raise TypeError(f"out: {name} must have dtype {np.dtype(dt).name}, got {a.dtype.name}")
         if a.device.id != cp.cuda.Device().id:
             raise ValueError(f"out: {name} is on GPU {a.device.id}, not the current device")
+        if a.size == 0:  # nothing to address (group mode: every sequence empty)
+            continue
         if name == "lse":
             if not a.flags.c_contiguous:
                 raise ValueError("out: lse must be C-contiguous")
