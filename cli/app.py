@@ -400,7 +400,9 @@ def _bias_kwargs(cfg: dict, inputs: dict, batches=None, heads=None) -> dict[str,
         bias = np.take(bias, batches, axis=0)
     if heads is not None and bias.shape[1] > 1:
         bias = np.take(bias, heads, axis=1)
-    kw: dict[str, Any] = {"bias": np.ascontiguousarray(bias)}
+    if isinstance(bias, np.ndarray):  # the reference's copy; device arrays go to the GPU API as they are
+        bias = np.ascontiguousarray(bias)
+    kw: dict[str, Any] = {"bias": bias}
     if cfg["dbias"]:
         kw["return_dbias"] = True
     return kw

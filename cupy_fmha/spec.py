@@ -98,10 +98,11 @@ def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False) -> dict[str, int]:
     if d <= 64:
         tiles = dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
     elif d <= 128:
-        tiles = dict(NWARPS=8, BLOCK_M=32, NSPLIT=1, MIN_BLOCKS=1)
+        # padded 112 (hdim 104/112) spills at 32 rows on sm_80 since group mode and the dQ slabs
+        tiles = dict(NWARPS=8, BLOCK_M=16 if pad_hdim(d) == 112 else 32, NSPLIT=1, MIN_BLOCKS=1)
     else:
         tiles = dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
-    if bias and tiles["NSPLIT"] == 1:  # the bias's loads and the dS store: half the rows per step, no spills
+    if bias and tiles["NSPLIT"] == 1 and tiles["BLOCK_M"] > 16:  # the bias's loads and the dS store: half the rows per step, no spills
         tiles["BLOCK_M"] //= 2
     return _override("CUPY_FMHA_BWD_TILES", tiles)
 
