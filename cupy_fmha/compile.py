@@ -36,7 +36,12 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 
 def kernel_dir() -> Path:
-    """Directory holding the ``.cu``/``.cuh`` sources."""
+    """Directory holding the ``.cu``/``.cuh`` sources: ``kernels/`` next to the package in a
+    source checkout (so a second checkout or git worktree on ``PYTHONPATH`` uses its own kernels,
+    not those of the editable install), else the installed ``cupy_fmha.kernels`` package data."""
+    src = Path(__file__).resolve().parent.parent / "kernels"
+    if (src / "common.cuh").is_file():
+        return src
     return Path(str(resources.files("cupy_fmha.kernels")))
 
 
