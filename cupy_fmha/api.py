@@ -19,8 +19,9 @@ import numpy as np
 
 from . import launch as L
 from .compile import get_function
-from .spec import bwd_specs, fwd_spec
-from .validate import _BF16, check_alibi_slopes, check_backward_inputs, check_forward_inputs
+from .spec import bwd_specs, dropout_mask_spec, fwd_spec
+from .validate import (_BF16, check_alibi_slopes, check_backward_inputs, check_dropout, check_flag,
+                       check_forward_inputs)
 
 __all__ = ["attention_forward", "attention_backward", "AttentionGrads"]
 
@@ -165,6 +166,25 @@ def _alibi_args(cp, alibi_slopes, p):
     return slopes, np.int64(p.nhead_q if len(shape) == 2 else 0)
 
 
+def _dropout_args(drop):
+    """The kernels' dropout argument group (keep_threshold, rp_keep, seed, offset); passed to
+    every instance, read only by the ``DROPOUT=1`` ones."""
+    return (np.uint32(drop.threshold), np.float32(1.0 / (1.0 - drop.p)), np.uint64(drop.seed),
+            np.uint64(drop.offset))
+
+
+def _dropout_mask(cp, drop, batch, nhead_q, seqlen_q, seqlen_k):
+    """bool [batch, nhead_q, seqlen_q, seqlen_k]: the keep mask the attention kernels apply
+    (fmha_dropout_mask.cu calls the same Philox function with the same keying)."""
+    keep = cp.empty((batch, nhead_q, seqlen_q, seqlen_k), dtype=cp.bool_)
+    if keep.size:
+        spec = dropout_mask_spec()
+        _launch(cp, spec, L.dropout_mask_launch(batch, nhead_q, seqlen_q, seqlen_k),
+                (keep, np.int32(seqlen_q), np.int32(seqlen_k), np.uint32(drop.threshold),
+                 np.uint64(drop.seed), np.uint64(drop.offset)))
+    return keep
+
+
 def _launch(cp, spec, launch, args):
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
@@ -173,7 +193,8 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None, alibi_slopes=None, out=None):
+                      layout="bshd", dtype=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
+                      return_dropout_mask=False, out=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
     Args:
@@ -193,21 +214,34 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         alibi_slopes: optional float32 [nhead_q] or [batch, nhead_q]: ALiBi as FlashAttention
             defines it, a bias ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the scaled
             scores of query row ``i`` and key ``j``.
+        dropout_p: dropout probability in [0, 1) on the attention weights: ``O = (P * Z) V``
+            with ``Z = keep / (1 - dropout_p)``; the LSE stays that of the undropped softmax.
+            0 (default) runs the kernels built without dropout.
+        seed, offset: integers in [0, 2**64): the Philox key and counter offset
+            (:mod:`cupy_fmha.philox` defines the keep mask bit for bit; element (b, h, i, j)
+            uses counter offset ``offset + b * nhead_q + h``). The backward must get the same
+            ``dropout_p``, ``seed`` and ``offset``.
+        return_dropout_mask: also return the keep mask (computed by a separate small kernel
+            with the same Philox function; all True when ``dropout_p`` is 0).
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
             a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
 
     Returns:
-        (o, lse): o [batch, seqlen_q, nhead_q, hdim_v] in ``layout`` and the inputs' dtype;
-        lse float32 [batch, nhead_q, seqlen_q], natural log. Rows that see no key: o = 0,
+        (o, lse), or (o, lse, keep) with ``return_dropout_mask``: o [batch, seqlen_q, nhead_q,
+        hdim_v] in ``layout`` and the inputs' dtype; lse float32 [batch, nhead_q, seqlen_q],
+        natural log; keep a CuPy bool array [batch, nhead_q, seqlen_q, seqlen_k] (as
+        :func:`cupy_fmha.reference.attention_forward` returns it). Rows that see no key: o = 0,
         lse = -inf.
 
     Raises:
-        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`),
-            before anything is launched.
+        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`
+            and :func:`cupy_fmha.validate.check_dropout`), before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    drop = check_dropout(dropout_p, seed, offset)
+    want_keep = check_flag("return_dropout_mask", return_dropout_mask)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -221,18 +255,23 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
-    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
+    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+                    dropout=drop.enabled)
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p))
+            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p),
+            *_dropout_args(drop))
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
+    if want_keep:
+        return o, lse, _dropout_mask(cp, drop, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k)
     return o, lse
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, out=None) -> AttentionGrads:
+                       mask=None, layout="bshd", dtype=None, alibi_slopes=None, dropout_p=0.0, seed=0,
+                       offset=0, out=None) -> AttentionGrads:
     """Attention backward: dQ, dK, dV from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
@@ -243,8 +282,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             from o's.
         q, k, v: as in :func:`attention_forward`.
         o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward.
-        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes: as in the
-            forward (must match).
+        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, dropout_p, seed,
+            offset: as in the forward (must match: the backward regenerates the forward's keep
+            mask from them; dV = (P Z)^T dO, dS = P (dP Z - D), D = rowsum(dO * O)).
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows).
 
@@ -259,6 +299,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     """
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
+    drop = check_dropout(dropout_p, seed, offset)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -270,7 +311,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability))
+    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+                      dropout=drop.enabled)
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
@@ -294,7 +336,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
             np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
-            *_alibi_args(cp, alibi_slopes, p))
+            *_alibi_args(cp, alibi_slopes, p), *_dropout_args(drop))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "default_dispatch_table", "DTYPES"]
+__all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "dropout_mask_spec", "default_dispatch_table",
+           "DTYPES"]
 
 DTYPES = ("fp16", "bf16")
 
@@ -105,22 +106,36 @@ def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
     return pad_hdim(hdim_q, m), pad_hdim(hdim_v, m)
 
 
-def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
-    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step."""
+def fwd_sm90_tiles(hdim_q: int, hdim_v: int, dropout: bool = False) -> dict[str, int]:
+    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step. With
+    dropout, head dims above 64 take 2 warpgroups: 3 (384 threads, at most 168 registers) leave
+    no room for the Philox state and spill."""
     if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64:
         tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=2)
+    elif dropout:
+        tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=1)
     else:
         tiles = dict(NWG=3, BLOCK_N=64, MIN_BLOCKS=1)
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
-def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> KernelSpec:
-    """Forward kernel instance for these head dims on a device of compute capability ``cc``."""
+def _dropout_macros(dropout: bool) -> dict[str, int]:
+    """``DROPOUT=1`` for the dropout instances; nothing otherwise (so the default instances keep
+    their names, sources and cache entries)."""
+    if not isinstance(dropout, bool):
+        raise TypeError(f"dropout: expected a bool, got {dropout!r}")
+    return {"DROPOUT": 1} if dropout else {}
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, dropout: bool = False) -> KernelSpec:
+    """Forward kernel instance for these head dims on a device of compute capability ``cc``;
+    ``dropout=True`` picks the instance built with ``-DDROPOUT=1``."""
+    drop = _dropout_macros(dropout)
     if use_sm90(hdim_q, hdim_v, cc):
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v))
+                   **fwd_sm90_tiles(hdim_q, hdim_v, dropout), **drop)
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v), **drop)
 
 
 @dataclass(frozen=True)
@@ -141,16 +156,18 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
-def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, dropout: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
-    (e.g. 90 for H100/H200: the wgmma kernel where it applies)."""
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``dropout=True`` picks the
+    ``-DDROPOUT=1`` build of the dq_dk_dv kernel (the other two kernels do not change)."""
+    drop = _dropout_macros(dropout)
     if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}))
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **drop)
     else:
         tiles = bwd_tiles(hdim_q, hdim_v)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
-        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles)
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **drop)
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -158,15 +175,24 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80) -> BwdSpecs:
     )
 
 
+def dropout_mask_spec() -> KernelSpec:
+    """The keep-mask kernel (``fmha_dropout_mask``): no dtype dependence, built once as fp16."""
+    return _mk("fmha_dropout_mask", "fp16")
+
+
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
-    sm_80-class and sm_90 devices."""
+    sm_80-class and sm_90 devices, without and with dropout, plus the keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
     for dtype in DTYPES:
         for hq, hv in pairs:
             for cc in (80, 90):
-                for spec in (fwd_spec(dtype, hq, hv, cc), *vars(bwd_specs(dtype, hq, hv, cc)).values()):
-                    seen.setdefault(spec.name, spec)
+                for dropout in (False, True):
+                    for spec in (fwd_spec(dtype, hq, hv, cc, dropout),
+                                 *vars(bwd_specs(dtype, hq, hv, cc, dropout)).values()):
+                        seen.setdefault(spec.name, spec)
+    spec = dropout_mask_spec()
+    seen.setdefault(spec.name, spec)
     return list(seen.values())

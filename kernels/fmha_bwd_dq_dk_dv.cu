@@ -19,7 +19,10 @@
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), DROPOUT (0/1).
+// Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
+// shared memory, one Philox call per (query row, 8 keys), one Q block ahead (fill_keep_bits);
+// backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep / (1 - p).
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
@@ -50,7 +53,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                   int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                   float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                  // dropout (used when DROPOUT=1)
+                  unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -69,7 +74,10 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     uint16_t* sdO = sQ + 2 * BLOCK_M * PQ;        // [2][BLOCK_M][PV]
     uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
     float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
-    float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
+    float* sD = sLse + 2 * BLOCK_M;
+    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
+    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;                               // [2][BLOCK_M]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
@@ -77,6 +85,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -96,6 +105,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -122,6 +132,11 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         const uint16_t* sdOb = sdO + buf * BLOCK_M * PV;
         const float* sLseb = sLse + buf * BLOCK_M;
         const float* sDb = sD + buf * BLOCK_M;
+        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
+        // readers, in the previous iteration, are past this iteration's barrier)
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
 
         // GEMM0: S^T = K Q^T ; GEMM2: dP^T = V dO^T
         float s[NT_M][4], dp[NT_M][4];
@@ -143,7 +158,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, k0 + n0, q0, g, t, seqlen_q,
-                            seqlen_k);
+                            seqlen_k, drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll

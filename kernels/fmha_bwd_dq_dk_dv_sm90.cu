@@ -13,7 +13,8 @@
 //                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds.
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128).
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu;
+//            here the keep bits of the next Q block are computed while GEMM0/GEMM2 run).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -40,7 +41,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
                        int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
                        float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
+                  // dropout (used when DROPOUT=1)
+                  unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -53,6 +56,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     uint16_t* sdS = sdO + 2 * BLOCK_M * HDIM_V;              // [BLOCK_N][BLOCK_M] (dS^T)
     float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * BLOCK_M);
     float* sD = sLse + 2 * BLOCK_M;
+    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
+    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
@@ -60,6 +66,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int k0 = kb * BLOCK_N;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -79,6 +86,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -119,6 +127,11 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_kmajor<HDIM_V>(sV, key_row0, kk * 16), desc_kmajor<HDIM_V>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
+        // the next block's keep bits, while GEMM0/GEMM2 run (read after the next iteration's
+        // barrier; the buffer's last readers, in the previous iteration, are past this one's)
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
         wgmma_wait0();
         fence_operand<NQ * 4>(s);
         fence_operand<NQ * 4>(dp);
@@ -126,7 +139,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
-                          seqlen_k);
+                          seqlen_k, drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {

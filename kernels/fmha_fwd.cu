@@ -4,7 +4,8 @@
 // running row max and sum in registers and rescales O once at the end.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
-//            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS.
+//            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
+//            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
 #include "common.cuh"
@@ -29,7 +30,9 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
          index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
          index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
          int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
+         // dropout (used when DROPOUT=1)
+         unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -46,6 +49,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
 
     int kb_begin, kb_end;  // key blocks this row block can see (none: o = 0, lse = -inf)
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
@@ -102,7 +106,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, scale_log2, edge, win, alibi, q0 + m0, k0,
-                                   g, t, seqlen_k);
+                                   g, t, seqlen_k, drop);
 
         // O += P V
 #pragma unroll
@@ -116,7 +120,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse);
+    finish_rows(row_max, row_sum, inv, row_lse, drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + m0 + g + r * 8;

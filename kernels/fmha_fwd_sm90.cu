@@ -6,7 +6,7 @@
 // Arguments are identical to fmha_fwd (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), DROPOUT (0/1, as fmha_fwd.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -31,7 +31,9 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
               index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
               index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
               int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb) {
+              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
+              // dropout (used when DROPOUT=1)
+              unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
@@ -48,6 +50,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
 
     int kb_begin, kb_end;
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
@@ -92,7 +95,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         online_softmax<NS, NO>(s, acc_o, row_max, row_sum, scale_log2, edge, win, alibi, q0 + wg * 64 + wi * 16, k0, g, t,
-                               seqlen_k);
+                               seqlen_k, drop);
         uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
@@ -109,7 +112,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * seqlen_q;
     uint16_t* og = o + b * o_sb + h * o_sh;
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse);
+    finish_rows(row_max, row_sum, inv, row_lse, drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + my_row + r * 8;
