@@ -107,13 +107,16 @@ def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
 
 
 def fwd_sm90_tiles(hdim_q: int, hdim_v: int, dropout: bool = False) -> dict[str, int]:
-    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step. With
-    dropout, head dims above 64 take 2 warpgroups: 3 (384 threads, at most 168 registers) leave
-    no room for the Philox state and spill."""
-    if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64:
+    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step.
+
+    The dropout instances need registers for the Philox state (ptxas, sm_90a): at head dim 64,
+    2 CTAs of 2 warpgroups (at most 128 registers) spill, one CTA of 3 warpgroups fits (155);
+    at head dim 128, 3 warpgroups (at most 168) spill, 2 fit (about 200)."""
+    small = max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64
+    if dropout:
+        tiles = dict(NWG=3 if small else 2, BLOCK_N=64, MIN_BLOCKS=1)
+    elif small:
         tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=2)
-    elif dropout:
-        tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=1)
     else:
         tiles = dict(NWG=3, BLOCK_N=64, MIN_BLOCKS=1)
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)

@@ -132,11 +132,6 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         const uint16_t* sdOb = sdO + buf * BLOCK_M * PV;
         const float* sLseb = sLse + buf * BLOCK_M;
         const float* sDb = sD + buf * BLOCK_M;
-        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
-        // readers, in the previous iteration, are past this iteration's barrier)
-        if constexpr (DROPOUT != 0)
-            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
-                                                                            q0 + BLOCK_M, k0, tid);
 
         // GEMM0: S^T = K Q^T ; GEMM2: dP^T = V dO^T
         float s[NT_M][4], dp[NT_M][4];
@@ -204,6 +199,12 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                 }
             }
         }
+        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
+        // readers, in the previous iteration, are past this iteration's barrier). At the end of
+        // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)

@@ -13,8 +13,7 @@
 //                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds.
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu;
-//            here the keep bits of the next Q block are computed while GEMM0/GEMM2 run).
+// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -127,11 +126,6 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_kmajor<HDIM_V>(sV, key_row0, kk * 16), desc_kmajor<HDIM_V>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
-        // the next block's keep bits, while GEMM0/GEMM2 run (read after the next iteration's
-        // barrier; the buffer's last readers, in the previous iteration, are past this one's)
-        if constexpr (DROPOUT != 0)
-            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
-                                                                            q0 + BLOCK_M, k0, tid);
         wgmma_wait0();
         fence_operand<NQ * 4>(s);
         fence_operand<NQ * 4>(dp);
@@ -200,6 +194,12 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                 }
             }
         }
+        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
+        // readers, in the previous iteration, are past this iteration's barrier). At the end of
+        // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV

@@ -80,7 +80,7 @@ __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigne
 template <int M, int N, int NTHREADS>
 __device__ __forceinline__ void fill_keep_bits(unsigned char* bits, const Dropout& d, int q0, int k0, int tid) {
     constexpr int CALLS = M * (N / 8);
-#pragma unroll
+#pragma unroll 1  // one Philox chain at a time: the callers run at their register limit
     for (int s = 0; s < (CALLS + NTHREADS - 1) / NTHREADS; ++s) {
         const int c = tid + s * NTHREADS;
         if (CALLS % NTHREADS == 0 || c < CALLS) {
