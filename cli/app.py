@@ -190,10 +190,20 @@ BiasOpt = Annotated[
         "names). Elementwise bias (e, e:0, e:1, e:2) is not supported on the GPU yet.",
     ),
 ]
+PDropOpt = Annotated[
+    float,
+    typer.Option("--p-drop", help="Dropout probability in [0, 1) on the attention weights (CK's -p_drop)."),
+]
+DropSeedOpt = Annotated[
+    int, typer.Option("--drop-seed", help="Dropout Philox seed, an integer in [0, 2**64).")
+]
+DropOffsetOpt = Annotated[
+    int, typer.Option("--drop-offset", help="Dropout Philox counter offset, an integer in [0, 2**64).")
+]
 ScaleOpt = Annotated[
     Optional[float], typer.Option("--scale", help="Softmax scale; default 1/sqrt(hdim).")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the normal input draws.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the normal input draws (not dropout's: --drop-seed).")]
 WarmupOpt = Annotated[
     Optional[int],
     typer.Option("--warmup", help="Untimed calls first (default: 5 on cupy, 0 on numpy)."),
@@ -335,6 +345,15 @@ def _alibi_kwargs(cfg: dict, batches=None, heads=None) -> dict[str, Any]:
     return {"alibi_slopes": np.ascontiguousarray(slopes)}
 
 
+def _dropout_kwargs(cfg: dict, offset: int | None = None) -> dict[str, Any]:
+    """``dropout_p=, seed=, offset=`` for the library ({} without dropout); ``offset`` replaces
+    the configured counter offset (see :func:`_verify`)."""
+    if cfg["p_drop"] == 0.0:
+        return {}
+    off = cfg["drop_offset"] if offset is None else offset
+    return {"dropout_p": cfg["p_drop"], "seed": cfg["drop_seed"], "offset": off}
+
+
 def _mask_kwargs(cfg: dict) -> dict[str, Any]:
     return {
         "softmax_scale": cfg["scale"],
@@ -402,7 +421,8 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
         return cp.asarray(x.view(np.uint16) if bf16 else x)
 
     d = {n: dev(x) for n, x in inputs.items()}
-    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg))
+    kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg),
+              **_dropout_kwargs(cfg))
     with _phase("compiling and running the first call...", progress):
         if mode == "fwd":
             fn = lambda: api.attention_forward(d["q"], d["k"], d["v"], **kw)  # noqa: E731
@@ -432,7 +452,7 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
         inputs["q"], inputs["k"], inputs["v"], **_mask_kwargs(cfg),
         dtype="bfloat16" if cfg["dtype"] == "bf16" else "float16",
     )
-    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg))
+    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg), **_dropout_kwargs(cfg))
     last: dict[str, Any] = {}
     if mode == "fwd":
 
@@ -467,20 +487,48 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
     from cupy_fmha import reference, verify
 
     batches, qh, kh = _check_selection(cfg, full)
+    kh_list = kh
     lay = cfg["layout"]
     sub = {
         n: _take(x, lay, batches, kh if n in ("k", "v") else qh) for n, x in inputs.items()
     }
-    kw = dict(_mask_kwargs(cfg), **_alibi_kwargs(cfg, batches, qh))
+    kw = dict(_mask_kwargs(cfg), **_alibi_kwargs(cfg, batches, qh), **_dropout_kwargs(cfg))
 
-    def ref(precision: str):
+    def ref_call(arrays, precision: str, kwargs):
         if mode == "fwd":
             return reference.attention_forward(
-                sub["q"], sub["k"], sub["v"], precision=precision, **kw
+                arrays["q"], arrays["k"], arrays["v"], precision=precision, **kwargs
             )
         return reference.attention_backward(
-            sub["do"], sub["q"], sub["k"], sub["v"], precision=precision, **kw
+            arrays["do"], arrays["q"], arrays["k"], arrays["v"], precision=precision, **kwargs
         )
+
+    def ref(precision: str):
+        if cfg["p_drop"] == 0.0 or (len(batches) == cfg["batch"] and len(qh) == cfg["nhead"]):
+            return ref_call(sub, precision, kw)
+        # Dropout's keep mask depends on (b, h) through offset + b * nhead_q + h: a subset
+        # problem would draw other masks. Each (batch, K/V head group) runs as its own problem
+        # with the counter offset moved to where that block starts in the full problem.
+        group = cfg["nhead"] // cfg["nhead_k"]
+        rows = []
+        for b in batches:
+            parts = []
+            for kh in kh_list:
+                heads = list(range(kh * group, (kh + 1) * group))
+                piece = {n: _take(x, lay, [b], [kh] if n in ("k", "v") else heads)
+                         for n, x in inputs.items()}
+                off = (cfg["drop_offset"] + b * cfg["nhead"] + kh * group) % 2**64
+                kwp = dict(_mask_kwargs(cfg), **_alibi_kwargs(cfg, [b], heads),
+                           **_dropout_kwargs(cfg, off))
+                parts.append(ref_call(piece, precision, kwp))
+            rows.append(parts)
+        out = []
+        for n, name in enumerate(_outputs_names(mode)):
+            axis = 1 if name == "lse" else _head_axis(lay)
+            out.append(np.concatenate(
+                [np.concatenate([np.asarray(part[n]) for part in parts], axis=axis) for parts in rows],
+                axis=0))
+        return tuple(out)
 
     with _phase("verifying against the float64 reference...", progress):
         r64 = dict(zip(_outputs_names(mode), ref("float64")))
@@ -519,7 +567,7 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
 
 def _config(
     batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout, mask, causal, window,
-    scale, seed, bias="n",
+    scale, seed, bias="n", p_drop=0.0, drop_seed=0, drop_offset=0,
 ) -> dict:
     from cupy_fmha.mask import resolve_mask
 
@@ -544,7 +592,16 @@ def _config(
     except ValueError as e:
         raise UsageProblem(_option_names(str(e))) from None
     alibi = _parse_bias(bias)
+    from cupy_fmha.validate import check_dropout
+
+    try:
+        check_dropout(p_drop, drop_seed, drop_offset)
+    except (TypeError, ValueError) as e:
+        raise UsageProblem(_option_names(str(e))) from None
     return {
+        "p_drop": float(p_drop),
+        "drop_seed": int(drop_seed),
+        "drop_offset": int(drop_offset),
         "bias": alibi or "n",
         "alibi_slopes": _alibi_slopes(alibi, b, hq),
         "batch": b,
@@ -574,6 +631,9 @@ _ARG_TO_OPTION = {
     "softmax_scale": "--scale",
     "layout": "--layout",
     "dtype": "--dtype",
+    "dropout_p": "--p-drop",
+    "seed": "--drop-seed",
+    "offset": "--drop-offset",
 }
 
 
@@ -611,7 +671,8 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
     parts = [
         f"{mode} {cfg['dtype']} {cfg['layout']} b={cfg['batch']} h={cfg['nhead']}/{cfg['nhead_k']}"
         f" sq={cfg['seqlen_q']} sk={cfg['seqlen_k']} d={cfg['hdim']}/{cfg['hdim_v']}"
-        f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}") + f" [{backend}]",
+        f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}")
+        + ("" if cfg["p_drop"] == 0.0 else f" p_drop={cfg['p_drop']:g}") + f" [{backend}]",
         f"{t.median_ms:.3f} ms, {_fmt_rate(tflops)} TFLOP/s, {_fmt_rate(gbs)} GB/s",
     ]
     if checks is not None:
@@ -628,12 +689,12 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
 
 def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
          mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend, bias="n") -> None:
+         backend, bias="n", p_drop=0.0, drop_seed=0, drop_offset=0) -> None:
     from cupy_fmha import flops
 
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-                      mask, causal, window, scale, seed, bias)
+                      mask, causal, window, scale, seed, bias, p_drop, drop_seed, drop_offset)
         be = _pick_backend(backend, json_out)
         warm = DEFAULT_WARMUP[be] if warmup is None else warmup
         rep = DEFAULT_REPEAT[be] if repeat is None else repeat
@@ -681,7 +742,8 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
             "config": {
                 k: cfg[k]
                 for k in ("batch", "nhead", "nhead_k", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
-                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias")
+                          "dtype", "layout", "mask", "causal", "scale", "seed", "bias", "p_drop",
+                          "drop_seed", "drop_offset")
             },
             "window": list(cfg["window"]),
             "mask_resolved": spec.describe(),
@@ -742,6 +804,9 @@ def fwd(
     causal: CausalOpt = False,
     window: WindowOpt = None,
     bias: BiasOpt = "n",
+    p_drop: PDropOpt = 0.0,
+    drop_seed: DropSeedOpt = 0,
+    drop_offset: DropOffsetOpt = 0,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -755,7 +820,8 @@ def fwd(
     _run("fwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias, p_drop=p_drop,
+         drop_seed=drop_seed, drop_offset=drop_offset)
 
 
 @app.command()
@@ -773,6 +839,9 @@ def bwd(
     causal: CausalOpt = False,
     window: WindowOpt = None,
     bias: BiasOpt = "n",
+    p_drop: PDropOpt = 0.0,
+    drop_seed: DropSeedOpt = 0,
+    drop_offset: DropOffsetOpt = 0,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -786,7 +855,8 @@ def bwd(
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias, p_drop=p_drop,
+         drop_seed=drop_seed, drop_offset=drop_offset)
 
 
 @app.command()
