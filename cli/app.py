@@ -18,7 +18,10 @@ What is verified: every output element of the problem is produced by the backend
 reference (dense NumPy, costly on a CPU) runs on a subset of the problem when the whole would be
 too slow: the first and last batch, and the first and last K/V head together with all the query
 heads of their groups (so GQA group sums are checked). ``--full-check`` checks everything. The
-JSON output lists the batches and query heads checked.
+JSON output lists the batches and query heads checked. With dropout (``--p-drop``), whose keep
+mask depends on the batch and head indices, each checked (batch, K/V head group) runs as its own
+reference problem with the Philox offset moved to where that block starts in the full problem, so
+the reference draws exactly the full problem's masks.
 """
 
 from __future__ import annotations
