@@ -74,10 +74,10 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     uint16_t* sdO = sQ + 2 * BLOCK_M * PQ;        // [2][BLOCK_M][PV]
     uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
     float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
-    float* sD = sLse + 2 * BLOCK_M;
+    float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
     // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
     unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
-    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;                               // [2][BLOCK_M]
+    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
