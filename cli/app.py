@@ -24,6 +24,10 @@ Group mode (``--mode group``, variable-length sequences packed along one axis, l
 ``--seqlen-q 100,37,0,250`` gives one length per sequence (the batch is their number; zeros are
 allowed), ``--seqlen-k`` the same number of key lengths (default: the query lengths). Masks are
 resolved per sequence with its own lengths; the subset check takes the first and last sequence.
+
+With dropout (``--p-drop``), whose keep mask depends on the batch and head indices, each checked
+(batch, K/V head group) runs as its own reference problem with the Philox offset moved to where
+that block starts in the full problem, so the reference draws exactly the full problem's masks.
 """
 
 from __future__ import annotations
@@ -237,10 +241,20 @@ DeterministicOpt = Annotated[
         "float atomics; more memory). The numpy backend is deterministic anyway: accepted, no-op.",
     ),
 ]
+PDropOpt = Annotated[
+    float,
+    typer.Option("--p-drop", help="Dropout probability in [0, 1) on the attention weights (CK's -p_drop)."),
+]
+DropSeedOpt = Annotated[
+    int, typer.Option("--drop-seed", help="Dropout Philox seed, an integer in [0, 2**64).")
+]
+DropOffsetOpt = Annotated[
+    int, typer.Option("--drop-offset", help="Dropout Philox counter offset, an integer in [0, 2**64).")
+]
 ScaleOpt = Annotated[
     Optional[float], typer.Option("--scale", help="Softmax scale; default 1/sqrt(hdim).")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the normal input draws.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the normal input draws (not dropout's: --drop-seed).")]
 WarmupOpt = Annotated[
     Optional[int],
     typer.Option("--warmup", help="Untimed calls first (default: 5 on cupy, 0 on numpy)."),
@@ -424,6 +438,15 @@ def _cu(lengths) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
 
 
+def _dropout_kwargs(cfg: dict, offset: int | None = None) -> dict[str, Any]:
+    """``dropout_p=, seed=, offset=`` for the library ({} without dropout); ``offset`` replaces
+    the configured counter offset (see :func:`_verify`)."""
+    if cfg["p_drop"] == 0.0:
+        return {}
+    off = cfg["drop_offset"] if offset is None else offset
+    return {"dropout_p": cfg["p_drop"], "seed": cfg["drop_seed"], "offset": off}
+
+
 def _mask_kwargs(cfg: dict, batches=None) -> dict[str, Any]:
     """Mask, scale and layout keywords for the library (group mode: the cu_seqlens too, of the
     sequences ``batches`` when given, with the full problem's max lengths so that lse shapes
@@ -520,7 +543,7 @@ def _run_cupy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, prog
 
     d = {n: dev(x) for n, x in inputs.items()}
     kw = dict(_mask_kwargs(cfg), dtype="bfloat16" if bf16 else None, **_alibi_kwargs(cfg),
-              **_bias_kwargs(cfg, d))
+              **_bias_kwargs(cfg, d), **_dropout_kwargs(cfg))
     bwd_kw = {"deterministic": True} if cfg.get("deterministic") else {}
     for name in ("cu_seqlens_q", "cu_seqlens_k"):  # group mode: on the device once, not per call
         if name in kw:
@@ -556,7 +579,8 @@ def _run_numpy(cfg: dict, mode: str, inputs: dict, warmup: int, repeat: int, pro
         inputs["q"], inputs["k"], inputs["v"], **_mask_kwargs(cfg),
         dtype="bfloat16" if cfg["dtype"] == "bf16" else "float16",
     )
-    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg), **_bias_kwargs(cfg, inputs))
+    kw = dict(_mask_kwargs(cfg), precision="low", **_alibi_kwargs(cfg), **_bias_kwargs(cfg, inputs),
+              **_dropout_kwargs(cfg))
     if mode == "fwd":
         kw.pop("return_dbias", None)
     last: dict[str, Any] = {}
@@ -593,30 +617,59 @@ def _verify(cfg: dict, mode: str, inputs: dict, outs: dict, backend: str, full: 
     from cupy_fmha import reference, verify
 
     batches, qh, kh = _check_selection(cfg, full)
+    kh_list = kh
     lay = cfg["layout"]
 
-    def take(name: str, x: np.ndarray) -> np.ndarray:
-        heads = kh if name in ("k", "v", "dk", "dv") else qh
+    def take(name: str, x: np.ndarray, bs=batches, heads_q=qh, heads_k=kh) -> np.ndarray:
+        heads = heads_k if name in ("k", "v", "dk", "dv") else heads_q
         if cfg["group"]:
             lengths = cfg["seqlens_k"] if name in ("k", "v", "dk", "dv") else cfg["seqlens_q"]
-            return _take_packed(x, lengths, batches, heads)
-        return _take(x, lay, batches, heads)
+            return _take_packed(x, lengths, bs, heads)
+        return _take(x, lay, bs, heads)
 
     sub = {n: take(n, x) for n, x in inputs.items() if n != "bias"}
     kw = dict(_mask_kwargs(cfg, batches), **_alibi_kwargs(cfg, batches, qh),
-              **_bias_kwargs(cfg, inputs, batches, qh))
+              **_bias_kwargs(cfg, inputs, batches, qh), **_dropout_kwargs(cfg))
     if mode == "fwd":
         kw.pop("return_dbias", None)
     names = _outputs_names(mode, cfg)
 
-    def ref(precision: str):
+    def ref_call(arrays, precision: str, kwargs):
         if mode == "fwd":
             return reference.attention_forward(
-                sub["q"], sub["k"], sub["v"], precision=precision, **kw
+                arrays["q"], arrays["k"], arrays["v"], precision=precision, **kwargs
             )
         return reference.attention_backward(
-            sub["do"], sub["q"], sub["k"], sub["v"], precision=precision, **kw
+            arrays["do"], arrays["q"], arrays["k"], arrays["v"], precision=precision, **kwargs
         )
+
+    def ref(precision: str):
+        if cfg["p_drop"] == 0.0 or (len(batches) == cfg["batch"] and len(qh) == cfg["nhead"]):
+            return ref_call(sub, precision, kw)
+        # Dropout's keep mask depends on (b, h) through offset + b * nhead_q + h: a subset
+        # problem would draw other masks. Each (batch, K/V head group) runs as its own problem
+        # with the counter offset moved to where that block starts in the full problem.
+        group = cfg["nhead"] // cfg["nhead_k"]
+        rows = []
+        for b in batches:
+            parts = []
+            for kv_head in kh_list:
+                heads = list(range(kv_head * group, (kv_head + 1) * group))
+                piece = {n: take(n, x, [b], heads, [kv_head]) for n, x in inputs.items() if n != "bias"}
+                off = (cfg["drop_offset"] + b * cfg["nhead"] + kv_head * group) % 2**64
+                kwp = dict(_mask_kwargs(cfg, [b]), **_alibi_kwargs(cfg, [b], heads),
+                           **_bias_kwargs(cfg, inputs, [b], heads), **_dropout_kwargs(cfg, off))
+                if mode == "fwd":
+                    kwp.pop("return_dbias", None)
+                parts.append(ref_call(piece, precision, kwp))
+            rows.append(parts)
+        out = []
+        for n, name in enumerate(names):  # heads side by side, then batches (sequences) one after another
+            axis = 1 if name in ("lse", "dbias") else _head_axis(lay)
+            out.append(np.concatenate(
+                [np.concatenate([np.asarray(part[n]) for part in parts], axis=axis) for parts in rows],
+                axis=0))
+        return tuple(out)
 
     with _phase("verifying against the float64 reference...", progress):
         r64 = dict(zip(names, ref("float64")))
@@ -689,7 +742,7 @@ def _group_lengths(batch, seqlen_q, seqlen_k) -> tuple[list[int], list[int]]:
 
 def _config(
     batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout, mask, causal, window,
-    scale, seed, bias="n", seq_mode="batch", dbias=False,
+    scale, seed, bias="n", seq_mode="batch", dbias=False, p_drop=0.0, drop_seed=0, drop_offset=0,
 ) -> dict:
     from cupy_fmha.mask import resolve_mask
 
@@ -732,7 +785,16 @@ def _config(
     if dbias and elem is None:
         raise UsageProblem(f"--dbias: needs an elementwise bias (--bias e, e:0, e:1 or e:2), got "
                            f"--bias {bias}")
+    from cupy_fmha.validate import check_dropout
+
+    try:
+        check_dropout(p_drop, drop_seed, drop_offset)
+    except (TypeError, ValueError) as e:
+        raise UsageProblem(_option_names(str(e))) from None
     return {
+        "p_drop": float(p_drop),
+        "drop_seed": int(drop_seed),
+        "drop_offset": int(drop_offset),
         "bias": kind or "n",
         "alibi_slopes": _alibi_slopes(alibi, b, hq),
         "bias_shape": None if elem is None else _ELEMENTWISE[elem](b, hq, sq, sk),
@@ -769,6 +831,9 @@ _ARG_TO_OPTION = {
     "dtype": "--dtype",
     "cu_seqlens_q": "--seqlen-q",
     "cu_seqlens_k": "--seqlen-k",
+    "dropout_p": "--p-drop",
+    "seed": "--drop-seed",
+    "offset": "--drop-offset",
 }
 
 
@@ -811,6 +876,7 @@ def _summary_line(cfg: dict, mode: str, backend: str, t, tflops, gbs, checks, va
         f"{mode} {cfg['dtype']} {cfg['layout']} b={cfg['batch']} h={cfg['nhead']}/{cfg['nhead_k']}"
         f" sq={sq} sk={sk} d={cfg['hdim']}/{cfg['hdim_v']}"
         f" mask={mask}" + ("" if cfg["bias"] == "n" else f" bias={cfg['bias']}")
+        + ("" if cfg["p_drop"] == 0.0 else f" p_drop={cfg['p_drop']:g}")
         + (" deterministic" if cfg.get("deterministic") else "") + f" [{backend}]",
         f"{t.median_ms:.3f} ms, {_fmt_rate(tflops)} TFLOP/s, {_fmt_rate(gbs)} GB/s",
     ]
@@ -847,10 +913,11 @@ def _work(cfg: dict, mode: str) -> tuple[int, int]:
 
 def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
          mask, causal, window, scale, seed, warmup, repeat, verify_, full_check, json_out,
-         backend, bias="n", seq_mode="batch", deterministic=False, dbias=False) -> None:
+         backend, bias="n", seq_mode="batch", deterministic=False, dbias=False, p_drop=0.0,
+         drop_seed=0, drop_offset=0) -> None:
     try:
         cfg = _config(batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, dtype, layout,
-                      mask, causal, window, scale, seed, bias, seq_mode, dbias)
+                      mask, causal, window, scale, seed, bias, seq_mode, dbias, p_drop, drop_seed, drop_offset)
         if mode == "bwd":
             cfg["deterministic"] = bool(deterministic)
         be = _pick_backend(backend, json_out)
@@ -893,7 +960,7 @@ def _run(mode: str, *, batch, nhead, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v, 
                 k: cfg[k]
                 for k in ("batch", "nhead", "nhead_k", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
                           "dtype", "layout", "mask", "causal", "scale", "seed", "bias", "dbias",
-                          "deterministic")
+                          "deterministic", "p_drop", "drop_seed", "drop_offset")
                 if k in cfg
             },
             "seq_mode": "group" if cfg["group"] else "batch",
@@ -958,6 +1025,9 @@ def fwd(
     causal: CausalOpt = False,
     window: WindowOpt = None,
     bias: BiasOpt = "n",
+    p_drop: PDropOpt = 0.0,
+    drop_seed: DropSeedOpt = 0,
+    drop_offset: DropOffsetOpt = 0,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -972,7 +1042,8 @@ def fwd(
     _run("fwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
-         full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode)
+         full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
+         p_drop=p_drop, drop_seed=drop_seed, drop_offset=drop_offset)
 
 
 @app.command()
@@ -992,6 +1063,9 @@ def bwd(
     bias: BiasOpt = "n",
     deterministic: DeterministicOpt = False,
     dbias: DbiasOpt = False,
+    p_drop: PDropOpt = 0.0,
+    drop_seed: DropSeedOpt = 0,
+    drop_offset: DropOffsetOpt = 0,
     scale: ScaleOpt = None,
     seed: SeedOpt = 0,
     warmup: WarmupOpt = None,
@@ -1008,7 +1082,8 @@ def bwd(
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,
          full_check=full_check, json_out=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
-         deterministic=deterministic, dbias=dbias)
+         deterministic=deterministic, dbias=dbias, p_drop=p_drop, drop_seed=drop_seed,
+         drop_offset=drop_offset)
 
 
 @app.command()

@@ -27,12 +27,14 @@ import numpy as np
 
 from . import launch as L
 from .compile import get_function
-from .spec import bwd_specs, fwd_spec
+from .spec import bwd_specs, dropout_mask_spec, fwd_spec
 from .validate import (
     _BF16,
     check_alibi_slopes,
     check_backward_inputs,
     check_bias,
+    check_dropout,
+    check_flag,
     check_forward_inputs,
     check_return_dbias,
     check_varlen_inputs,
@@ -278,6 +280,23 @@ def _reduce_dbias(cp, ds, bias, bias_dt):
     if bias_dt == _BF16:
         return _f32_to_bf16_bits(cp, red)
     return cp.ascontiguousarray(red.astype(bias_dt))
+def _dropout_args(drop):
+    """The kernels' dropout argument group (keep_threshold, rp_keep, seed, offset); passed to
+    every instance, read only by the ``DROPOUT=1`` ones."""
+    return (np.uint32(drop.threshold), np.float32(1.0 / (1.0 - drop.p)), np.uint64(drop.seed),
+            np.uint64(drop.offset))
+
+
+def _dropout_mask(cp, drop, batch, nhead_q, seqlen_q, seqlen_k):
+    """bool [batch, nhead_q, seqlen_q, seqlen_k]: the keep mask the attention kernels apply
+    (fmha_dropout_mask.cu calls the same Philox function with the same keying)."""
+    keep = cp.empty((batch, nhead_q, seqlen_q, seqlen_k), dtype=cp.bool_)
+    if keep.size:
+        spec = dropout_mask_spec()
+        _launch(cp, spec, L.dropout_mask_launch(batch, nhead_q, seqlen_q, seqlen_k),
+                (keep, np.int32(seqlen_q), np.int32(seqlen_k), np.uint32(drop.threshold),
+                 np.uint64(drop.seed), np.uint64(drop.offset)))
+    return keep
 
 
 def _launch(cp, spec, launch, args):
@@ -290,8 +309,9 @@ def _launch(cp, spec, launch, args):
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
-                      layout="bshd", dtype=None, alibi_slopes=None, bias=None, out=None, cu_seqlens_q=None,
-                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+                      layout="bshd", dtype=None, alibi_slopes=None, bias=None, dropout_p=0.0, seed=0, offset=0,
+                      return_dropout_mask=False, out=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                      max_seqlen_k=None):
     """Attention forward: ``O = softmax(softmax_scale * Q K^T + mask) V`` and its log-sum-exp.
 
     Args:
@@ -321,6 +341,17 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             a NumPy ``ml_dtypes.bfloat16`` array, or as uint16 bits on the GPU when
             ``dtype="bfloat16"``. Not together with ``alibi_slopes``. A bias of ``-inf`` masks a
             pair out. Not in group mode yet. Selects the kernel instance compiled with the bias (``-D BIAS=1``).
+        dropout_p: dropout probability in [0, 1) on the attention weights: ``O = (P * Z) V``
+            with ``Z = keep / (1 - dropout_p)``; the LSE stays that of the undropped softmax.
+            0 (default) runs the kernels built without dropout; above 0, the ``-D DROPOUT=1``
+            instances.
+        seed, offset: integers in [0, 2**64): the Philox key and counter offset
+            (:mod:`cupy_fmha.philox` defines the keep mask bit for bit; element (b, h, i, j)
+            uses counter offset ``offset + b * nhead_q + h``; group mode: b is the sequence and
+            i, j positions inside it). The backward must get the same ``dropout_p``, ``seed``
+            and ``offset``.
+        return_dropout_mask: also return the keep mask (computed by a separate small kernel
+            with the same Philox function; all True when ``dropout_p`` is 0).
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
             a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
         cu_seqlens_q, cu_seqlens_k: group mode only: int32 [batch + 1] offsets (CuPy or NumPy;
@@ -330,28 +361,34 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             at least that long; max_seqlen_q sets lse's last dimension.
 
     Returns:
-        (o, lse): o [batch, seqlen_q, nhead_q, hdim_v] in ``layout`` (thd: [total_q, nhead_q,
-        hdim_v]) and the inputs' dtype; lse float32 [batch, nhead_q, seqlen_q] (thd: [batch,
-        nhead_q, max_seqlen_q], -inf beyond each sequence's length), natural log. Rows that see
-        no key (all rows of a sequence with no keys): o = 0, lse = -inf.
+        (o, lse), or (o, lse, keep) with ``return_dropout_mask``: o [batch, seqlen_q, nhead_q,
+        hdim_v] in ``layout`` (thd: [total_q, nhead_q, hdim_v]) and the inputs' dtype; lse
+        float32 [batch, nhead_q, seqlen_q] (thd: [batch, nhead_q, max_seqlen_q], -inf beyond each
+        sequence's length), natural log; keep a CuPy bool array [batch, nhead_q, seqlen_q,
+        seqlen_k] (thd: [batch, nhead_q, max_seqlen_q, max_seqlen_k], sequence b's mask in its
+        top-left [seqlen_q_b, seqlen_k_b] corner), as :func:`cupy_fmha.reference.attention_forward`
+        returns it. Rows that see no key (all rows of a sequence with no keys): o = 0, lse = -inf.
 
     Raises:
-        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`
-            and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes``), before
-            anything is launched.
+        TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`,
+            :func:`cupy_fmha.validate.check_bias` and :func:`cupy_fmha.validate.check_dropout`;
+            ``bias`` with ``alibi_slopes``), before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
     if layout == "thd":
         if bias is not None:
             raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _forward_varlen(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, out=out,
+                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                               seed=seed, offset=offset, return_dropout_mask=return_dropout_mask, out=out,
                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                max_seqlen_k=max_seqlen_k)
     _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
+    drop = check_dropout(dropout_p, seed, offset)
+    want_keep = check_flag("return_dropout_mask", return_dropout_mask)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -367,19 +404,23 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     else:
         o, lse = out
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                    alibi=alibi_slopes is not None, bias=bias is not None)
+                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
     win_y, win_x = L.kernel_window(p.window)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, *bias_args)
+            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, *bias_args,
+            *_dropout_args(drop))
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
+    if want_keep:
+        return o, lse, _dropout_mask(cp, drop, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k)
     return o, lse
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
                        mask=None, layout="bshd", dtype=None, alibi_slopes=None, bias=None, return_dbias=False,
-                       out=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       dropout_p=0.0, seed=0, offset=0, out=None, deterministic=False, cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q=None,
                        max_seqlen_k=None) -> AttentionGrads | AttentionGradsWithBias:
     """Attention backward: dQ, dK, dV (and optionally dBias) from dO and the forward's O and LSE.
 
@@ -395,10 +436,10 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         q, k, v: as in :func:`attention_forward`.
         o: the forward output; lse: float32 [batch, nhead_q, seqlen_q] from the forward (thd:
             [batch, nhead_q, max_seqlen_q]).
-        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, bias, cu_seqlens_q,
-            cu_seqlens_k, max_seqlen_q, max_seqlen_k: as in the forward (must match).
-        return_dbias: also return dbias, the gradient of ``bias`` (needs ``bias``): dS summed
-            over the dimensions the bias broadcasts along, in the bias's shape and dtype.
+        softmax_scale, causal, window_size, mask, layout, dtype, alibi_slopes, bias, dropout_p,
+            seed, offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as in the
+            forward (must match: the backward regenerates the forward's keep mask from dropout_p,
+            seed and offset; dV = (P Z)^T dO, dS = P (dP Z - D), D = rowsum(dO * O)).
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows); dbias is always a fresh array.
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
@@ -437,13 +478,14 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _backward_varlen(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, mask=mask, dtype=dtype, alibi_slopes=alibi_slopes,
-                                out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                                dropout_p=dropout_p, seed=seed, offset=offset, out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
                  window_size=window_size, mask=mask, layout=layout, dtype=dtype)
     want_dbias = check_return_dbias(return_dbias, bias)
     bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
+    drop = check_dropout(dropout_p, seed, offset)
     cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
@@ -457,7 +499,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     bias_args = _bias_args(cp, bias, bias_dt)
     specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                      alibi=alibi_slopes is not None, bias=bias is not None)
+                      alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
@@ -487,7 +529,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
             np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
             *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, np.int64(ws.split_stride), *bias_args,
-            ds_acc if want_dbias else _NULL)
+            ds_acc if want_dbias else _NULL, *_dropout_args(drop))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
 
     conv = specs.convert_dq
@@ -511,12 +553,14 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
 # --------------------------------------------------------------------------- group mode (varlen)
 
 
-def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, out,
-                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, dropout_p, seed,
+                    offset, return_dropout_mask, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """attention_forward for layout "thd": one launch over (max_seqlen_q blocks, heads, batch)."""
     p = check_varlen_inputs(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                             causal=causal, window_size=window_size, mask=mask, layout="thd", dtype=dtype)
+    drop = check_dropout(dropout_p, seed, offset)
+    want_keep = check_flag("return_dropout_mask", return_dropout_mask)
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
     cp = _cupy()
@@ -532,18 +576,21 @@ def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype,
     else:
         o, lse = out
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                    alibi=alibi_slopes is not None)
+                    alibi=alibi_slopes is not None, dropout=drop.enabled)
     win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
     args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
             np.int32(p.max_seqlen_q), np.int32(p.max_seqlen_k), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.int32(win_y), np.int32(win_x),
-            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *_NO_BIAS)
+            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *_NO_BIAS,
+            *_dropout_args(drop))
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.max_seqlen_q), args)
+    if want_keep:  # sequence b's keep mask in the top-left corner of [max_seqlen_q, max_seqlen_k]
+        return o, lse, _dropout_mask(cp, drop, p.batch, p.nhead_q, p.max_seqlen_q, p.max_seqlen_k)
     return o, lse
 
 
 def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes,
-                     out, deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     dropout_p, seed, offset, out, deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k) -> AttentionGrads:
     """attention_backward for layout "thd".
 
@@ -554,6 +601,7 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                             softmax_scale=softmax_scale, causal=causal, window_size=window_size, mask=mask,
                             layout="thd", dtype=dtype, lse=lse)
+    drop = check_dropout(dropout_p, seed, offset)
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
     cp = _cupy()
@@ -567,7 +615,7 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
     specs = bwd_specs(_dtype_name(p), d, dv_, int(cp.cuda.Device().compute_capability),
-                      alibi=alibi_slopes is not None)
+                      alibi=alibi_slopes is not None, dropout=drop.enabled)
 
     delta = cp.empty((b, hq, msq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, msq),
@@ -593,7 +641,8 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
             np.int32(msq), np.int32(msk), np.int32(d), np.int32(dv_), np.int32(p.group),
             np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale), np.int32(win_y), np.int32(win_x),
             np.int32(0 if p.group == 1 else 1), *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k,
-            np.int32(bottom_right), np.int64(ws.split_stride), *_NO_BIAS, _NULL)
+            np.int32(bottom_right), np.int64(ws.split_stride), *_NO_BIAS, _NULL,
+            *_dropout_args(drop))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, msk), args)
 
     conv = specs.convert_dq

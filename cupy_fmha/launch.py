@@ -14,7 +14,7 @@ from .spec import KernelSpec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
            "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace",
-           "kernel_window_spec", "sequence_window", "empty_grid"]
+           "kernel_window_spec", "sequence_window", "empty_grid", "keep_bits_bytes", "dropout_mask_launch"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
@@ -111,12 +111,30 @@ def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -
     if spec.target == "sm90a":  # fmha_bwd_dq_dk_dv_sm90: 2 warpgroups, 128 keys, 64 query rows
         bn, bm = 128, 64
         smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm
+        smem += keep_bits_bytes(spec, bm, bn)
         return Launch((cdiv(seqlen_k, bn), nhead_q, batch), (256, 1, 1), smem)
     nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
     bn = 16 * nw
     pq, pv, ps = smem_pitch(dq), smem_pitch(dv), smem_pitch(bm)
     smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm
+    smem += keep_bits_bytes(spec, bm, bn)
     return Launch((cdiv(seqlen_k, bn) * ns, nhead_q, batch), (32 * nw, 1, 1), smem)
+
+
+def keep_bits_bytes(spec: KernelSpec, block_m: int, block_n: int) -> int:
+    """Shared memory of the dq_dk_dv kernels' dropout keep bits: two [block_n / 8][block_m] byte
+    tiles (the current Q block's and the next one's); 0 without ``DROPOUT``."""
+    return 2 * (block_n // 8) * block_m if spec.macro("DROPOUT", 0) else 0
+
+
+#: threads per block of the keep-mask kernel (NTHREADS in fmha_dropout_mask.cu)
+DROPOUT_MASK_THREADS = 256
+
+
+def dropout_mask_launch(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int) -> Launch:
+    """fmha_dropout_mask: one thread per (query row, 8 keys)."""
+    calls = seqlen_q * cdiv(seqlen_k, 8)
+    return Launch((max(1, cdiv(calls, DROPOUT_MASK_THREADS)), nhead_q, batch), (DROPOUT_MASK_THREADS, 1, 1), 0)
 
 
 def dot_do_o_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "default_dispatch_table", "DTYPES"]
+__all__ = ["KernelSpec", "pad_hdim", "fwd_spec", "bwd_specs", "dropout_mask_spec", "default_dispatch_table",
+           "DTYPES"]
 
 DTYPES = ("fp16", "bf16")
 
@@ -75,10 +76,11 @@ def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
     return tiles
 
 
-def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False) -> dict[str, int]:
+def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False,
+              dropout: bool = False) -> dict[str, int]:
     """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step. Head dims above
-    128 with the elementwise bias step 16 keys at a time: at 32 the bias's address arithmetic
-    pushes the hdim 240 instance past 255 registers (spills)."""
+    128 with the elementwise bias, ALiBi or dropout step 16 keys at a time: at 32 the bias's
+    address arithmetic (or the Philox state) pushes them past 255 registers (spills)."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
         tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
@@ -87,13 +89,14 @@ def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False)
         # the per-sequence lengths and window live in registers; 16-key blocks use ~215
         tiles = dict(NWARPS=4, BLOCK_N=16, Q_IN_REGS=0)
     else:
-        tiles = dict(NWARPS=4, BLOCK_N=16 if (bias or alibi) else 32, Q_IN_REGS=0)
+        tiles = dict(NWARPS=4, BLOCK_N=16 if (bias or alibi or dropout) else 32, Q_IN_REGS=0)
     return _override("CUPY_FMHA_FWD_TILES", tiles)
 
 
-def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False) -> dict[str, int]:
+def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, dropout: bool = False) -> dict[str, int]:
     """Backward dq_dk_dv tiles: BLOCK_N = 16 * NWARPS keys per CTA, BLOCK_M query rows per step,
-    NSPLIT CTAs sharing one key block's output columns (head dims above 128)."""
+    NSPLIT CTAs sharing one key block's output columns (head dims above 128). The bias (all head
+    dims) and dropout (above 64) halve BLOCK_M: 32-row steps spill at 255 registers."""
     d = max(hdim_q, hdim_v)
     if d <= 64:
         tiles = dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
@@ -102,7 +105,7 @@ def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False) -> dict[str, int]:
         tiles = dict(NWARPS=8, BLOCK_M=16 if pad_hdim(d) == 112 else 32, NSPLIT=1, MIN_BLOCKS=1)
     else:
         tiles = dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
-    if bias and tiles["NSPLIT"] == 1 and tiles["BLOCK_M"] > 16:  # the bias's loads and the dS store: half the rows per step, no spills
+    if (bias or (dropout and d > 64)) and tiles["NSPLIT"] == 1 and tiles["BLOCK_M"] > 16:  # the bias's loads and the dS store: half the rows per step, no spills
         tiles["BLOCK_M"] //= 2
     return _override("CUPY_FMHA_BWD_TILES", tiles)
 
@@ -114,35 +117,49 @@ def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
     return pad_hdim(hdim_q, m), pad_hdim(hdim_v, m)
 
 
-def fwd_sm90_tiles(hdim_q: int, hdim_v: int) -> dict[str, int]:
-    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step."""
-    if max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64:
+def fwd_sm90_tiles(hdim_q: int, hdim_v: int, dropout: bool = False) -> dict[str, int]:
+    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step.
+
+    The dropout instances need registers for the Philox state (ptxas, sm_90a): at head dim 64,
+    2 CTAs of 2 warpgroups (at most 128 registers) spill, one CTA of 3 warpgroups fits (155);
+    at head dim 128, 3 warpgroups (at most 168) spill, 2 fit (about 200)."""
+    small = max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64
+    if dropout:
+        tiles = dict(NWG=3 if small else 2, BLOCK_N=64, MIN_BLOCKS=1)
+    elif small:
         tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=2)
     else:
         tiles = dict(NWG=3, BLOCK_N=64, MIN_BLOCKS=1)
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
-def _features(alibi: bool = False, bias: bool = False) -> dict[str, int]:
+def _features(alibi: bool = False, bias: bool = False, dropout: bool = False) -> dict[str, int]:
     """Compile-time feature macros of the main kernels: only those switched on, so the plain
     instances keep their names and their code (a feature costs nothing unless used)."""
+    for name, val in (("alibi", alibi), ("bias", bias), ("dropout", dropout)):
+        if not isinstance(val, bool):
+            raise TypeError(f"{name}: expected a bool, got {val!r}")
     out = {}
     if alibi:
         out["ALIBI"] = 1
     if bias:
         out["BIAS"] = 1
+    if dropout:
+        out["DROPOUT"] = 1
     return out
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False) -> KernelSpec:
+             bias: bool = False, dropout: bool = False) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
-    (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``)."""
+    (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
+    ``dropout``: the Philox keep test, ``-D DROPOUT=1``)."""
+    feats = _features(alibi, bias, dropout)
     if use_sm90(hdim_q, hdim_v, cc):
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v), **_features(alibi, bias))
+                   **fwd_sm90_tiles(hdim_q, hdim_v, dropout), **feats)
     dq, dv = padded_dims(hdim_q, hdim_v)
-    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias, alibi), **_features(alibi, bias))
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias, alibi, dropout), **feats)
 
 
 @dataclass(frozen=True)
@@ -166,17 +183,21 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
-    ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias."""
-    if use_sm90(hdim_q, hdim_v, cc):
+    ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
+    ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change)."""
+    feats = _features(alibi, bias, dropout)
+    # the wgmma backward at hdim 128 spills with dropout (255 registers; Philox state and keep
+    # bits on top of varlen, dQ slabs and bias): dropout above hdim 64 takes the mma.sync kernel
+    if use_sm90(hdim_q, hdim_v, cc) and not (dropout and max(pad_hdim(hdim_q), pad_hdim(hdim_v)) > 64):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **_features(alibi, bias))
+                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **feats)
     else:
-        tiles = bwd_tiles(hdim_q, hdim_v, bias)
+        tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
-        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **_features(alibi, bias))
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -185,14 +206,21 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     )
 
 
-#: every combination of compile-time features the library dispatches to
-FEATURE_SETS = ({}, {"alibi": True}, {"bias": True})
+#: every combination of compile-time features the library dispatches to (the elementwise bias
+#: and ALiBi exclude each other; dropout combines with either)
+FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
+                {"dropout": True}, {"dropout": True, "alibi": True}, {"dropout": True, "bias": True})
+
+
+def dropout_mask_spec() -> KernelSpec:
+    """The keep-mask kernel (``fmha_dropout_mask``): no dtype dependence, built once as fp16."""
+    return _mk("fmha_dropout_mask", "fp16")
 
 
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
-    sm_80-class and sm_90 devices, for every feature set."""
+    sm_80-class and sm_90 devices, for every feature set, plus the keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
     for feats in FEATURE_SETS:
@@ -202,4 +230,6 @@ def default_dispatch_table() -> list[KernelSpec]:
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values()):
                         seen.setdefault(spec.name, spec)
+    spec = dropout_mask_spec()
+    seen.setdefault(spec.name, spec)
     return list(seen.values())

@@ -6,6 +6,14 @@
 #pragma once
 #include "common.cuh"
 #include "arch_sm80.cuh"
+#include "philox.cuh"
+
+// DROPOUT=1 builds the dropout instances (Philox keep test in the forward's softmax and the
+// backward's P / dS step); DROPOUT=0 (default) compiles none of it, so those instances are
+// unchanged in code and cost and ignore the dropout kernel arguments.
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
 
 #ifndef ALIBI
 #define ALIBI 0  // 1: the instance adds ALiBi (compile-time, so plain attention pays nothing)
@@ -82,14 +90,37 @@ __device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_
     return ElemBias{p, sq, sk, kind, seqlen_q, seqlen_k};
 }
 
+// Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: columns 2t, 2t + 1
+// of tile m) in row i, for the m16n8 C fragment's thread t = lane & 3. The four threads of a quad
+// hold the same row, so each makes one Philox call (tile jg0 + t) and four word exchanges give
+// every thread word t of all four calls: lane t sends word (t - d) & 3 to lane (t - d) & 3 while
+// receiving word t from lane (t + d) & 3.
+__device__ __forceinline__ uint32_t quad_keep_bits(const Dropout& drop, int i, int jg0, int lane) {
+    const int t = lane & 3;
+    const uint4 r = drop.random8(i, jg0 + t);
+    uint32_t bits = 0;
+#pragma unroll
+    for (int d = 0; d < 4; ++d) {
+        const int idx = (t - d) & 3, src = (t + d) & 3;
+        const uint32_t send = idx == 0 ? r.x : idx == 1 ? r.y : idx == 2 ? r.z : r.w;
+        const uint32_t x = d == 0 ? send : shfl_idx(send, (lane & ~3) | src);
+        bits |= drop.keep_word(x) << (2 * src);
+    }
+    return bits;
+}
+
 // Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
 // the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
 // units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
-// (the tile crosses a mask or sequence edge).
+// (the tile crosses a mask or sequence edge). With DROPOUT, the row sums take the undropped P and
+// then the dropped elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into
+// finish_rows): one Philox call per (row, n8 tile) covers both columns of the thread and, shared
+// across the quad (quad_keep_bits), those of the other three threads too (k0 a multiple of 8).
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                               const ElemBias& bias, int row0, int k0, int g, int t, int seqlen_k) {
+                                               const ElemBias& bias, int row0, int k0, int g, int t, int seqlen_k,
+                                               const Dropout& drop) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -133,16 +164,35 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
             acc_o[4 * n + 2 * r + 1] *= corr;
         }
     }
+    if constexpr (DROPOUT != 0) {
+        // groups of four n8 tiles; with BLOCK_N = 16 (NS = 2) half of the one group's bits go unused
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int a = 0; a < (NS + 3) / 4; ++a) {
+                const uint32_t bits = quad_keep_bits(drop, row0 + g + r * 8, (k0 >> 3) + 4 * a, 4 * g + t);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const int n = 4 * a + m;
+                    if (n >= NS) break;
+                    if (!((bits >> (2 * m)) & 1u)) s[4 * n + 2 * r] = 0.f;
+                    if (!((bits >> (2 * m + 1)) & 1u)) s[4 * n + 2 * r + 1] = 0.f;
+                }
+            }
+    }
 }
 
-// Forward epilogue per row r: 1/l for O (0 for a row that saw no key) and the natural-log LSE.
-__device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2]) {
+// Forward epilogue per row r: 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with
+// DROPOUT) and the natural-log LSE (of the undropped softmax).
+__device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2],
+                                            const Dropout& drop) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l = row_sum[r];
         l += shfl_xor(l, 1);
         l += shfl_xor(l, 2);
-        inv[r] = l > 0.f ? 1.f / l : 0.f;
+        if constexpr (DROPOUT != 0) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
+        else inv[r] = l > 0.f ? 1.f / l : 0.f;
         lse[r] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
     }
 }
@@ -150,12 +200,16 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + g (+8), columns = query rows q0 + 8n + 2t
 // (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
+// With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
+// the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = 8 NQ),
+// `keep_bits` pointing at the byte row of key group key0 / 8 (key0 a multiple of 8).
 // (Kept as one loop, unlike the forward: the compiler unswitches it by itself here, and splitting
 // it by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into spills.)
 template <int NQ>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
-                                              int key0, int q0, int g, int t, int seqlen_q, int seqlen_k) {
+                                              int key0, int q0, int g, int t, int seqlen_q, int seqlen_k,
+                                              const Dropout& drop, const unsigned char* keep_bits) {
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
@@ -170,8 +224,16 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             if (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);
             if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
-            s[4 * n + e] = p;
-            dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
+            if constexpr (DROPOUT != 0) {
+                // bytes of query rows c & ~1 and c | 1 of key group (e >> 1): bit g (+ 8)
+                const uint32_t pair = *reinterpret_cast<const uint16_t*>(keep_bits + (e >> 1) * (8 * NQ) + n * 8 + 2 * t);
+                const float z = (pair >> ((e & 1) * 8 + g)) & 1u ? drop.rp_keep : 0.f;
+                s[4 * n + e] = p * z;
+                dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
+            } else {
+                s[4 * n + e] = p;
+                dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
+            }
         }
 }
 

@@ -20,7 +20,11 @@
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias),
+//            DROPOUT (0/1).
+// Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
+// shared memory, one Philox call per (query row, 8 keys), one Q block ahead (fill_keep_bits);
+// backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep / (1 - p).
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller, when dq_split_stride == 0
 //         (atomic adds). Deterministic mode: dq_split_stride = batch * nhead_q * seqlen_q * hdim_q
@@ -67,7 +71,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                   const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                   int win_bottom_right, index_t dq_split_stride,
                   const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-                  index_t bias_sk, float* __restrict__ dbias_acc) {
+                  index_t bias_sk, float* __restrict__ dbias_acc,
+                  // dropout (used when DROPOUT=1)
+                  unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -87,6 +93,9 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
     float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
     float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
+    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
+    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
@@ -109,6 +118,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
     const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -128,6 +138,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -175,7 +186,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + n0, q0, g, t,
-                            seqlen_q, seqlen_k);
+                            seqlen_q, seqlen_k, drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
 #if BIAS
         if (dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
             store_ds<NT_M>(&dp[0][0], dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + n0, q0, g, t, seqlen_q,
@@ -229,6 +240,12 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
                 }
             }
         }
+        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
+        // readers, in the previous iteration, are past this iteration's barrier). At the end of
+        // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)

@@ -15,7 +15,7 @@
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
-//            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu).
+//            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -47,7 +47,10 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                        const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                        int win_bottom_right, index_t dq_split_stride,
                        const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh,
-                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc) {
+                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc,
+                       // dropout (used when DROPOUT=1)
+                       unsigned int keep_threshold, float rp_keep, unsigned long long seed,
+                       unsigned long long offset) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -60,6 +63,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     uint16_t* sdS = sdO + 2 * BLOCK_M * HDIM_V;              // [BLOCK_N][BLOCK_M] (dS^T)
     float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * BLOCK_M);
     float* sD = sLse + 2 * BLOCK_M;
+    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
+    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
@@ -82,6 +88,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
     const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;
@@ -101,6 +108,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -148,7 +156,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         // P^T and dS^T
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + key_row0 + wi * 16, q0, g, t,
-                          seqlen_q, seqlen_k);
+                          seqlen_q, seqlen_k, drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
 #if BIAS
         if (dbias_acc != nullptr)  // dS in fp32 for dBias
             store_ds<NQ>(dp, dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
@@ -221,6 +229,12 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                 }
             }
         }
+        // the next block's keep bits (read after the next iteration's barrier; the buffer's last
+        // readers, in the previous iteration, are past this iteration's barrier). At the end of
+        // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
+        if constexpr (DROPOUT != 0)
+            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+                                                                            q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV

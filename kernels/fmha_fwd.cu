@@ -6,6 +6,7 @@
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
 //            BIAS (1: add the elementwise bias given by bias / bias_kind / bias_s*).
+//            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
 // Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths, the
@@ -36,7 +37,9 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
          int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
          const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
          const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-         index_t bias_sk) {
+         index_t bias_sk,
+         // dropout (used when DROPOUT=1)
+         unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -65,6 +68,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
     const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
 
     int kb_begin, kb_end;  // key blocks this row block can see (none: o = 0, lse = -inf)
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
@@ -121,7 +125,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, scale_log2, edge, win, alibi, ebias, q0 + m0, k0,
-                                   g, t, seqlen_k);
+                                   g, t, seqlen_k, drop);
 
         // O += P V
 #pragma unroll
@@ -135,7 +139,7 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse);
+    finish_rows(row_max, row_sum, inv, row_lse, drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + m0 + g + r * 8;

@@ -6,7 +6,8 @@
 // Arguments are identical to fmha_fwd (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
-//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias).
+//            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
+//            fmha_fwd.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "arch_sm90.cuh"
@@ -42,7 +43,7 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
                                           const uint16_t* vg, index_t k_ss, index_t v_ss, int seqlen_q, int seqlen_k,
                                           int hdim_q, int hdim_v, int tid, int wg, int wi, int g, int t, int wq0,
                                           const Window& win, const Alibi& alibi, const ElemBias& ebias,
-                                          float scale_log2, float* acc_o,
+                                          const Dropout& drop, float scale_log2, float* acc_o,
                                           float* row_max, float* row_sum) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     const int buf = (kb - kb_begin) & 1;
@@ -72,7 +73,7 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
     const int k0 = kb * BLOCK_N;
     const bool edge = win.tile_needs_test(wq0, 64, k0, BLOCK_N, seqlen_q, seqlen_k);
     online_softmax<NS, NO>(s, acc_o, row_max, row_sum, scale_log2, edge, win, alibi, ebias, wq0 + wi * 16, k0, g, t,
-                           seqlen_k);
+                           seqlen_k, drop);
     uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
@@ -95,7 +96,9 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
               int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
               const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
               const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-              index_t bias_sk) {
+              index_t bias_sk,
+              // dropout (used when DROPOUT=1)
+              unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
@@ -124,6 +127,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     const Window win{win_y, win_x};
     const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
     const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
 
     int kb_begin, kb_end;
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
@@ -163,7 +167,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     all_end = max(all_end, all_begin);
 #define FMHA_FWD_BLOCK(SKIP, kb)                                                                                    \
     fwd_block<SKIP>(kb, kb_begin, kb_end, wkb_begin, wkb_end, sQ, sK, sV, kg, vg, k_ss, v_ss, seqlen_q, seqlen_k,      \
-                    hdim_q, hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, scale_log2, acc_o, row_max, row_sum)
+                    hdim_q, hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, drop, scale_log2, acc_o, row_max, row_sum)
     if (!WG_SKIP) all_begin = kb_begin, all_end = kb_end;
     for (int kb = kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
     for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
@@ -174,7 +178,7 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     uint16_t* og = o + b * o_sb + h * o_sh;
     if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse);
+    finish_rows(row_max, row_sum, inv, row_lse, drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + my_row + r * 8;

@@ -335,6 +335,53 @@ def test_group_mode_flops_sum_the_sequences(no_gpu):
     obj = json.loads(res.stdout)
     want = sum(flops.attention_flops(1, 2, a, b, 32, 32, "b", "fwd") for a, b in ((10, 5), (0, 4), (7, 7)))
     assert obj["flops"] == want
+# dropout
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_dropout_run_is_valid(no_gpu, mode):
+    line = assert_valid_line(invoke(mode, *SMALL, "--mask", "t", "--p-drop", 0.2, "--drop-seed", 2**40 + 3,
+                                    "--drop-offset", 2**64 - 5))
+    assert " p_drop=0.2 " in line
+
+
+def test_dropout_json_config(no_gpu):
+    res = invoke("fwd", *SMALL, "--p-drop", 0.5, "--drop-seed", 9, "--drop-offset", 11, "--json")
+    obj = json.loads(res.stdout)
+    assert obj["valid"] is True
+    assert (obj["config"]["p_drop"], obj["config"]["drop_seed"], obj["config"]["drop_offset"]) == (0.5, 9, 11)
+
+
+def test_dropout_subset_check_uses_the_full_problems_masks(no_gpu, monkeypatch):
+    # the keep mask depends on (batch, head): subset checks must key the reference as the
+    # full problem does (batches 0, 2 and K/V heads 0, 2 of 3, with their query-head groups)
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    for mode in ("fwd", "bwd"):
+        res = invoke(mode, "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 24, "-d", 16, "--backend", "numpy",
+                     "--json", "--p-drop", 0.3, "--drop-seed", 5, "--drop-offset", 2**64 - 7)
+        obj = json.loads(res.stdout)
+        assert res.exit_code == 0 and obj["valid"] is True, res.stdout
+        assert obj["checked"] == {"batches": [0, 2], "heads_q": [0, 1, 4, 5], "full": False}
+
+
+def test_dropout_subset_pieces_match_the_full_reference(monkeypatch):
+    # the per-(batch, K/V head) reference pieces with moved offsets equal the full problem's
+    from cupy_fmha import reference
+
+    cfg = cli._config(3, 6, 3, 20, 28, 16, 16, "fp16", "bshd", "t", False, None, None, 1,
+                      p_drop=0.4, drop_seed=2**33 + 1, drop_offset=2**64 - 3)
+    inputs = cli._make_inputs(cfg, "fwd")
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    full = reference.attention_forward(inputs["q"], inputs["k"], inputs["v"], precision="low",
+                                       **cli._mask_kwargs(cfg), **cli._dropout_kwargs(cfg))
+    outs = {"o": full[0], "lse": full[1]}
+    checks, checked = cli._verify(cfg, "fwd", inputs, outs, "numpy", False, False)
+    assert not checked["full"] and all(c.ok for c in checks), [str(c) for c in checks]
+    # and a mask drawn with the wrong keying does fail the check
+    wrong = reference.attention_forward(inputs["q"], inputs["k"], inputs["v"], precision="low",
+                                        **cli._mask_kwargs(cfg), **cli._dropout_kwargs(cfg, offset=12345))
+    checks, _ = cli._verify(cfg, "fwd", inputs, {"o": wrong[0], "lse": wrong[1]}, "numpy", False, False)
+    assert not checks[0].ok
 
 
 @pytest.mark.parametrize(
@@ -426,3 +473,16 @@ def test_elementwise_bias_draws():
     kw = cli._bias_kwargs(dict(cfg, dbias=True), {"bias": np.zeros((3, 4, 8, 5))}, [0, 2], [1, 3])
     assert kw["bias"].shape == (2, 2, 8, 5) and kw["return_dbias"] is True
     assert cli._bias_kwargs(cfg, {"bias": np.zeros((1, 1, 8, 5))}, [0, 2], [1])["bias"].shape == (1, 1, 8, 5)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--p-drop", 1.0), ("--p-drop",)),
+        (("--p-drop", -0.5), ("--p-drop",)),
+        (("--p-drop", 0.1, "--drop-seed", -1), ("--drop-seed",)),
+        (("--p-drop", 0.1, "--drop-offset", 2**64), ("--drop-offset",)),
+    ],
+)
+def test_dropout_bad_options(no_gpu, args, words):
+    assert_usage_error(invoke("fwd", *SMALL, *args), *words)

@@ -1,0 +1,32 @@
+// Dropout keep mask, for callers that want it (attention_forward(..., return_dropout_mask=True))
+// and for tests: keep[b, h, i, j] = 1 iff the attention kernels keep element (b, h, i, j). It
+// calls the same Philox function (philox.cuh, Dropout::keep8) with the same keying as the forward
+// and backward kernels, so the mask is exactly the one they apply.
+//
+// One thread per (query row, group of 8 keys): one Philox call, up to 8 bytes written.
+// Grid (ceil(seqlen_q * ceil(seqlen_k / 8) / 256), nhead_q, batch), block 256.
+// keep: uint8 (0/1; a bool array) [batch, nhead_q, seqlen_q, seqlen_k], contiguous.
+#include "common.cuh"
+#include "philox.cuh"
+
+#define NTHREADS 256
+
+using namespace fmha;
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+fmha_dropout_mask(unsigned char* __restrict__ keep, int seqlen_q, int seqlen_k,
+                  unsigned int keep_threshold, unsigned long long seed, unsigned long long offset) {
+    const int h = blockIdx.y, b = blockIdx.z, nhead_q = gridDim.y;
+    const int groups = (seqlen_k + 7) >> 3;
+    const long long c = (long long)blockIdx.x * NTHREADS + threadIdx.x;
+    if (c >= (long long)seqlen_q * groups) return;
+    const int i = (int)(c / groups), jg = (int)(c % groups);
+    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, 1.f);
+    const uint32_t bits = drop.keep8(i, jg);
+    unsigned char* row = keep + (((index_t)b * nhead_q + h) * seqlen_q + i) * (index_t)seqlen_k;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int j = jg * 8 + e;
+        if (j < seqlen_k) row[j] = (unsigned char)((bits >> e) & 1u);
+    }
+}
