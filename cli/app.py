@@ -24,6 +24,9 @@ Group mode (``--mode group``, variable-length sequences packed along one axis, l
 ``--seqlen-q 100,37,0,250`` gives one length per sequence (the batch is their number; zeros are
 allowed), ``--seqlen-k`` the same number of key lengths (default: the query lengths). Masks are
 resolved per sequence with its own lengths; the subset check takes the first and last sequence.
+An elementwise ``--bias e|e:0|e:1|e:2`` has the longest lengths as its sequence dimensions
+(sequence i uses the top-left [seqlen_q_i, seqlen_k_i] corner of its plane), and ``--dbias``
+checks dBias in that shape.
 
 With dropout (``--p-drop``), whose keep mask depends on the batch and head indices, each checked
 (batch, K/V head group) runs as its own reference problem with the Philox offset moved to where
@@ -222,7 +225,8 @@ BiasOpt = Annotated[
         "--bias",
         help="CK's names. n: none; e or e:0: elementwise bias [1, 1, seqlen_q, seqlen_k]; e:1: "
         "[1, nhead, seqlen_q, seqlen_k]; e:2: [batch, nhead, seqlen_q, seqlen_k] (normal draws in "
-        "the input dtype); a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead].",
+        "the input dtype; group mode: the longest lengths, each sequence reads its top-left "
+        "corner); a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead].",
     ),
 ]
 DbiasOpt = Annotated[
@@ -348,7 +352,8 @@ def _shape(layout: str, b: int, s: int, h: int, d: int) -> tuple[int, int, int, 
 
 def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
     """Fixed-seed standard normal draws, rounded to the input dtype (dO too; the elementwise
-    bias, when on, under key ``bias`` from its own stream)."""
+    bias, when on, under key ``bias`` from its own stream; in group mode its sequence dimensions
+    are the max lengths and sequence i uses the top-left corner of plane i)."""
     rng = np.random.default_rng(cfg["seed"])
     hd = _host_dtype(cfg["dtype"])
     b, lay = cfg["batch"], cfg["layout"]
@@ -358,14 +363,14 @@ def _make_inputs(cfg: dict, mode: str) -> dict[str, np.ndarray]:
                   "v": (tk, cfg["nhead_k"], cfg["hdim_v"])}
         if mode == "bwd":
             shapes["do"] = (tq, cfg["nhead"], cfg["hdim_v"])
-        return {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
-    shapes = {
-        "q": _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim"]),
-        "k": _shape(lay, b, cfg["seqlen_k"], cfg["nhead_k"], cfg["hdim"]),
-        "v": _shape(lay, b, cfg["seqlen_k"], cfg["nhead_k"], cfg["hdim_v"]),
-    }
-    if mode == "bwd":
-        shapes["do"] = _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim_v"])
+    else:
+        shapes = {
+            "q": _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim"]),
+            "k": _shape(lay, b, cfg["seqlen_k"], cfg["nhead_k"], cfg["hdim"]),
+            "v": _shape(lay, b, cfg["seqlen_k"], cfg["nhead_k"], cfg["hdim_v"]),
+        }
+        if mode == "bwd":
+            shapes["do"] = _shape(lay, b, cfg["seqlen_q"], cfg["nhead"], cfg["hdim_v"])
     inputs = {n: rng.standard_normal(s, dtype=np.float32).astype(hd) for n, s in shapes.items()}
     if cfg["bias_shape"] is not None:
         brng = np.random.default_rng([cfg["seed"], 1])
@@ -780,8 +785,6 @@ def _config(
     kind = _parse_bias(bias)
     alibi = kind if kind is not None and kind.startswith("a") else None
     elem = kind if kind is not None and kind.startswith("e") else None
-    if group and elem is not None:
-        raise UsageProblem(f"--bias: an elementwise bias is not supported in group mode yet, got --bias {bias}")
     if dbias and elem is None:
         raise UsageProblem(f"--dbias: needs an elementwise bias (--bias e, e:0, e:1 or e:2), got "
                            f"--bias {bias}")
@@ -797,6 +800,7 @@ def _config(
         "drop_offset": int(drop_offset),
         "bias": kind or "n",
         "alibi_slopes": _alibi_slopes(alibi, b, hq),
+        # group mode: [.., max_seqlen_q, max_seqlen_k]; sequence i reads its top-left corner
         "bias_shape": None if elem is None else _ELEMENTWISE[elem](b, hq, sq, sk),
         "dbias": bool(dbias),
         "batch": b,

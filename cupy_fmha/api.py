@@ -13,10 +13,13 @@ recognized and copied. bf16 outputs are ``uint16`` CuPy arrays of raw bits.
 
 Group mode (variable-length sequences, ``layout="thd"`` with ``cu_seqlens_q``/``cu_seqlens_k``):
 sequences are packed along the token axis, q [total_q, nhead_q, d], k/v [total_k, nhead_k, d/dv];
-each sequence is its own attention problem (masks and ALiBi use its own lengths). The kernels get
-max_seqlen_q/max_seqlen_k as their sequence lengths (the row pitch of lse, D and the dQ workspace,
-all [batch, nhead_q, max_seqlen_q]) and move every token-indexed pointer by ``cu_seqlens[b]``
-rows; see ``kernels/varlen.cuh``.
+each sequence is its own attention problem (masks and ALiBi use its own lengths; an elementwise
+bias, broadcastable to [batch, nhead_q, max_seqlen_q, max_seqlen_k], is read at sequence b's
+local positions, the top-left corner of plane b, and dBias comes back in the bias's shape, 0
+where no sequence reaches). The kernels get max_seqlen_q/max_seqlen_k as their sequence lengths
+(the row pitch of lse, D, the dQ workspace, all [batch, nhead_q, max_seqlen_q], and of the dS
+workspace [batch, nhead_q, max_seqlen_q, max_seqlen_k]) and move every token-indexed pointer by
+``cu_seqlens[b]`` rows; see ``kernels/varlen.cuh``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .validate import (
     check_forward_inputs,
     check_return_dbias,
     check_varlen_inputs,
+    VarlenProblem,
 )
 
 __all__ = ["attention_forward", "attention_backward", "AttentionGrads", "AttentionGradsWithBias"]
@@ -235,11 +239,15 @@ _NO_BIAS = (np.uint64(0), np.int32(0), np.int64(0), np.int64(0), np.int64(0), np
 
 def _check_bias_inputs(p, bias, alibi_slopes, dtype):
     """The bias's logical dtype (``None`` without a bias); raises before anything runs when the
-    bias is malformed or given together with ALiBi slopes."""
+    bias is malformed or given together with ALiBi slopes. Group mode (``p`` a
+    :class:`~cupy_fmha.validate.VarlenProblem`): the bias must broadcast to [batch, nhead_q,
+    max_seqlen_q, max_seqlen_k]."""
     if bias is None:
         return None
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q, bias=bias)  # raises: both given
+    if isinstance(p, VarlenProblem):
+        return check_bias(bias, p.batch, p.nhead_q, p.max_seqlen_q, p.max_seqlen_k, dtype=dtype, varlen=True)
     return check_bias(bias, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k, dtype=dtype)
 
 
@@ -258,7 +266,9 @@ def _bias_args(cp, bias, bias_dt):
         return _NO_BIAS
     dev = _to_device(cp, "bias", bias)
     strides = _bias_strides(dev.shape, dev.strides, dev.itemsize)
-    return (dev, np.int32(_BIAS_KIND[bias_dt]), *(np.int64(x) for x in strides))
+    # an empty bias (group mode: max_seqlen_q or max_seqlen_k 0) is never read: a null pointer
+    ptr = dev if dev.size else _NULL
+    return (ptr, np.int32(_BIAS_KIND[bias_dt]), *(np.int64(x) for x in strides))
 
 
 def _f32_to_bf16_bits(cp, x):
@@ -269,9 +279,11 @@ def _f32_to_bf16_bits(cp, x):
 
 
 def _reduce_dbias(cp, ds, bias, bias_dt):
-    """dBias from the fp32 dS workspace [batch, nhead_q, seqlen_q, seqlen_k]: summed over the
-    dimensions the bias broadcasts along (one CuPy reduction, float64 accumulation; no atomics,
-    so the result is the same on every run), cast to the bias's dtype, in the bias's shape."""
+    """dBias from the fp32 dS workspace [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
+    lengths, each sequence's dS in the top-left [seqlen_q_i, seqlen_k_i] corner of its plane,
+    zeros elsewhere): summed over the dimensions the bias broadcasts along (one CuPy reduction,
+    float64 accumulation; no atomics, so the result is the same on every run), cast to the
+    bias's dtype, in the bias's shape."""
     shape = tuple(int(n) for n in bias.shape)
     shape4 = (1,) * (4 - len(shape)) + shape
     axes = tuple(a for a in range(4) if shape4[a] == 1 and ds.shape[a] != 1)
@@ -340,7 +352,11 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             never copied). dtype float16, bfloat16 or float32, independent of q's dtype: bf16 as
             a NumPy ``ml_dtypes.bfloat16`` array, or as uint16 bits on the GPU when
             ``dtype="bfloat16"``. Not together with ``alibi_slopes``. A bias of ``-inf`` masks a
-            pair out. Not in group mode yet. Selects the kernel instance compiled with the bias (``-D BIAS=1``).
+            pair out. Group mode (``layout="thd"``): broadcastable to [batch, nhead_q,
+            max_seqlen_q, max_seqlen_k] (batch = ``len(cu_seqlens_q) - 1``); sequence ``i`` uses
+            ``bias[i, :, :seqlen_q_i, :seqlen_k_i]``, the top-left corner of its plane, indexed
+            by positions local to the sequence (entries beyond it are never read). Selects the
+            kernel instance compiled with the bias (``-D BIAS=1``).
         dropout_p: dropout probability in [0, 1) on the attention weights: ``O = (P * Z) V``
             with ``Z = keep / (1 - dropout_p)``; the LSE stays that of the undropped softmax.
             0 (default) runs the kernels built without dropout; above 0, the ``-D DROPOUT=1``
@@ -376,10 +392,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         RuntimeError: CuPy or a GPU is missing.
     """
     if layout == "thd":
-        if bias is not None:
-            raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _forward_varlen(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p,
                                seed=seed, offset=offset, return_dropout_mask=return_dropout_mask, out=out,
                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                max_seqlen_k=max_seqlen_k)
@@ -427,8 +441,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
     group sum of dK/dV through the same convert kernel when nhead_q != nhead_k). With
     ``return_dbias``, ``dq_dk_dv`` also stores dS = P * (dP - D) in float32 (before any 16-bit
-    rounding) into a zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (4 bytes
-    per score: plan memory for it), which CuPy then sums over the bias's broadcast dimensions.
+    rounding) into a zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (group
+    mode: the max lengths; 4 bytes per score: plan memory for it), which CuPy then sums over the
+    bias's broadcast dimensions.
 
     Args:
         do: gradient of o, [batch, seqlen_q, nhead_q, hdim_v] (or bhsd, or [total_q, nhead_q,
@@ -440,6 +455,11 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             seed, offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as in the
             forward (must match: the backward regenerates the forward's keep mask from dropout_p,
             seed and offset; dV = (P Z)^T dO, dS = P (dP Z - D), D = rowsum(dO * O)).
+        return_dbias: also return dbias, the gradient of ``bias`` (needs ``bias``): dS summed
+            over the dimensions the bias broadcasts along, in the bias's shape and dtype. Group
+            mode: sequence ``i``'s dS lands in the top-left [seqlen_q_i, seqlen_k_i] corner of
+            plane ``i`` of a [batch, nhead_q, max_seqlen_q, max_seqlen_k] fp32 workspace, the
+            rest is 0; so entries of dbias outside every sequence's corner are 0.
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
             16-byte aligned rows); dbias is always a fresh array.
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
@@ -465,20 +485,18 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     Raises:
         TypeError: ``deterministic`` is not a bool; and see below.
         TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_backward_inputs`
-            and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes`` or with
-            ``layout="thd"``; ``return_dbias`` not a bool or True without ``bias``), before
-            anything is launched.
+            and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes``;
+            ``return_dbias`` not a bool or True without ``bias``), before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     deterministic = bool(deterministic)
     if layout == "thd":
-        if bias is not None or return_dbias:
-            raise ValueError("bias: an elementwise bias is not supported with layout='thd' (group mode) yet")
         return _backward_varlen(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, mask=mask, dtype=dtype, alibi_slopes=alibi_slopes,
-                                dropout_p=dropout_p, seed=seed, offset=offset, out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                                bias=bias, return_dbias=return_dbias, dropout_p=dropout_p, seed=seed, offset=offset,
+                                out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
@@ -553,12 +571,19 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
 # --------------------------------------------------------------------------- group mode (varlen)
 
 
-def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, dropout_p, seed,
-                    offset, return_dropout_mask, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """attention_forward for layout "thd": one launch over (max_seqlen_q blocks, heads, batch)."""
+def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, bias, dropout_p,
+                    seed, offset, return_dropout_mask, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k):
+    """attention_forward for layout "thd": one launch over (max_seqlen_q blocks, heads, batch).
+
+    The bias (broadcastable to [batch, nhead_q, max_seqlen_q, max_seqlen_k]) goes to the kernel
+    as it is, with its [batch, head, row, key] element strides: each CTA reads bias[b, h, i, j]
+    with b its sequence and i, j positions local to that sequence (``make_bias`` in
+    ``kernels/attention.cuh``), i.e. sequence b uses the top-left corner of its plane."""
     p = check_varlen_inputs(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                             causal=causal, window_size=window_size, mask=mask, layout="thd", dtype=dtype)
+    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     drop = check_dropout(dropout_p, seed, offset)
     want_keep = check_flag("return_dropout_mask", return_dropout_mask)
     if alibi_slopes is not None:
@@ -570,18 +595,19 @@ def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype,
     if out is not None:
         _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+    bias_args = _bias_args(cp, bias, bias_dt)
     cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
     if out is None:
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
     spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                    alibi=alibi_slopes is not None, dropout=drop.enabled)
+                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
     win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
     args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
             np.int32(p.max_seqlen_q), np.int32(p.max_seqlen_k), np.int32(p.hdim_q), np.int32(p.hdim_v),
             np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.int32(win_y), np.int32(win_x),
-            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *_NO_BIAS,
+            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *bias_args,
             *_dropout_args(drop))
     _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.max_seqlen_q), args)
     if want_keep:  # sequence b's keep mask in the top-left corner of [max_seqlen_q, max_seqlen_k]
@@ -590,18 +616,23 @@ def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype,
 
 
 def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes,
-                     dropout_p, seed, offset, out, deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k) -> AttentionGrads:
+                     bias, return_dbias, dropout_p, seed, offset, out, deterministic, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k) -> AttentionGrads | AttentionGradsWithBias:
     """attention_backward for layout "thd".
 
     Workspaces: D and dQ are [batch, nhead_q, max_seqlen_q(, hdim_q)] (rows past a sequence's end
     unused); the GQA dK/dV workspaces are fp32 [nhead_q, total_k, hdim] (packed like the keys, so
-    the convert kernel sums each group as one batch of total_k rows)."""
+    the convert kernel sums each group as one batch of total_k rows). With ``return_dbias`` the
+    dS workspace is a zeroed fp32 [batch, nhead_q, max_seqlen_q, max_seqlen_k]: the kernel stores
+    sequence b's dS[i, j] (local i < seqlen_q_b, j < seqlen_k_b) at [b, h, i, j], the rest stays
+    0, and :func:`_reduce_dbias` sums it to the bias's shape."""
     p = check_varlen_inputs(q, k, v, [("o", o), ("do", do)], cu_seqlens_q=cu_seqlens_q,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                             softmax_scale=softmax_scale, causal=causal, window_size=window_size, mask=mask,
                             layout="thd", dtype=dtype, lse=lse)
     drop = check_dropout(dropout_p, seed, offset)
+    want_dbias = check_return_dbias(return_dbias, bias)
+    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
     cp = _cupy()
@@ -613,9 +644,10 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
         _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
+    bias_args = _bias_args(cp, bias, bias_dt)
     cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
     specs = bwd_specs(_dtype_name(p), d, dv_, int(cp.cuda.Device().compute_capability),
-                      alibi=alibi_slopes is not None, dropout=drop.enabled)
+                      alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
     delta = cp.empty((b, hq, msq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, msq),
@@ -623,6 +655,9 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
 
     ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
     dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
+    # dS for dBias, pitched by the max lengths; zeroed: pairs outside every sequence's corner and
+    # in blocks the mask skips are never written
+    ds_acc = cp.zeros((b, hq, msq, msk), dtype=cp.float32) if want_dbias else None
     if out is None:
         dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
     else:
@@ -641,8 +676,8 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
             np.int32(msq), np.int32(msk), np.int32(d), np.int32(dv_), np.int32(p.group),
             np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale), np.int32(win_y), np.int32(win_x),
             np.int32(0 if p.group == 1 else 1), *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k,
-            np.int32(bottom_right), np.int64(ws.split_stride), *_NO_BIAS, _NULL,
-            *_dropout_args(drop))
+            np.int32(bottom_right), np.int64(ws.split_stride), *bias_args,
+            ds_acc if want_dbias and ds_acc.size else _NULL, *_dropout_args(drop))
     _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, msk), args)
 
     conv = specs.convert_dq
@@ -658,4 +693,6 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
             _launch(cp, conv, L.convert_launch(conv, 1, hk, tk),
                     (acc, res, *_strides_thd(res), np.int32(tk), np.int32(dim), np.int32(p.group),
                      np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
+    if want_dbias:
+        return AttentionGradsWithBias(dq, dk, dv, _reduce_dbias(cp, ds_acc, bias, bias_dt))
     return AttentionGrads(dq, dk, dv)

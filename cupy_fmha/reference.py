@@ -184,7 +184,7 @@ def _setup(named, precision, *, softmax_scale, causal, window_size, mask, layout
         bias = _host("bias", bias)
         if alibi_slopes is not None:
             check_alibi_slopes(alibi_slopes, batch, hq, bias=bias)  # raises: both given
-        bias_dt = check_bias(bias, batch, hq, sq, sk, any_float=True)
+        bias_dt = check_bias(bias, batch, hq, sq, sk, any_float=True, varlen=varlen)
     if alibi_slopes is not None:
         alibi_slopes = _host("alibi_slopes", alibi_slopes)
         check_alibi_slopes(alibi_slopes, batch, hq, any_float=True)

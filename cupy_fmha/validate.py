@@ -661,11 +661,13 @@ def check_varlen_inputs(
 
 
 def check_bias(bias, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, *,
-               any_float: bool = False, dtype=None) -> np.dtype:
+               any_float: bool = False, dtype=None, varlen: bool = False) -> np.dtype:
     """Check an elementwise bias: rank 1-4, broadcastable (NumPy rules: each dimension 1 or
-    equal) to [batch, nhead_q, seqlen_q, seqlen_k] (in varlen mode: max_seqlen_q, max_seqlen_k),
-    e.g. [1, 1, sq, sk], [1, h, sq, sk], [b, h, sq, sk], [sq, sk]. dtype fp16, bf16 or fp32
-    (uint16 bf16 bits with ``dtype="bfloat16"``); any float with ``any_float``.
+    equal) to [batch, nhead_q, seqlen_q, seqlen_k], e.g. [1, 1, sq, sk], [1, h, sq, sk],
+    [b, h, sq, sk], [sq, sk]. dtype fp16, bf16 or fp32 (uint16 bf16 bits with
+    ``dtype="bfloat16"``); any float with ``any_float``. ``varlen=True`` (group mode): pass
+    max_seqlen_q and max_seqlen_k as the lengths (batch = number of sequences); messages then
+    name them so. Sequence ``i`` uses the bias's top-left [seqlen_q_i, seqlen_k_i] corner.
 
     Returns:
         The bias's logical dtype.
@@ -694,11 +696,12 @@ def check_bias(bias, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, *,
     full = (batch, nhead_q, seqlen_q, seqlen_k)
     if not 1 <= len(shape) <= 4:
         raise ValueError(f"bias: expected rank 1 to 4 (broadcastable to {full}), got shape {shape}")
-    names = ("seqlen_k", "seqlen_q", "nhead_q", "batch")
+    names = ("max_seqlen_k", "max_seqlen_q", "nhead_q", "batch") if varlen else (
+        "seqlen_k", "seqlen_q", "nhead_q", "batch")
     for have, want, what in zip(shape[::-1], full[::-1], names):
         if have not in (1, want):
             raise ValueError(
-                f"bias: shape {shape} is not broadcastable to [batch, nhead_q, seqlen_q, seqlen_k] "
+                f"bias: shape {shape} is not broadcastable to [{', '.join(names[::-1])}] "
                 f"= {full}: its {what} dimension is {have} (expected 1 or {want})"
             )
     return dt

@@ -486,3 +486,80 @@ def test_elementwise_bias_draws():
 )
 def test_dropout_bad_options(no_gpu, args, words):
     assert_usage_error(invoke("fwd", *SMALL, *args), *words)
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise bias in group mode: [.., max_seqlen_q, max_seqlen_k], each sequence its corner
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("bias, name", [("e", "e:0"), ("e:1", "e:1"), ("e:2", "e:2")])
+def test_group_mode_elementwise_bias(no_gpu, mode, bias, name):
+    extra = ["--dbias"] if mode == "bwd" else []
+    res = invoke(mode, "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-d", 16, "-s", "12,0,30,7",
+                 "--seqlen-k", "9,5,0,21", "--mask", "b", "--bias", bias, *extra, "--backend", "numpy",
+                 "--json")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    obj = json.loads(res.stdout)
+    assert obj["valid"] is True and obj["config"]["bias"] == name and obj["seq_mode"] == "group"
+    names = [c["name"] for c in obj["checks"]]
+    assert names == (["o", "lse"] if mode == "fwd" else ["dq", "dk", "dv", "dbias"])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mask_args", [[], ["--mask", "t:4,2"], ["--causal"]])
+def test_group_mode_dbias_summary_line(no_gpu, dtype, mask_args):
+    line = assert_valid_line(invoke("bwd", *GROUP, "-s", "25,0,40", "--seqlen-k", "0,33,19", "--dtype", dtype,
+                                    "--bias", "e:2", "--dbias", *mask_args))
+    assert "thd b=3" in line and "bias=e:2" in line and " dbias " in line
+
+
+def test_group_mode_dbias_subset_check(no_gpu, monkeypatch):
+    # e:2: the first and last sequence (bias sliced along the batch); e:0 / e:1 with dBias sum over
+    # sequences and heads: the whole problem
+    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    for bias, full in (("e:2", False), ("e:1", True), ("e:0", True)):
+        res = invoke("bwd", "--mode", "group", "--nhead", 6, "--nhead-k", 3, "-d", 8, "-s", "9,0,20,7",
+                     "--seqlen-k", "0,5,20,11", "--mask", "b", "--bias", bias, "--dbias", "--backend", "numpy",
+                     "--json")
+        assert res.exit_code == 0, (res.stdout, res.stderr)
+        obj = json.loads(res.stdout)
+        assert obj["valid"] is True and obj["checked"]["full"] is full, (bias, obj["checked"])
+        if not full:
+            assert obj["checked"]["batches"] == [0, 3]
+        assert [c["name"] for c in obj["checks"]] == ["dq", "dk", "dv", "dbias"]
+    for bias in ("e:0", "e:2"):  # the forward on a subset, the bias sliced where it does not broadcast
+        res = invoke("fwd", "--mode", "group", "--nhead", 6, "-d", 8, "-s", "9,0,20,7", "--bias", bias,
+                     "--backend", "numpy", "--json")
+        obj = json.loads(res.stdout)
+        assert res.exit_code == 0 and obj["valid"] is True and obj["checked"]["full"] is False
+
+
+def test_group_mode_elementwise_bias_draws():
+    cfg = cli._config(None, 4, 2, "12,0,30", "9,5,21", 16, None, "fp16", None, None, False, None, None, 3,
+                      "e:2", "group", True)
+    assert cfg["bias_shape"] == (3, 4, 30, 21)  # the max lengths
+    inputs = cli._make_inputs(cfg, "bwd")
+    assert inputs["bias"].shape == (3, 4, 30, 21) and inputs["bias"].dtype == np.float16
+    plain = cli._make_inputs(dict(cfg, bias_shape=None), "bwd")
+    assert set(plain) == {"q", "k", "v", "do"}
+    for n in plain:  # the bias has its own stream: q, k, v, dO are the same draws with or without it
+        assert np.array_equal(plain[n], inputs[n])
+    for kind, shape in (("e:0", (1, 1, 30, 21)), ("e:1", (1, 4, 30, 21))):
+        c = cli._config(None, 4, 2, "12,0,30", "9,5,21", 16, None, "bf16", None, None, False, None, None, 3,
+                        kind, "group")
+        assert c["bias_shape"] == shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", ["e:0", "e:2"])
+def test_cupy_backend_group_mode_elementwise_bias(bias):
+    if not device.gpu_available():
+        pytest.skip("needs a CUDA GPU with CuPy")
+    res = invoke("bwd", "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-s", "100,37,0,250",
+                 "--seqlen-k", "80,0,51,250", "-d", 64, "--mask", "b", "--bias", bias, "--dbias",
+                 "--backend", "cupy", "--warmup", 1, "--repeat", 3, "--json")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    obj = json.loads(res.stdout)
+    assert obj["backend"] == "cupy" and obj["valid"] is True and obj["seq_mode"] == "group"
+    assert [c["name"] for c in obj["checks"]] == ["dq", "dk", "dv", "dbias"]

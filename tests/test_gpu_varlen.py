@@ -9,6 +9,12 @@ keys of sequences without queries exactly dk = dv = 0.
 
 Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 32, 96, 240 and
 256 always run the mma.sync kernels (240: the forward's 16-key blocks). Every test is marked ``gpu`` (skipped without a device).
+
+The elementwise bias in group mode (the ``test_varlen_bias_*`` tests): a bias broadcastable to
+[batch, nhead_q, max_seqlen_q, max_seqlen_k] ([1, 1, ..], [1, h, ..], [b, h, ..], [sq, sk],
+[b, 1, 1, sk]; fp16 / bf16 / fp32), sequence i reading its top-left corner; dBias against the
+references, exactly 0 outside every sequence's corner; NaN/inf in the padding must not change a
+bit of any output; equal lengths give batch mode's results bit for bit.
 """
 
 from __future__ import annotations
@@ -304,3 +310,203 @@ def _run_det(inp, nan_like, fw, bw):
     g = _fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **bw, **cu, out=g_out)
     cp.cuda.get_current_stream().synchronize()
     return o, lse, g
+
+
+# --------------------------------------------------------------------------- elementwise bias
+# Group mode with an elementwise bias: broadcastable to [batch, nhead_q, max_seqlen_q,
+# max_seqlen_k]; sequence i reads bias[i, :, :seqlen_q_i, :seqlen_k_i] (its top-left corner), and
+# dBias comes back in the bias's shape with 0 outside every sequence's corner.
+
+F32 = np.dtype(np.float32)
+
+#: bias shape kinds -> shape from (batch, nhead_q, max_seqlen_q, max_seqlen_k)
+BIAS_SHAPES = {
+    "11": lambda b, h, sq, sk: (1, 1, sq, sk),   # CK e:0
+    "1h": lambda b, h, sq, sk: (1, h, sq, sk),   # CK e:1
+    "bh": lambda b, h, sq, sk: (b, h, sq, sk),   # CK e:2
+    "2d": lambda b, h, sq, sk: (sq, sk),
+    "rows": lambda b, h, sq, sk: (b, 1, 1, sk),  # one row per sequence, broadcast over heads and rows
+}
+
+
+def _bias_host(shape, bias_dtype, seed, scale=2.0):
+    rng = np.random.default_rng(seed)
+    return (scale * rng.standard_normal(shape)).astype(np.float32).astype(bias_dtype)
+
+
+def _bias_device(inp, bias):
+    """bf16 biases as uint16 bits on the GPU under bf16 inputs (``dtype="bfloat16"``), as the
+    NumPy ml_dtypes array under fp16 inputs (the API copies it); others as CuPy arrays."""
+    if bias.dtype == BF16:
+        return cp.asarray(bias.view(np.uint16)) if inp.dtype == BF16 else bias
+    return cp.asarray(bias)
+
+
+def _bias_to_float(x, bias_dtype):
+    if np.dtype(bias_dtype) == BF16:
+        return bf16_bits_to_float(x).astype(np.float64)
+    return cp.asnumpy(x).astype(np.float64)
+
+
+def _run_bias(inp, nan_like, kw, bias_dev, dbias=True, dev=None):
+    """Forward and backward with the bias through poisoned out= buffers; dbias is a fresh array."""
+    dev = dev or inp.dev
+    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
+    kw = dict(kw, layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck),
+              dtype=inp.dtype_arg, bias=bias_dev)
+    msq = kw.get("max_seqlen_q") or int(np.diff(inp.cq).max())
+    o_out = nan_like((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
+    lse_out = nan_like((inp.batch, inp.hq, msq), cp.float32)
+    o, lse = _fmha().attention_forward(q, k, v, **kw, out=(o_out, lse_out))
+    assert o is o_out and lse is lse_out
+    g_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
+    g = _fmha().attention_backward(do, q, k, v, o, lse, **kw, return_dbias=dbias, out=g_out)
+    assert all(x is y for x, y in zip(g, g_out))
+    if dbias:
+        assert isinstance(g, _fmha().AttentionGradsWithBias) and isinstance(g.dbias, cp.ndarray)
+        assert g.dbias.shape == tuple(bias_dev.shape)
+    else:
+        assert type(g) is _fmha().AttentionGrads
+    cp.cuda.get_current_stream().synchronize()
+    return o, lse, g
+
+
+def _check_bias(inp, o, lse, g, kw, bias, dbias=True):
+    """_check's rule on o, lse, dq, dk, dv (and exact values of empty sequences), plus dBias
+    against the float64 / low-precision references, exact zeros outside the corners for a
+    [batch, h, ...] bias."""
+    outs = _check(inp, o, lse, g, dict(kw, bias=bias))
+    if not dbias:
+        return outs
+    h = inp.host
+    rkw = dict(kw, layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck, bias=bias, return_dbias=True)
+    ref = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **rkw)[3]
+    low = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **rkw)[3]
+    want = np.uint16 if bias.dtype == BF16 else bias.dtype
+    assert g.dbias.dtype == want
+    db = _bias_to_float(g.dbias, bias.dtype)
+    assert db.shape == bias.shape and not np.isnan(db).any()
+    c = compare("dbias", db, ref, low, dtype=bias.dtype, hdim_q=inp.d, hdim_v=inp.dv)
+    assert c.ok, str(c)
+    if bias.ndim == 4 and bias.shape[0] == inp.batch and bias.shape[2] > 1 and bias.shape[3] > 1:
+        lq, lk = np.diff(inp.cq), np.diff(inp.ck)
+        for b in range(inp.batch):
+            assert np.all(db[b, :, lq[b]:] == 0) and np.all(db[b, :, :, lk[b]:] == 0), f"dbias padding of {b}"
+    outs["dbias"] = (db, ref, low)
+    return outs
+
+
+# id: (dtype, bias dtype, lengths q, lengths k, hq, hk, d, bias shape, mask kwargs, dbias)
+BIAS_CASES = {
+    # wgmma-eligible head dims (64, 128) on sm_90
+    "f16-b16-d64-11-none": (F16, F16, LQ, LK, 2, 2, 64, "11", {}, True),
+    "f16-b32-d64-1h-t-gqa2": (F16, F32, LQ, LK, 4, 2, 64, "1h", {"mask": "t"}, True),
+    "f16-bbf-d64-bh-b": (F16, BF16, LQ2, LK2, 2, 2, 64, "bh", {"mask": "b"}, True),
+    "f16-b16-d64-bh-window16,-1": (F16, F16, LQ3, LK3, 2, 1, 64, "bh", {"window_size": (16, -1)}, True),
+    "bf16-bbf-d128-11-causal": (BF16, BF16, LQ2, LK2, 2, 2, 128, "11", {"causal": True}, True),
+    "bf16-b32-d128-bh-b:20,5-gqa2": (BF16, F32, LQ, LK, 4, 2, 128, "bh", {"mask": "b:20,5"}, True),
+    "bf16-b16-d128-1h-t:30,0": (BF16, F16, LQ3, LK3, 2, 2, 128, "1h", {"mask": "t:30,0"}, True),
+    "bf16-bbf-d128-2d-xb:33": (BF16, BF16, LQ, LK, 2, 1, 128, "2d", {"mask": "xb:33"}, True),
+    "bf16-b32-d64-rows-none": (BF16, F32, LQ2, LK2, 2, 2, 64, "rows", {}, True),
+    "f16-b16-d128-bh-b-nodbias": (F16, F16, LQ, LK, 2, 2, 128, "bh", {"mask": "b"}, False),
+    # mma.sync head dims (32, 96, 256)
+    "f16-b32-d32-bh-t:8,8": (F16, F32, LQ2, LK2, 2, 2, 32, "bh", {"mask": "t:8,8"}, True),
+    "bf16-bbf-d96-1h-b-gqa2": (BF16, BF16, LQ, LK, 4, 2, 96, "1h", {"mask": "b"}, True),
+    "f16-b16-d256-bh-t": (F16, F16, LQ3, LK3, 2, 1, 256, "bh", {"mask": "t"}, True),
+    "bf16-b32-d256-11-causal": (BF16, F32, LQ2, LK2, 2, 2, 256, "11", {"causal": True}, True),
+    # several key and query blocks per sequence, sq != sk
+    "f16-b16-d64-bh-b-300x700": (F16, F16, [300, 5, 0], [700, 9, 40], 2, 2, 64, "bh", {"mask": "b"}, True),
+    "bf16-b32-d128-1h-t-700x300": (BF16, F32, [700, 0, 5], [300, 17, 9], 2, 1, 128, "1h", {"mask": "t"}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+def test_varlen_bias_matches_reference(case, nan_like):
+    dtype, bdt, lq, lk, hq, hk, d, kind, mkw, dbias = BIAS_CASES[case]
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, _seed("bias", case))
+    bias = _bias_host(BIAS_SHAPES[kind](len(lq), hq, max(lq), max(lk)), bdt, _seed("bias values", case))
+    bias_dev = _bias_device(inp, bias)
+    before = {n: x.copy() for n, x in inp.dev.items()}
+    bias_before = bias_dev.copy()
+    o, lse, g = _run_bias(inp, nan_like, mkw, bias_dev, dbias)
+    _check_bias(inp, o, lse, g, mkw, bias, dbias)
+    for n, x in inp.dev.items():  # inputs untouched
+        assert bool((x == before[n]).all()), n
+    if isinstance(bias_dev, cp.ndarray):
+        assert bool((bias_dev.view(cp.uint8) == bias_before.view(cp.uint8)).all())
+
+
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_varlen_bias_padding_is_never_read(d, nan_like):
+    # NaN and inf outside every sequence's corner (and in the padding rows/columns that larger
+    # max lengths add) must not reach any output: results are bit-identical to a clean bias
+    lq, lk = LQ, LK
+    inp = Packed(F16, lq, lk, 2, 2, d, d, _seed("pad", d))
+    mq, mk = max(lq) + 7, max(lk) + 33
+    clean = _bias_host((len(lq), 2, mq, mk), F32, _seed("pad bias", d))
+    dirty = clean.copy()
+    for b in range(len(lq)):
+        dirty[b, :, lq[b]:] = np.nan
+        dirty[b, :, :, lk[b]:] = np.inf
+    kw = {"mask": "b", "max_seqlen_q": mq, "max_seqlen_k": mk}
+    o1, lse1, g1 = _run_bias(inp, nan_like, kw, cp.asarray(clean))
+    o2, lse2, g2 = _run_bias(inp, nan_like, kw, cp.asarray(dirty))
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
+    for a, b in zip(g1, g2):
+        assert bool((a == b).all())
+    assert lse1.shape == (len(lq), 2, mq) and g1.dbias.shape == (len(lq), 2, mq, mk)
+    _check_bias(inp, o1, lse1, g1, kw, clean)
+
+
+@pytest.mark.parametrize("dtype, d", [(BF16, 64), (F16, 128), (BF16, 96)])
+def test_varlen_bias_equal_lengths_match_batch_mode(dtype, d, nan_like):
+    # equal lengths: group mode with a [b, h, s, s] bias is batch mode, bit for bit (dbias too)
+    b, s, h = 3, 130, 2
+    inp = Packed(dtype, [s] * b, [s] * b, h, h, d, d, _seed("bias batch", d))
+    bias = _bias_host((b, h, s, s), F32, _seed("bias batch values", d))
+    kw = {"mask": "b:16,0"}
+    o, lse, g = _run_bias(inp, nan_like, kw, cp.asarray(bias))
+    as_batch = {n: x.reshape(b, s, *x.shape[1:]) for n, x in inp.dev.items()}
+    bkw = dict(kw, dtype=inp.dtype_arg, bias=cp.asarray(bias))
+    ob, lseb = _fmha().attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], **bkw)
+    gb = _fmha().attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
+                                    return_dbias=True, **bkw)
+    assert bool((o.reshape(ob.shape) == ob).all()) and bool((lse == lseb).all())
+    assert bool((g.dk.reshape(gb.dk.shape) == gb.dk).all()) and bool((g.dv.reshape(gb.dv.shape) == gb.dv).all())
+    assert bool((g.dbias == gb.dbias).all())
+
+
+@pytest.mark.parametrize("d", [64, 96])
+def test_varlen_bias_deterministic_dbias(d, nan_like):
+    # deterministic dQ and dBias (plain stores + one reduction): bit-identical over runs
+    inp = Packed(BF16, LQ2, LK2, 4, 2, d, d, _seed("bias det", d))
+    bias = _bias_host((1, 4, max(LQ2), max(LK2)), F32, _seed("bias det values", d))
+    kw = {"mask": "t", "deterministic": True}
+    fw = {"mask": "t"}
+    bias_dev = cp.asarray(bias)
+    cu = dict(layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck),
+              dtype=inp.dtype_arg, bias=bias_dev)
+    dev = inp.dev
+    o, lse = _fmha().attention_forward(dev["q"], dev["k"], dev["v"], **fw, **cu)
+    runs = [_fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw, **cu,
+                                       return_dbias=True) for _ in range(4)]
+    cp.cuda.get_current_stream().synchronize()
+    for g in runs[1:]:
+        for a, b in zip(runs[0], g):
+            assert bool((a == b).all())
+    _check_bias(inp, o, lse, runs[0], fw, bias)
+
+
+def test_varlen_bias_rejected_shapes_on_gpu_arrays():
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("bias bad"))
+    q, k, v = inp.dev["q"], inp.dev["k"], inp.dev["v"]
+    kw = dict(layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck))
+    with pytest.raises(ValueError, match="max_seqlen_k dimension is 34"):  # max lengths 50 x 40
+        _fmha().attention_forward(q, k, v, bias=cp.zeros((3, 2, 50, 34), cp.float32), **kw)
+    with pytest.raises(ValueError, match="batch dimension is 2"):
+        _fmha().attention_forward(q, k, v, bias=cp.zeros((2, 2, 50, 40), cp.float32), **kw)
+    with pytest.raises(TypeError, match="bias"):
+        _fmha().attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.uint16), **kw)
+    o, lse = _fmha().attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.float16), **kw)
+    with pytest.raises(ValueError, match="return_dbias"):
+        _fmha().attention_backward(inp.dev["do"], q, k, v, o, lse, return_dbias=True, **kw)
