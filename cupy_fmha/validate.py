@@ -39,10 +39,18 @@ __all__ = [
     "check_dropout",
     "check_flag",
     "check_return_dbias",
+    "check_kernel_limits",
 ]
 
 LAYOUTS = ("bshd", "bhsd")
 HDIM_MIN, HDIM_MAX, HDIM_STEP = 8, 256, 8
+#: Size limits of the GPU kernels (not of the NumPy reference). Every launch has grid
+#: (row or key blocks, nhead_q, batch) and CUDA caps grid y and z at 65535. Row and key indices,
+#: lengths and the mask window are 32-bit ints in the kernels, and an unlimited window edge is
+#: 2^30 (launch.WINDOW_INF), so ``i + x`` and ``k0 + y`` fit in int32 only for lengths below
+#: 2^30 (less a margin for the tile sizes). Offsets into the tensors are 64-bit (no limit here).
+GRID_YZ_MAX = 65535
+SEQLEN_MAX = (1 << 30) - (1 << 16)
 
 _F16 = np.dtype(np.float16)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -297,6 +305,21 @@ def _check_qkv(q, k, v, layout, want, any_float, hdim_rule):
     return dq_, (b, sq, hq, d), (sk, hk, dv)
 
 
+def check_kernel_limits(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int) -> None:
+    """Reject sizes the GPU kernels cannot launch or index (see ``GRID_YZ_MAX``, ``SEQLEN_MAX``),
+    naming the argument, instead of a CUDA launch error or silently wrapped 32-bit indices."""
+    if batch > GRID_YZ_MAX:
+        raise ValueError(f"q: batch size {batch} exceeds the kernels' limit of {GRID_YZ_MAX} "
+                         "(CUDA grid dimension z); split the batch")
+    if nhead_q > GRID_YZ_MAX:
+        raise ValueError(f"q: {nhead_q} query heads exceed the kernels' limit of {GRID_YZ_MAX} "
+                         "(CUDA grid dimension y)")
+    for name, n in (("q", seqlen_q), ("k", seqlen_k)):
+        if n > SEQLEN_MAX:
+            raise ValueError(f"{name}: seqlen {n} exceeds the kernels' limit of {SEQLEN_MAX} "
+                             "(32-bit row indices and mask window)")
+
+
 def _problem(q, k, v, extra, *, softmax_scale, causal, window_size, mask, layout, dtype,
              any_float=False, hdim_rule=True, allow_empty=False, lse=None, strides=True):
     layout = _check_layout(layout)
@@ -320,6 +343,8 @@ def _problem(q, k, v, extra, *, softmax_scale, causal, window_size, mask, layout
         named.append(("lse", lse))
     if strides:
         _check_layout_and_devices(named)
+    if hdim_rule:  # the GPU API's checks (the reference relaxes hdim_rule)
+        check_kernel_limits(b, hq, sq, sk)
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, sq, sk, allow_empty)
     return Problem(b, sq, sk, hq, hk, d, dv, dt, layout, scale, spec)
@@ -655,6 +680,8 @@ def check_varlen_inputs(
     if strides:
         _check_layout_and_devices(
             named, [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
+    if hdim_rule:  # the GPU API's checks (the reference relaxes hdim_rule)
+        check_kernel_limits(batch, hq, mq, mk)
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, mq, mk, allow_empty=True)
     return VarlenProblem(batch, cq, ck, mq, mk, hq, hk, d, dv, dt, scale, spec)

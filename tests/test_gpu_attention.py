@@ -3,7 +3,8 @@
 Every test is marked ``gpu`` and skipped without CuPy or a device (see conftest.py). Cases are a
 hand-picked list, not a cartesian product: kernels are JIT-compiled per (dtype, hdim_q, hdim_v),
 so most mask / GQA / layout / seqlen variety is on fp16 hdim 64 and bf16 hdim 128, and every other
-(dtype, hdim) appears in one to three cases (12 distinct combinations in all).
+(dtype, hdim) appears in one to eight cases (17 distinct combinations in all; hdim 40, 72 and
+104, multiples of 8 but not 16, in both dtypes at 131 x 77).
 
 Judging: :func:`cupy_fmha.verify.compare` against the float64 reference and the emulated
 same-precision reference (``precision="low"``). Outputs are poisoned: before each GPU call the
@@ -182,6 +183,27 @@ CASES = {
     "bf16-d64-b:10,10-gqa2": (BF16, "bshd", 2, 253, 500, 4, 2, 64, 64, {"mask": "b:10,10"}),
     "bf16-d192x128-none-253": (BF16, "bshd", 1, 253, 253, 4, 4, 192, 128, {}),
     "bf16-d256-causal-500": (BF16, "bhsd", 1, 500, 500, 2, 2, 256, 256, {"causal": True}),
+    # head dims that are multiples of 8 but not of 16 (issue 3, item 7): padded to 48/80/112 in
+    # the kernels, so the last 8 columns of every Q/K/V/dO tile are zero-filled and the dQ/dK/dV
+    # stores are masked by column. Unaligned lengths (131 x 77: partial tiles on both axes; causal
+    # is bottom-right, so the first 54 rows see no key). hdim 104 covers every dtype x mask x
+    # layout; 40 and 72 an orthogonal half of it (each pair of factors appears once).
+    "f16-d40-none-131x77": (F16, "bshd", 2, 131, 77, 4, 2, 40, 40, {}),
+    "f16-d40-causal-131x77-bhsd": (F16, "bhsd", 1, 131, 77, 2, 2, 40, 40, {"causal": True}),
+    "bf16-d40-none-131x77-bhsd": (BF16, "bhsd", 1, 131, 77, 4, 1, 40, 40, {}),
+    "bf16-d40-causal-131x77": (BF16, "bshd", 2, 131, 77, 2, 2, 40, 40, {"causal": True}),
+    "f16-d72-none-131x77-bhsd": (F16, "bhsd", 2, 131, 77, 2, 2, 72, 72, {}),
+    "f16-d72-causal-131x77": (F16, "bshd", 1, 131, 77, 4, 2, 72, 72, {"causal": True}),
+    "bf16-d72-none-131x77": (BF16, "bshd", 1, 131, 77, 4, 4, 72, 72, {}),
+    "bf16-d72-causal-131x77-bhsd": (BF16, "bhsd", 2, 131, 77, 2, 1, 72, 72, {"causal": True}),
+    "f16-d104-none-131x77": (F16, "bshd", 2, 131, 77, 2, 2, 104, 104, {}),
+    "f16-d104-none-131x77-bhsd": (F16, "bhsd", 1, 131, 77, 4, 2, 104, 104, {}),
+    "f16-d104-causal-131x77": (F16, "bshd", 1, 131, 77, 4, 4, 104, 104, {"causal": True}),
+    "f16-d104-causal-131x77-bhsd": (F16, "bhsd", 2, 131, 77, 2, 2, 104, 104, {"causal": True}),
+    "bf16-d104-none-131x77": (BF16, "bshd", 1, 131, 77, 4, 1, 104, 104, {}),
+    "bf16-d104-none-131x77-bhsd": (BF16, "bhsd", 2, 131, 77, 2, 2, 104, 104, {}),
+    "bf16-d104-causal-131x77": (BF16, "bshd", 2, 131, 77, 2, 2, 104, 104, {"causal": True}),
+    "bf16-d104-causal-131x77-bhsd": (BF16, "bhsd", 1, 131, 77, 4, 2, 104, 104, {"causal": True}),
 }
 
 

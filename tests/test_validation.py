@@ -169,3 +169,48 @@ def test_different_gpu_devices_are_rejected():
     check_forward_inputs(q, k, a["v"])  # NumPy mixed with one device: fine (copied)
     with pytest.raises(ValueError, match=r"v: .*GPU 1.*q"):
         check_forward_inputs(q, k, FakeCupy(a["v"], 1))
+
+
+def _huge(b, s, h, d=8):
+    """A bshd fp16 array of any shape without the memory: every element aliases one row."""
+    return np.lib.stride_tricks.as_strided(np.zeros(d, np.float16), shape=(b, s, h, d), strides=(0, 0, 0, 2))
+
+
+@pytest.mark.parametrize(
+    "b, sq, sk, h, frag",
+    [
+        (65536, 4, 4, 1, r"q: batch size 65536 exceeds .* 65535"),
+        (1, 4, 4, 65536, r"q: 65536 query heads exceed .* 65535"),
+        (1, (1 << 30) - (1 << 16) + 1, 4, 1, r"q: seqlen \d+ exceeds"),
+        (1, 4, (1 << 30) - (1 << 16) + 1, 1, r"k: seqlen \d+ exceeds"),
+    ],
+)
+def test_kernel_size_limits(b, sq, sk, h, frag):
+    # grid y/z are nhead_q/batch (<= 65535); row indices and the window are int32 in the kernels
+    q, k = _huge(b, sq, h), _huge(b, sk, h)
+    with pytest.raises(ValueError, match=frag):
+        check_forward_inputs(q, k, k)
+    # the NumPy reference's checks have no such limits
+    from cupy_fmha.validate import check_reference_inputs
+
+    check_reference_inputs(q, k, k)
+
+
+def test_kernel_size_limits_at_the_edge():
+    from cupy_fmha.validate import GRID_YZ_MAX, SEQLEN_MAX
+
+    check_forward_inputs(_huge(GRID_YZ_MAX, 4, 1), _huge(GRID_YZ_MAX, 4, 1), _huge(GRID_YZ_MAX, 4, 1))
+    check_forward_inputs(_huge(1, 4, GRID_YZ_MAX), _huge(1, 4, 1), _huge(1, 4, 1))
+    check_forward_inputs(_huge(1, SEQLEN_MAX, 1), _huge(1, SEQLEN_MAX, 1), _huge(1, SEQLEN_MAX, 1))
+
+
+def test_kernel_size_limits_group_mode():
+    from cupy_fmha.validate import check_varlen_inputs
+
+    n = 65536  # sequences of one token each: batch 65536 > grid z
+    q = np.zeros((n, 1, 8), np.float16)
+    cu = np.arange(n + 1, dtype=np.int32)
+    with pytest.raises(ValueError, match="q: batch size 65536"):
+        check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    check_varlen_inputs(q[:-1], q[:-1], q[:-1], cu_seqlens_q=cu[:-1], cu_seqlens_k=cu[:-1])
+    check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, hdim_rule=False)
