@@ -24,13 +24,15 @@ workspace [batch, nhead_q, max_seqlen_q, max_seqlen_k]) and move every token-ind
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import NamedTuple
 
 import numpy as np
 
 from . import launch as L
 from .compile import get_function
-from .spec import bwd_specs, dropout_mask_spec, fwd_spec
+from .spec import bwd_specs, dropout_mask_spec, fwd_spec, use_wg_skip
 from .validate import (
     _BF16,
     check_alibi_slopes,
@@ -311,6 +313,43 @@ def _dropout_mask(cp, drop, batch, nhead_q, seqlen_q, seqlen_k):
     return keep
 
 
+# Per-call host cost matters at short sequences (a 1024-token forward takes ~0.13 ms on an H200),
+# so the spec lookups are memoized: keyed also by the tuning variables the tile table reads.
+_TUNING_VARS = ("CUPY_FMHA_FWD_TILES", "CUPY_FMHA_BWD_TILES", "CUPY_FMHA_FWD_SM90_TILES",
+                "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA")
+
+
+def _tuning() -> tuple:
+    return tuple(os.environ.get(v, "") for v in _TUNING_VARS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, _tuning_key):
+    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, diagonal=wg_skip,
+                    seqlen_q=1 if wg_skip else 0)
+
+
+def _fwd_spec(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False, diagonal=False, seqlen_q=0):
+    """:func:`cupy_fmha.spec.fwd_spec`, memoized."""
+    return _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, use_wg_skip(diagonal, seqlen_q),
+                            _tuning())
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, _tuning_key):
+    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout)
+
+
+def _bwd_specs(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False):
+    """:func:`cupy_fmha.spec.bwd_specs`, memoized."""
+    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, _tuning())
+
+
+def _cc(cp) -> int:
+    """Compute capability of the current device as an int (e.g. 90; CuPy caches it)."""
+    return int(cp.cuda.Device().compute_capability)
+
+
 def _launch(cp, spec, launch, args):
     if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
         return
@@ -417,9 +456,10 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
-    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
-                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
     win_y, win_x = L.kernel_window(p.window)
+    spec = _fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
+                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled,
+                    diagonal=min(win_y, win_x) < L.WINDOW_INF, seqlen_q=p.seqlen_q)
     args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
             *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
             np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
@@ -516,7 +556,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     bias_args = _bias_args(cp, bias, bias_dt)
-    specs = bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+    specs = _bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
                       alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
@@ -601,7 +641,7 @@ def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype,
         o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
     else:
         o, lse = out
-    spec = fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, int(cp.cuda.Device().compute_capability),
+    spec = _fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
                     alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
     win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
     args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
@@ -646,7 +686,7 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     bias_args = _bias_args(cp, bias, bias_dt)
     cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
-    specs = bwd_specs(_dtype_name(p), d, dv_, int(cp.cuda.Device().compute_capability),
+    specs = _bwd_specs(_dtype_name(p), d, dv_, _cc(cp),
                       alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
     delta = cp.empty((b, hq, msq), dtype=cp.float32)

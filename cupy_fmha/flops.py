@@ -15,7 +15,7 @@ import numpy as np
 
 from .mask import MaskSpec, Window, parse_mask
 
-__all__ = ["visible_pairs", "attention_flops", "attention_bytes", "is_plain_causal"]
+__all__ = ["visible_pairs", "any_visible", "attention_flops", "attention_bytes", "is_plain_causal"]
 
 _MODES = ("fwd", "bwd")
 
@@ -48,6 +48,23 @@ def visible_pairs(mask_spec: MaskSpec | Window | str | None, seqlen_q: int, seql
     lo = np.maximum(i - (int(win.y) - 1), 0)
     hi = np.minimum(i + int(win.x), seqlen_k)
     return int(np.maximum(hi - lo, 0).sum())
+
+
+def any_visible(mask_spec: MaskSpec | Window | str | None, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether some query row sees some key (``visible_pairs(...) > 0``) in O(1): row ``i`` sees
+    keys ``[max(i - y + 1, 0), min(i + x, sk))``, non-empty exactly when ``x + y > 1``,
+    ``sk > 0`` and ``-x < i < sk + y - 1``; some row does when that range meets ``[0, sq)``.
+    (Argument validation runs this on every call, so it must not cost O(seqlen_q).)"""
+    seqlen_q, seqlen_k = int(seqlen_q), int(seqlen_k)
+    if seqlen_q <= 0 or seqlen_k <= 0:
+        return False
+    win = _window(mask_spec, seqlen_q, seqlen_k)
+    if win is None:
+        return True
+    y, x = int(win.y), int(win.x)
+    if x + y <= 1:
+        return False
+    return max(0, 1 - x) <= min(seqlen_q - 1, seqlen_k + y - 2)
 
 
 def is_plain_causal(mask_spec) -> bool:

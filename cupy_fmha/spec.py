@@ -133,6 +133,19 @@ def fwd_sm90_tiles(hdim_q: int, hdim_v: int, dropout: bool = False) -> dict[str,
     return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
 
 
+#: Longest seqlen_q for which the 3-warpgroup forward with a diagonal mask takes the WG_SKIP build.
+WG_SKIP_MAX_SEQLEN = 2048
+
+
+def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
+    """Whether the 3-warpgroup Hopper forward (hdim 128) should skip, per warpgroup, the key
+    blocks none of its rows sees. Measured on the H200 (bench/NOTES.md): with a causal mask at
+    seqlen 1024 the skip gains 5-8%, because a 192-row block spans three 64-key diagonal blocks;
+    in long or unmasked problems its extra loop copies cost 6-9% (the kernel is at its
+    168-register cap), so it is used only with a diagonal mask and seqlen_q <= 2048."""
+    return bool(diagonal) and 0 < seqlen_q <= WG_SKIP_MAX_SEQLEN
+
+
 def _features(alibi: bool = False, bias: bool = False, dropout: bool = False) -> dict[str, int]:
     """Compile-time feature macros of the main kernels: only those switched on, so the plain
     instances keep their names and their code (a feature costs nothing unless used)."""
@@ -150,14 +163,21 @@ def _features(alibi: bool = False, bias: bool = False, dropout: bool = False) ->
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, diagonal: bool = False,
+             seqlen_q: int = 0) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
     (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
-    ``dropout``: the Philox keep test, ``-D DROPOUT=1``)."""
+    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``diagonal`` (the mask has a causal or
+    window edge) and ``seqlen_q`` pick, for the plain 3-warpgroup Hopper instance, the build whose
+    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``; see
+    :func:`use_wg_skip`)."""
     feats = _features(alibi, bias, dropout)
     if use_sm90(hdim_q, hdim_v, cc):
+        tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
+        if not feats and tiles["NWG"] == 3 and use_wg_skip(diagonal, seqlen_q):
+            tiles["WG_SKIP"] = 1
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **fwd_sm90_tiles(hdim_q, hdim_v, dropout), **feats)
+                   **tiles, **feats)
     dq, dv = padded_dims(hdim_q, hdim_v)
     return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias, alibi, dropout), **feats)
 
@@ -189,9 +209,10 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
     ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change)."""
     feats = _features(alibi, bias, dropout)
-    # the wgmma backward at hdim 128 spills with dropout (255 registers; Philox state and keep
-    # bits on top of varlen, dQ slabs and bias): dropout above hdim 64 takes the mma.sync kernel
-    if use_sm90(hdim_q, hdim_v, cc) and not (dropout and max(pad_hdim(hdim_q), pad_hdim(hdim_v)) > 64):
+    # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
+    # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
+    # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
+    if use_sm90(hdim_q, hdim_v, cc):
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **feats)
     else:
@@ -228,6 +249,7 @@ def default_dispatch_table() -> list[KernelSpec]:
             for hq, hv in pairs:
                 for cc in (80, 90):
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
+                                 fwd_spec(dtype, hq, hv, cc, **feats, diagonal=True, seqlen_q=1),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values()):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()

@@ -242,9 +242,9 @@ def _check_mask(mask, causal, window_size, seqlen_q: int, seqlen_k: int, allow_e
         raise TypeError(f"mask: expected a CK mask string or a MaskSpec, got {mask!r}")
     spec = resolve_mask(mask, bool(causal), tuple(window_size))
     if not allow_empty and not spec.is_none:
-        from .flops import visible_pairs
+        from .flops import any_visible
 
-        if visible_pairs(spec, seqlen_q, seqlen_k) == 0:
+        if not any_visible(spec, seqlen_q, seqlen_k):
             win = spec.window(seqlen_q, seqlen_k)
             arg = "mask" if mask is not None else "window_size"
             raise ValueError(

@@ -109,18 +109,37 @@ __device__ __forceinline__ uint32_t quad_keep_bits(const Dropout& drop, int i, i
     return bits;
 }
 
+// The forward's keep bits of one key block for this thread: word [r][a] holds tiles 4a .. 4a + 3
+// of row row0 + g + 8r (quad_keep_bits). They depend only on coordinates, so the sm90 kernel
+// computes them while the S = Q K^T wgmma runs (the Philox ALU work then hides under the tensor
+// cores); the mma.sync kernel right before online_softmax.
+template <int NS>
+struct KeepBits {
+    uint32_t w[2][(NS + 3) / 4];
+};
+
+template <int NS>
+__device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, int g, int t) {
+    KeepBits<NS> kb;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int a = 0; a < (NS + 3) / 4; ++a) kb.w[r][a] = quad_keep_bits(drop, row0 + g + r * 8, (k0 >> 3) + 4 * a, 4 * g + t);
+    return kb;
+}
+
 // Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
 // the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
 // units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
 // (the tile crosses a mask or sequence edge). With DROPOUT, the row sums take the undropped P and
 // then the dropped elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into
-// finish_rows): one Philox call per (row, n8 tile) covers both columns of the thread and, shared
-// across the quad (quad_keep_bits), those of the other three threads too (k0 a multiple of 8).
+// finish_rows), with the bits of fwd_keep_bits: one Philox call per (row, n8 tile) covers both
+// columns of the thread and, shared across the quad, those of the other three threads too.
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                                const ElemBias& bias, int row0, int k0, int g, int t, int seqlen_k,
-                                               const Dropout& drop) {
+                                               const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -170,7 +189,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int a = 0; a < (NS + 3) / 4; ++a) {
-                const uint32_t bits = quad_keep_bits(drop, row0 + g + r * 8, (k0 >> 3) + 4 * a, 4 * g + t);
+                const uint32_t bits = keep.w[r][a];
 #pragma unroll
                 for (int m = 0; m < 4; ++m) {
                     const int n = 4 * a + m;

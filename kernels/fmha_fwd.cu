@@ -124,8 +124,10 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
 
         const int k0 = kb * BLOCK_N;
         const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+        KeepBits<NT_S> keep;
+        if constexpr (DROPOUT != 0) keep = fwd_keep_bits<NT_S>(drop, q0 + m0, k0, g, t);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, scale_log2, edge, win, alibi, ebias, q0 + m0, k0,
-                                   g, t, seqlen_k, drop);
+                                   g, t, seqlen_k, keep);
 
         // O += P V
 #pragma unroll

@@ -67,13 +67,18 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
     for (int kk = 0; kk < HDIM_Q / 16; ++kk)
         wgmma_ss<BLOCK_N, 0, 0>(s, desc_kmajor<HDIM_Q>(sQ, wg * 64, kk * 16), desc_kmajor<HDIM_Q>(sKb, 0, kk * 16), kk > 0);
     wgmma_commit();
+    const int k0 = kb * BLOCK_N;
+    KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
+    if constexpr (DROPOUT != 0) {
+        keep = fwd_keep_bits<NS>(drop, wq0 + wi * 16, k0, g, t);
+        fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
+    }
     wgmma_wait0();
     fence_operand<NS * 4>(s);
 
-    const int k0 = kb * BLOCK_N;
     const bool edge = win.tile_needs_test(wq0, 64, k0, BLOCK_N, seqlen_q, seqlen_k);
     online_softmax<NS, NO>(s, acc_o, row_max, row_sum, scale_log2, edge, win, alibi, ebias, wq0 + wi * 16, k0, g, t,
-                           seqlen_k, drop);
+                           seqlen_k, keep);
     uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
@@ -168,10 +173,21 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
 #define FMHA_FWD_BLOCK(SKIP, kb)                                                                                    \
     fwd_block<SKIP>(kb, kb_begin, kb_end, wkb_begin, wkb_end, sQ, sK, sV, kg, vg, k_ss, v_ss, seqlen_q, seqlen_k,      \
                     hdim_q, hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, drop, scale_log2, acc_o, row_max, row_sum)
-    if (!WG_SKIP) all_begin = kb_begin, all_end = kb_end;
-    for (int kb = kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
-    for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
-    for (int kb = all_end; kb < kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+    if (!WG_SKIP && wq0 >= seqlen_q) {
+        // All rows of this warpgroup are past the end (the last row block of a sequence that is
+        // not a multiple of BLOCK_M): it only loads and meets the barriers, so the CTA's other
+        // warpgroups get the tensor cores. (fwd_block<true> with an empty range: the GEMMs are
+        // compiled out of this copy.)
+        for (int kb = kb_begin; kb < kb_end; ++kb)
+            fwd_block<true>(kb, kb_begin, kb_end, 0, 0, sQ, sK, sV, kg, vg, k_ss, v_ss, seqlen_q, seqlen_k, hdim_q,
+                            hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, drop, scale_log2, acc_o, row_max,
+                            row_sum);
+    } else {
+        if (!WG_SKIP) all_begin = kb_begin, all_end = kb_end;
+        for (int kb = kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+        for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
+        for (int kb = all_end; kb < kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+    }
 #undef FMHA_FWD_BLOCK
 
     float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;

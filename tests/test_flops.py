@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,3 +75,19 @@ def test_bytes():
     assert attention_bytes(1, 1, 8, 8, 8, 8, "fwd") == 2 * 4 * 64 + 32
     with pytest.raises(ValueError, match="mode"):
         attention_bytes(1, 1, 8, 8, 8, 8, "x")
+
+
+def test_any_visible_agrees_with_visible_pairs():
+    # the O(1) emptiness test used by argument validation, against the exact count
+    from cupy_fmha.flops import any_visible, visible_pairs
+    from cupy_fmha.mask import Window
+
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        sq, sk = int(rng.integers(0, 40)), int(rng.integers(0, 40))
+        y, x = int(rng.integers(-50, 50)), int(rng.integers(-50, 50))
+        win = Window(y, x)
+        assert any_visible(win, sq, sk) == (visible_pairs(win, sq, sk) > 0), (sq, sk, y, x)
+    for m in ("0", "t", "b", "t:3,0", "b:0,0", "xt:4", "g:5,2"):
+        for sq, sk in ((1, 1), (300, 120), (5, 900), (64, 0)):
+            assert any_visible(m, sq, sk) == (visible_pairs(m, sq, sk) > 0), (m, sq, sk)

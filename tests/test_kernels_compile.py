@@ -20,6 +20,19 @@ def _nvrtc_usable() -> bool:
 pytestmark = pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC not available (install the cuda13 extra)")
 
 
+#: Instances allowed a small spill, with why. The wgmma backward with dropout at hdim 128 sits at
+#: 255 registers and spills 16-60 bytes (L1-resident); it still runs 1.6x faster than the
+#: spill-free alternative (the mma.sync kernel at 16 query rows per step): 5.30 against 8.47 ms,
+#: bf16, batch 4, 16 heads, seqlen 4096, H200 (bench/NOTES.md).
+SPILL_ALLOWED = {"fmha_bwd_dq_dk_dv_sm90": 64}
+
+
+def _spill_budget(spec) -> int:
+    if spec.macro("DROPOUT", 0) and spec.macro("HDIM_Q", 0) == 128:
+        return SPILL_ALLOWED.get(spec.source, 0)
+    return 0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", default_dispatch_table(), ids=lambda s: s.name)
 def test_kernel_compiles_without_spills(spec, arch):
@@ -27,6 +40,12 @@ def test_kernel_compiles_without_spills(spec, arch):
         pytest.skip("wgmma kernels build for sm_90a only")
     rep = C.offline_compile(spec, arch)
     assert rep.registers > 0, rep.log
+    budget = _spill_budget(spec)
+    if budget:
+        assert rep.spill_stores <= budget and rep.spill_loads <= 2 * budget, (
+            f"{spec.name} on {arch}: {rep.spill_stores} B spill stores, {rep.spill_loads} B spill loads "
+            f"(allowed {budget} B)\n{rep.log}")
+        return
     assert not rep.spills, (
         f"{spec.name} on {arch}: {rep.registers} registers, {rep.spill_stores} B spill stores, "
         f"{rep.spill_loads} B spill loads, {rep.stack_frame} B stack frame\n{rep.log}"
