@@ -223,10 +223,11 @@ BiasOpt = Annotated[
     str,
     typer.Option(
         "--bias",
-        help="CK's names. n: none; e or e:0: elementwise bias [1, 1, seqlen_q, seqlen_k]; e:1: "
-        "[1, nhead, seqlen_q, seqlen_k]; e:2: [batch, nhead, seqlen_q, seqlen_k] (normal draws in "
-        "the input dtype; group mode: the longest lengths, each sequence reads its top-left "
-        "corner); a or a:0: ALiBi slopes [nhead]; a:1: ALiBi slopes [batch, nhead].",
+        # (shapes in parentheses: Rich would read "[batch, nhead]" as markup and drop it)
+        help="CK's names. n: none; e or e:0: elementwise bias of shape (1, 1, seqlen_q, seqlen_k); "
+        "e:1: (1, nhead, seqlen_q, seqlen_k); e:2: (batch, nhead, seqlen_q, seqlen_k) (normal draws "
+        "in the input dtype; group mode: the longest lengths, each sequence reads its top-left "
+        "corner); a or a:0: ALiBi slopes of shape (nhead,); a:1: ALiBi slopes (batch, nhead).",
     ),
 ]
 DbiasOpt = Annotated[
@@ -1081,7 +1082,7 @@ def bwd(
     seq_mode: ModeOpt = "batch",
 ) -> None:
     """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV (and dBias;
-    ``--deterministic``: bit-reproducible dQ, see attention_backward)."""
+    --deterministic: bit-reproducible dQ, see attention_backward)."""
     _run("bwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify_=verify,

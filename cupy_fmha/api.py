@@ -79,6 +79,14 @@ class AttentionGradsWithBias(NamedTuple):
 _CHECKED: dict = {}
 
 
+def _typed(v):
+    """A cache key for an option value that tells apart values which compare equal but are not
+    equally valid (``True`` / ``1`` / ``1.0``; ``(2, 0)`` / ``(2.0, 0.0)``; ``0`` / ``False``)."""
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_typed(x) for x in v))
+    return (type(v), v)
+
+
 def _checked(check, arrays, **kw):
     """``check(*arrays, **kw)``, memoized on everything it reads (shapes, dtypes, strides, devices
     and the options): a training loop calling with the same shapes pays for validation once.
@@ -87,7 +95,7 @@ def _checked(check, arrays, **kw):
         key = (check.__name__,
                tuple((type(a), tuple(a.shape), a.dtype, tuple(a.strides),
                       getattr(getattr(a, "device", None), "id", None)) for a in arrays),
-               tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items())))
+               tuple(sorted((k, _typed(v)) for k, v in kw.items())))
         hash(key)
     except (AttributeError, TypeError):
         return check(*arrays, **kw)
@@ -420,9 +428,10 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         hdim_v] in ``layout`` (thd: [total_q, nhead_q, hdim_v]) and the inputs' dtype; lse
         float32 [batch, nhead_q, seqlen_q] (thd: [batch, nhead_q, max_seqlen_q], -inf beyond each
         sequence's length), natural log; keep a CuPy bool array [batch, nhead_q, seqlen_q,
-        seqlen_k] (thd: [batch, nhead_q, max_seqlen_q, max_seqlen_k], sequence b's mask in its
-        top-left [seqlen_q_b, seqlen_k_b] corner), as :func:`cupy_fmha.reference.attention_forward`
-        returns it. Rows that see no key (all rows of a sequence with no keys): o = 0, lse = -inf.
+        seqlen_k] (batch mode: as :func:`cupy_fmha.reference.attention_forward` returns it; thd:
+        [batch, nhead_q, max_seqlen_q, max_seqlen_k], sequence b's mask in its top-left
+        [seqlen_q_b, seqlen_k_b] corner, where the reference returns a list of the per-sequence
+        masks). Rows that see no key (all rows of a sequence with no keys): o = 0, lse = -inf.
 
     Raises:
         TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_forward_inputs`,
@@ -442,9 +451,9 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     drop = check_dropout(dropout_p, seed, offset)
     want_keep = check_flag("return_dropout_mask", return_dropout_mask)
-    cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    cp = _cupy()
     store = np.uint16 if p.dtype == _BF16 else np.float16  # element storage on the device
     o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
     lse_shape = (p.batch, p.nhead_q, p.seqlen_q)
@@ -544,9 +553,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     want_dbias = check_return_dbias(return_dbias, bias)
     bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
     drop = check_dropout(dropout_p, seed, offset)
-    cp = _cupy()
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    cp = _cupy()
     store = np.uint16 if p.dtype == _BF16 else np.float16
     b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
     shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),

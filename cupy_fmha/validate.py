@@ -305,16 +305,18 @@ def _check_qkv(q, k, v, layout, want, any_float, hdim_rule):
     return dq_, (b, sq, hq, d), (sk, hk, dv)
 
 
-def check_kernel_limits(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int) -> None:
+def check_kernel_limits(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int,
+                        names: tuple[str, str] = ("q", "k")) -> None:
     """Reject sizes the GPU kernels cannot launch or index (see ``GRID_YZ_MAX``, ``SEQLEN_MAX``),
-    naming the argument, instead of a CUDA launch error or silently wrapped 32-bit indices."""
+    naming the argument (``names``: what carries seqlen_q / seqlen_k), instead of a CUDA launch
+    error or silently wrapped 32-bit indices."""
     if batch > GRID_YZ_MAX:
         raise ValueError(f"q: batch size {batch} exceeds the kernels' limit of {GRID_YZ_MAX} "
                          "(CUDA grid dimension z); split the batch")
     if nhead_q > GRID_YZ_MAX:
         raise ValueError(f"q: {nhead_q} query heads exceed the kernels' limit of {GRID_YZ_MAX} "
                          "(CUDA grid dimension y)")
-    for name, n in (("q", seqlen_q), ("k", seqlen_k)):
+    for name, n in zip(names, (seqlen_q, seqlen_k)):
         if n > SEQLEN_MAX:
             raise ValueError(f"{name}: seqlen {n} exceeds the kernels' limit of {SEQLEN_MAX} "
                              "(32-bit row indices and mask window)")
@@ -681,7 +683,7 @@ def check_varlen_inputs(
         _check_layout_and_devices(
             named, [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
     if hdim_rule:  # the GPU API's checks (the reference relaxes hdim_rule)
-        check_kernel_limits(batch, hq, mq, mk)
+        check_kernel_limits(batch, hq, mq, mk, names=("max_seqlen_q", "max_seqlen_k"))
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, mq, mk, allow_empty=True)
     return VarlenProblem(batch, cq, ck, mq, mk, hq, hk, d, dv, dt, scale, spec)

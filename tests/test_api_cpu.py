@@ -59,3 +59,36 @@ def test_window_size_must_be_two_ints(bad):
 def test_negative_ck_window_sizes_mean_unlimited():
     assert parse_mask("t:-5,3") == parse_mask("t:-1,3")
     assert parse_mask("b:-2,-7").describe() == "b:-1,-1"
+
+
+def test_validation_cache_tells_equal_but_invalid_values_apart():
+    # a passed check must not make an equal-comparing but invalid value pass later (True == 1.0)
+    from cupy_fmha import api
+    from cupy_fmha.validate import check_forward_inputs
+
+    q = np.zeros((1, 8, 2, 16), np.float16)
+    with pytest.raises(TypeError, match="causal"):
+        api._checked(check_forward_inputs, (q, q, q), causal=1.0)
+    api._checked(check_forward_inputs, (q, q, q), causal=True)
+    with pytest.raises(TypeError, match="causal"):
+        api._checked(check_forward_inputs, (q, q, q), causal=1.0)
+    api._checked(check_forward_inputs, (q, q, q), window_size=(2, 0))
+    with pytest.raises((TypeError, ValueError), match="window_size"):
+        api._checked(check_forward_inputs, (q, q, q), window_size=(2.0, 0.0))
+
+
+def test_alibi_slopes_checked_before_the_gpu(monkeypatch):
+    # without a GPU, bad slopes must still be named (the check runs before CuPy is needed)
+    from cupy_fmha import api
+
+    def no_gpu():
+        raise RuntimeError("no usable CUDA GPU (test)")
+
+    monkeypatch.setattr(api, "_cupy", no_gpu)
+    q = np.zeros((1, 8, 2, 16), np.float16)
+    with pytest.raises((TypeError, ValueError), match="alibi_slopes"):
+        api.attention_forward(q, q, q, alibi_slopes=np.ones(3, np.float32))
+    do = q
+    lse = np.zeros((1, 2, 8), np.float32)
+    with pytest.raises((TypeError, ValueError), match="alibi_slopes"):
+        api.attention_backward(do, q, q, q, q, lse, alibi_slopes=np.ones(3, np.float16))
