@@ -842,10 +842,24 @@ _ARG_TO_OPTION = {
 }
 
 
+#: (argument, words in the message) -> option, for errors about a tensor's size or head dim
+_TENSOR_TO_OPTION = (
+    ("q", "head dim", "--hdim"), ("k", "head dim", "--hdim"), ("v", "head dim", "--hdim-v"),
+    ("q", "batch size", "--batch"), ("q", "query heads", "--nhead"),
+    ("q", "seqlen", "--seqlen-q"), ("k", "seqlen", "--seqlen-k"),
+    ("max_seqlen_q", "seqlen", "--seqlen-q"), ("max_seqlen_k", "seqlen", "--seqlen-k"),
+)
+
+
 def _option_names(msg: str) -> str:
+    """An API error message with the CLI option in front of the argument it names."""
     head, sep, tail = msg.partition(":")
-    if sep and head.strip() in _ARG_TO_OPTION:
-        return f"{_ARG_TO_OPTION[head.strip()]} ({head.strip()}):{tail}"
+    name = head.strip()
+    if sep and name in _ARG_TO_OPTION:
+        return f"{_ARG_TO_OPTION[name]} ({name}):{tail}"
+    for arg, words, option in _TENSOR_TO_OPTION:
+        if sep and name == arg and words in tail:
+            return f"{option} ({name}):{tail}"
     return msg
 
 

@@ -563,3 +563,10 @@ def test_cupy_backend_group_mode_elementwise_bias(bias):
     obj = json.loads(res.stdout)
     assert obj["backend"] == "cupy" and obj["valid"] is True and obj["seq_mode"] == "group"
     assert [c["name"] for c in obj["checks"]] == ["dq", "dk", "dv", "dbias"]
+
+
+@pytest.mark.parametrize("args, flag", [(("-d", 12), "--hdim"), (("-d", 16, "--hdim-v", 12), "--hdim-v")])
+def test_head_dim_errors_name_the_option(no_gpu, args, flag):
+    res = invoke("bwd", "-s", 16, "--nhead", 2, "--backend", "numpy", *args)
+    assert_usage_error(res, flag)
+    assert f"{flag} (" in (res.stderr or res.stdout)
