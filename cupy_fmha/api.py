@@ -25,14 +25,13 @@ workspace [batch, nhead_q, max_seqlen_q, max_seqlen_k]) and move every token-ind
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import numpy as np
 
 from . import launch as L
 from .compile import get_function
-from .spec import bwd_specs, dropout_mask_spec, fwd_spec, use_wg_skip
+from .spec import bwd_specs, dropout_mask_spec, fwd_spec, tuning_key, use_wg_skip
 from .validate import (
     _BF16,
     check_alibi_slopes,
@@ -302,6 +301,8 @@ def _reduce_dbias(cp, ds, bias, bias_dt):
     if bias_dt == _BF16:
         return _f32_to_bf16_bits(cp, red)
     return cp.ascontiguousarray(red.astype(bias_dt))
+
+
 def _dropout_args(drop):
     """The kernels' dropout argument group (keep_threshold, rp_keep, seed, offset); passed to
     every instance, read only by the ``DROPOUT=1`` ones."""
@@ -322,25 +323,16 @@ def _dropout_mask(cp, drop, batch, nhead_q, seqlen_q, seqlen_k):
 
 
 # Per-call host cost matters at short sequences (a 1024-token forward takes ~0.13 ms on an H200),
-# so the spec lookups are memoized: keyed also by the tuning variables the tile table reads.
-_TUNING_VARS = ("CUPY_FMHA_FWD_TILES", "CUPY_FMHA_BWD_TILES", "CUPY_FMHA_FWD_SM90_TILES",
-                "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA")
-
-
-def _tuning() -> tuple:
-    return tuple(os.environ.get(v, "") for v in _TUNING_VARS)
-
-
+# so the spec lookups are memoized, keyed also by the tuning variables the tile table reads.
 @functools.lru_cache(maxsize=1024)
 def _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, _tuning_key):
-    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, diagonal=wg_skip,
-                    seqlen_q=1 if wg_skip else 0)
+    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, wg_skip=wg_skip)
 
 
 def _fwd_spec(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False, diagonal=False, seqlen_q=0):
     """:func:`cupy_fmha.spec.fwd_spec`, memoized."""
     return _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, use_wg_skip(diagonal, seqlen_q),
-                            _tuning())
+                            tuning_key())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -350,7 +342,7 @@ def _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, _tuning_k
 
 def _bwd_specs(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False):
     """:func:`cupy_fmha.spec.bwd_specs`, memoized."""
-    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, _tuning())
+    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, tuning_key())
 
 
 def _cc(cp) -> int:

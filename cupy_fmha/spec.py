@@ -65,6 +65,17 @@ def _mk(source: str, dtype: str, target: str = "sm80", **macros: int) -> KernelS
 # --------------------------------------------------------------------------------------------
 
 
+#: Environment variables the tile table and the kernel choice read (tuning only); callers that
+#: memoize specs key them by these values (:func:`tuning_key`).
+TUNING_VARS = ("CUPY_FMHA_FWD_TILES", "CUPY_FMHA_BWD_TILES", "CUPY_FMHA_FWD_SM90_TILES",
+               "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA")
+
+
+def tuning_key() -> tuple[str, ...]:
+    """The current values of :data:`TUNING_VARS` (a cache key for spec lookups)."""
+    return tuple(os.environ.get(v, "") for v in TUNING_VARS)
+
+
 def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
     """Tuning hook: ``CUPY_FMHA_FWD_TILES`` / ``CUPY_FMHA_BWD_TILES`` = ``"NWARPS=8,BLOCK_M=64"``
     replaces entries of the table for every head dim (benchmarks only; not a public option)."""
@@ -163,18 +174,16 @@ def _features(alibi: bool = False, bias: bool = False, dropout: bool = False) ->
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False, diagonal: bool = False,
-             seqlen_q: int = 0) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
     (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
-    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``diagonal`` (the mask has a causal or
-    window edge) and ``seqlen_q`` pick, for the plain 3-warpgroup Hopper instance, the build whose
-    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``; see
-    :func:`use_wg_skip`)."""
+    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``wg_skip`` (the caller's
+    :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
+    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = _features(alibi, bias, dropout)
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
-        if not feats and tiles["NWG"] == 3 and use_wg_skip(diagonal, seqlen_q):
+        if not feats and tiles["NWG"] == 3 and wg_skip:
             tiles["WG_SKIP"] = 1
         return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
@@ -249,7 +258,7 @@ def default_dispatch_table() -> list[KernelSpec]:
             for hq, hv in pairs:
                 for cc in (80, 90):
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
-                                 fwd_spec(dtype, hq, hv, cc, **feats, diagonal=True, seqlen_q=1),
+                                 fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values()):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()
