@@ -296,13 +296,18 @@ def _check_qkv(q, k, v, layout, want, any_float, hdim_rule):
             f"k: number of heads {hk} must divide q's number of heads {hq} (GQA/MQA)"
         )
     if hdim_rule:
-        for name, n in (("q", d), ("v", dv)):
-            if n % HDIM_STEP or not HDIM_MIN <= n <= HDIM_MAX:
-                raise ValueError(
-                    f"{name}: head dim must be a multiple of {HDIM_STEP} in "
-                    f"[{HDIM_MIN}, {HDIM_MAX}], got {n}"
-                )
+        _check_head_dims(d, dv)
     return dq_, (b, sq, hq, d), (sk, hk, dv)
+
+
+def _check_head_dims(hdim_q: int, hdim_v: int) -> None:
+    """The kernels' head-dim rule: multiples of HDIM_STEP in [HDIM_MIN, HDIM_MAX] (q, then v)."""
+    for name, n in (("q", hdim_q), ("v", hdim_v)):
+        if n % HDIM_STEP or not HDIM_MIN <= n <= HDIM_MAX:
+            raise ValueError(
+                f"{name}: head dim must be a multiple of {HDIM_STEP} in "
+                f"[{HDIM_MIN}, {HDIM_MAX}], got {n}"
+            )
 
 
 def check_kernel_limits(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int,
@@ -645,12 +650,7 @@ def check_varlen_inputs(
     if hq % hk:
         raise ValueError(f"k: number of heads {hk} must divide q's number of heads {hq} (GQA/MQA)")
     if hdim_rule:
-        for name, n in (("q", d), ("v", dv)):
-            if n % HDIM_STEP or not HDIM_MIN <= n <= HDIM_MAX:
-                raise ValueError(
-                    f"{name}: head dim must be a multiple of {HDIM_STEP} in "
-                    f"[{HDIM_MIN}, {HDIM_MAX}], got {n}"
-                )
+        _check_head_dims(d, dv)
     for name, a in extra:
         _check_array3(name, a)
         adt = _logical_dtype(name, a, want, any_float)
