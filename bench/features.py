@@ -107,6 +107,7 @@ ROWS: list[dict[str, Any]] = [
     {"name": "deterministic", "fwd": None, "bwd": {"deterministic": True}},
     {"name": "varlen", "inputs": "thd", "both": {"layout": "thd", "cu_seqlens_q": CU, "cu_seqlens_k": CU}},
     {"name": "dropout p=0.1", "both": {"dropout_p": 0.1, "seed": 1234}},
+    {"name": "bias [b,h,s,s]", "both": {"bias": BIAS}},
     {"name": "bias [b,h,s,s] + dbias", "fwd": {"bias": BIAS}, "bwd": {"bias": BIAS, "return_dbias": True}},
     {"name": "alibi", "both": {"alibi_slopes": SLOPES}},
 ]
