@@ -576,14 +576,15 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     specs = _bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
                       alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
+    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
+    # atomic mode adds into zeros (dot_do_o zero-fills it); deterministic slabs are stored
+    # before convert_dq reads them
+    dq_acc = cp.empty(ws.shape, dtype=cp.float32)
     delta = cp.empty((b, hq, sq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
             (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v),
-             _NULL))
+             _NULL, _NULL if deterministic else dq_acc, np.int32(p.hdim_q)))
 
-    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
-    # atomic mode adds into zeros; deterministic slabs are stored before convert_dq reads them
-    dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips are never written
     ds_acc = cp.zeros((b, hq, sq, sk), dtype=cp.float32) if want_dbias else None
     if out is None:
@@ -706,12 +707,15 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
     specs = _bwd_specs(_dtype_name(p), d, dv_, _cc(cp),
                       alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
 
+    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
+    # atomic mode: dot_do_o zero-fills each sequence's rows (the only ones dq_dk_dv and
+    # convert_dq touch)
+    dq_acc = cp.empty(ws.shape, dtype=cp.float32)
     delta = cp.empty((b, hq, msq), dtype=cp.float32)
     _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, msq),
-            (do, o, delta, *_strides_thd(do), *_strides_thd(o), np.int32(msq), np.int32(dv_), cu_q))
+            (do, o, delta, *_strides_thd(do), *_strides_thd(o), np.int32(msq), np.int32(dv_), cu_q,
+             _NULL if deterministic else dq_acc, np.int32(d)))
 
-    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
-    dq_acc = cp.empty(ws.shape, dtype=cp.float32) if deterministic else cp.zeros(ws.shape, dtype=cp.float32)
     # dS for dBias, pitched by the max lengths; zeroed: pairs outside every sequence's corner and
     # in blocks the mask skips are never written
     ds_acc = cp.zeros((b, hq, msq, msk), dtype=cp.float32) if want_dbias else None

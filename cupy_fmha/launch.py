@@ -112,6 +112,8 @@ def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -
         bn, bm = 128, 64
         smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm
         smem += keep_bits_bytes(spec, bm, bn)
+        if spec.macro("DQ_BULK", 1):  # the fp32 dQ staging block, rows padded by 8 floats
+            smem += 4 * bm * (dq + 8)
         return Launch((cdiv(seqlen_k, bn), nhead_q, batch), (256, 1, 1), smem)
     nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
     bn = 16 * nw

@@ -222,8 +222,15 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
     # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
     if use_sm90(hdim_q, hdim_v, cc):
+        # dQ leaves through shared memory and bulk reduce-adds (DQ_BULK, the kernel's default) at
+        # hdim 128: +1.5-2.5% on the H200 (bench/NOTES.md step 16). Per-thread atomics instead at
+        # hdim 64, where the bulk path measured 18% slower (half as much work per Q block for the
+        # same number of bulk copies), and with dropout, where the staging pushed the hdim-128
+        # spill past 64 bytes.
+        bulk = pad_hdim(hdim_q) > 64 and not dropout
+        tiles = _override("CUPY_FMHA_BWD_SM90_TILES", {} if bulk else {"DQ_BULK": 0})
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-                   **_override("CUPY_FMHA_BWD_SM90_TILES", {}), **feats)
+                   **tiles, **feats)
     else:
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])

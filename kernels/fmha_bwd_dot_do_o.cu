@@ -3,6 +3,9 @@
 // Grid (ceil(seqlen_q / ROWS), nhead_q, batch), block ROWS * 32. D is [batch, nhead_q, seqlen_q].
 // Group mode (cu_seqlens_q non-null, see varlen.cuh): seqlen_q is max_seqlen_q, the pitch of D;
 // dO and O rows are packed tokens, batch strides 0.
+// dq_acc (optional, atomic-mode dQ workspace [batch, nhead_q, seqlen_q, hdim_q], fp32): the warp
+// of row i also zero-fills dQ row i, so the workspace needs no separate memset (one pass less
+// over memory; FlashAttention-2's preprocessing kernel clears its dQ accumulator the same way).
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "varlen.cuh"
@@ -16,7 +19,8 @@ using namespace fmha;
 extern "C" __global__ void __launch_bounds__(ROWS * 32)
 fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict__ o, float* __restrict__ delta,
                   index_t do_sb, index_t do_sh, index_t do_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-                  int seqlen_q, int hdim_v, const int* __restrict__ cu_seqlens_q) {
+                  int seqlen_q, int hdim_v, const int* __restrict__ cu_seqlens_q,
+                  float* __restrict__ dq_acc, int hdim_q) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.x * ROWS + warp, h = blockIdx.y, b = blockIdx.z;
     const int pitch = seqlen_q;  // group mode: max_seqlen_q, the row pitch of D
@@ -41,5 +45,11 @@ fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict_
     }
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) acc += shfl_xor(acc, m);
-    if (lane == 0) delta[((index_t)b * gridDim.y + h) * pitch + i] = acc;
+    const index_t row = ((index_t)b * gridDim.y + h) * pitch + i;
+    if (lane == 0) delta[row] = acc;
+    if (dq_acc) {
+        float* dq_row = dq_acc + row * hdim_q;
+        for (int c = lane * 4; c < hdim_q; c += 128)  // hdim_q is a multiple of 8: 16-byte stores
+            *reinterpret_cast<float4*>(dq_row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
 }

@@ -10,8 +10,15 @@
 //   GEMM1  dV  += P^T dO    wgmma A = P^T (registers),     B = dO (smem, MN-major)
 //   GEMM3  dK  += dS^T Q    wgmma A = dS^T (registers),    B = Q  (smem, MN-major)
 //   GEMM4  dQ   = dS K      wgmma A = dS (smem, MN-major), B = K  (smem, MN-major); warpgroup w
-//                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2); fp32 atomic adds,
-//                           or plain stores into slab kb when dq_split_stride != 0 (deterministic).
+//                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2), staged in shared
+//                           memory and added into the fp32 workspace by one bulk reduce-add per
+//                           row (cp.reduce.async.bulk, the TMA engine), or copied into slab kb by
+//                           bulk stores when dq_split_stride != 0 (deterministic). DQ_BULK=0:
+//                           red.global.add / plain stores from every thread instead.
+// DQ_BULK: per-thread red.global.add of the dQ fragments (256 threads x 16 vector atomics per Q
+// block) filled the load/store queues, and the next block's cp.async loads stalled behind them
+// (ncu: a sixth of all warp stall samples on the cp.async issue); the bulk copies leave the
+// queues to the loads.
 // Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
@@ -29,6 +36,9 @@
 #define BLOCK_M 64
 #ifndef OVERLAP
 #define OVERLAP 1  // issue GEMM4 while GEMM1/3 still run (their register operands stay pinned)
+#endif
+#ifndef DQ_BULK
+#define DQ_BULK 1  // dQ through shared memory and bulk reduce-adds (see above)
 #endif
 
 using namespace fmha;
@@ -66,9 +76,16 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
     unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
+    // DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks
+    // apart, so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
+    constexpr int DQ_PITCH = HDIM_Q + 8;
+    float* sdQ = reinterpret_cast<float*>(sKeep + (DROPOUT != 0 ? 2 * KEEP_BYTES : 0));
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
+    // DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt
+    // (recomputed where used: kept live across the loop, these pushed hdim 128 past 255 registers)
+#define DQ_ISSUER (DQ_BULK != 0 && (threadIdx.x & 127) < BLOCK_M)
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
     const int k0 = kb * BLOCK_N;
     // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
@@ -188,7 +205,10 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         fence_operand<NDQ * 4>(acc_dk);
 #endif
         fence_proxy_async();
-        __syncthreads();  // dS^T visible to both warpgroups
+        // the previous block's dQ rows have left sdQ (a no-op in threads that issued no bulk
+        // copies; executed by all: the predicated form spilled at hdim 128)
+        if (DQ_BULK) bulk_wait_read<0>();
+        __syncthreads();  // dS^T visible to both warpgroups; sdQ free
 
         // GEMM4: dQ[q0 .. q0 + 64, wg half of the columns] = dS K
         {
@@ -209,6 +229,29 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
             fence_operand<BLOCK_M / 4>(&pa[0][0]);
             fence_operand<BLOCK_M / 4>(&dsa[0][0]);
 #endif
+#if DQ_BULK
+            {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
+                float* sdq_t = sdQ + (wi * 16 + g) * DQ_PITCH + wg * DQ_HALF + 2 * t;
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int n = 0; n < DQ_HALF / 8; ++n)
+                        *reinterpret_cast<float2*>(sdq_t + r * 8 * DQ_PITCH + n * 8) =
+                            make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                fence_proxy_async();
+                named_barrier_sync(1 + wg, 128);
+                if (DQ_ISSUER) {
+                    const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, hdim_q - wg * DQ_HALF);
+                    if (i < seqlen_q && ncol > 0) {
+                        float* dst = dq_g + (index_t)i * hdim_q + wg * DQ_HALF;
+                        const unsigned src = smem_u32(sdQ + wt * DQ_PITCH + wg * DQ_HALF);
+                        if (dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
+                        else bulk_reduce_add_f32(dst, src, 4u * ncol);
+                    }
+                    bulk_commit();
+                }
+            }
+#else
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = q0 + wi * 16 + g + r * 8;
@@ -228,6 +271,7 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                     }
                 }
             }
+#endif
         }
         // the next block's keep bits (read after the next iteration's barrier; the buffer's last
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
@@ -237,7 +281,9 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
+    if (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
+#undef DQ_ISSUER
     store_dk_dv<NDQ, NDV>(acc_dk, acc_dv, scale, k0 + my_key, t, seqlen_k, hdim_q, hdim_v, 0, 0, dkdv_fp32, dk, dv,
                           b, dkdv_fp32 ? h : hk, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss);
 }

@@ -93,7 +93,7 @@ class Inputs:
         return cp.asnumpy(x).astype(np.float64)
 
 
-def _run(inp, nan_like, kw, dev=None):
+def _run(inp, nan_like, kw, dev=None, before_backward=None):
     dev = dev or inp.dev
     q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
     bshd = kw.get("layout", "bshd") == "bshd"
@@ -102,6 +102,8 @@ def _run(inp, nan_like, kw, dev=None):
     o, lse = cp_fmha().attention_forward(q, k, v, **kw, dtype=inp.dtype_arg, out=(o_out, lse_out))
     assert o is o_out and lse is lse_out
     grads_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
+    if before_backward is not None:
+        before_backward()
     g = cp_fmha().attention_backward(do, q, k, v, o, lse, **kw, dtype=inp.dtype_arg, out=grads_out)
     assert all(x is y for x, y in zip(g, grads_out))
     cp.cuda.get_current_stream().synchronize()
@@ -383,3 +385,28 @@ def test_alibi_bad_slopes_rejected():
         cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((3,), np.float32))
     with pytest.raises(TypeError, match="alibi_slopes"):
         cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((2,), np.float16))
+
+
+def nan_block_in_pool(shape):
+    """Returns a function that fills a float32 block of ``shape`` with NaN and frees it back to
+    CuPy's memory pool, so the next allocation of that size (the backward's dQ workspace) starts
+    as NaN instead of whatever the pool held."""
+
+    def poison():
+        junk = cp.full(shape, cp.nan, dtype=cp.float32)
+        del junk
+
+    return poison
+
+
+@pytest.mark.parametrize("d", [64, 96, 128], ids=["d64-wgmma", "d96-mma", "d128-wgmma"])
+def test_dq_workspace_is_cleared_by_dot_do_o(d, poison_pool):
+    """The atomic-mode dQ workspace is a ``cp.empty`` block that dot_do_o zero-fills (no memset
+    launch): with a NaN block of exactly its size waiting in the pool, every dQ row must still
+    come out right."""
+    b, sq, sk, hq, hk = 2, 253, 500, 4, 2
+    inp = Inputs(F16, "bshd", b, sq, sk, hq, hk, d, d, _seed("dq workspace", d))
+    kw = {"causal": True}
+    o, lse, g = _run(inp, poison_pool, kw, before_backward=nan_block_in_pool((b, hq, sq, d)))
+    assert not bool(cp.isnan(g.dq.astype(cp.float32)).any())
+    _check_all(inp, o, lse, g, kw, d, d)

@@ -100,7 +100,7 @@ class Packed:
         return cp.asnumpy(x).astype(np.float64)
 
 
-def _run(inp, nan_like, kw, dev=None, cu_on_device=True):
+def _run(inp, nan_like, kw, dev=None, cu_on_device=True, before_backward=None):
     """Forward then backward through poisoned out= buffers; returns (o, lse, grads)."""
     dev = dev or inp.dev
     q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
@@ -112,6 +112,8 @@ def _run(inp, nan_like, kw, dev=None, cu_on_device=True):
     o, lse = _fmha().attention_forward(q, k, v, **kw, out=(o_out, lse_out))
     assert o is o_out and lse is lse_out
     g_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
+    if before_backward is not None:
+        before_backward()
     g = _fmha().attention_backward(do, q, k, v, o, lse, **kw, out=g_out)
     assert all(x is y for x, y in zip(g, g_out))
     cp.cuda.get_current_stream().synchronize()
@@ -216,6 +218,19 @@ def test_varlen_alibi_matches_reference(case, nan_like):
     slopes = rng.uniform(0.01, 0.5, (len(lq), hq) if per_seq else (hq,)).astype(np.float32)
     kw = dict(mkw, alibi_slopes=slopes)
     o, lse, g = _run(inp, nan_like, kw)
+    _check(inp, o, lse, g, kw)
+
+
+@pytest.mark.parametrize("d", [64, 96])
+def test_varlen_dq_workspace_is_cleared_by_dot_do_o(d, nan_like):
+    """Group mode: dot_do_o zero-fills each sequence's rows of the dQ workspace, which is handed
+    a NaN block from the pool (see test_gpu_attention.test_dq_workspace_is_cleared_by_dot_do_o)."""
+    from test_gpu_attention import nan_block_in_pool
+
+    inp = Packed(F16, LQ2, LK2, 4, 2, d, d, _seed("dq workspace", d))
+    kw = {"mask": "b"}
+    shape = (inp.batch, inp.hq, int(np.diff(inp.cq).max()), d)
+    o, lse, g = _run(inp, nan_like, kw, before_backward=nan_block_in_pool(shape))
     _check(inp, o, lse, g, kw)
 
 

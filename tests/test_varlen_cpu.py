@@ -83,8 +83,9 @@ def test_group_mode_arguments_follow_alibi(stem):
     assert group in sig, sig
 
 
-def test_small_kernels_take_cu_seqlens_last():
-    assert _signature("fmha_bwd_dot_do_o").endswith("int hdim_v, const int* __restrict__ cu_seqlens_q)")
+def test_small_kernels_signature_tails():
+    assert _signature("fmha_bwd_dot_do_o").endswith(
+        "int hdim_v, const int* __restrict__ cu_seqlens_q, float* __restrict__ dq_acc, int hdim_q)")
     assert _signature("fmha_bwd_convert_dq").endswith(
         "const int* __restrict__ cu_seqlens, const int* __restrict__ cu_seqlens_k, int win_bottom_right)")
 
