@@ -352,13 +352,13 @@ def _fwd_spec(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=Fal
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, _tuning_key):
-    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout)
+def _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, _tuning_key):
+    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic)
 
 
-def _bwd_specs(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False):
+def _bwd_specs(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False, deterministic=False):
     """:func:`cupy_fmha.spec.bwd_specs`, memoized."""
-    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, tuning_key())
+    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, tuning_key())
 
 
 def _cc(cp) -> int:
@@ -495,7 +495,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
                        max_seqlen_k=None) -> AttentionGrads | AttentionGradsWithBias:
     """Attention backward: dQ, dK, dV (and optionally dBias) from dO and the forward's O and LSE.
 
-    Three launches (CK's FMHA backward): ``dot_do_o``, ``dq_dk_dv``, ``convert_dq`` (+ a GQA
+    Three launches (CK's FMHA backward): ``dot_do_o`` (which also zero-fills the fp32 dQ
+    accumulator, as FlashAttention-2's preprocessing does), ``dq_dk_dv``, ``convert_dq`` (+ a GQA
     group sum of dK/dV through the same convert kernel when nhead_q != nhead_k). With
     ``return_dbias``, ``dq_dk_dv`` also stores dS = P * (dP - D) in float32 (before any 16-bit
     rounding) into a zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (group
@@ -573,8 +574,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     bias_args = _bias_args(cp, bias, bias_dt)
-    specs = _bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
-                      alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
+    specs = _bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp), alibi=alibi_slopes is not None,
+                       bias=bias is not None, dropout=drop.enabled, deterministic=deterministic)
 
     ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
     # atomic mode adds into zeros (dot_do_o zero-fills it); deterministic slabs are stored
@@ -704,8 +705,8 @@ def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size,
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
     bias_args = _bias_args(cp, bias, bias_dt)
     cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
-    specs = _bwd_specs(_dtype_name(p), d, dv_, _cc(cp),
-                      alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
+    specs = _bwd_specs(_dtype_name(p), d, dv_, _cc(cp), alibi=alibi_slopes is not None,
+                       bias=bias is not None, dropout=drop.enabled, deterministic=deterministic)
 
     ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
     # atomic mode: dot_do_o zero-fills each sequence's rows (the only ones dq_dk_dv and

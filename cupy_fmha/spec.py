@@ -212,22 +212,25 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False, dropout: bool = False) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False, deterministic: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
-    ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change)."""
+    ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change);
+    ``deterministic=True``: the instance for the dQ-slab mode (on the Hopper kernel at hdim 128,
+    the build without the bulk dQ path; elsewhere the same instance)."""
     feats = _features(alibi, bias, dropout)
     # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
     # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
     # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
     if use_sm90(hdim_q, hdim_v, cc):
         # dQ leaves through shared memory and bulk reduce-adds (DQ_BULK, the kernel's default) at
-        # hdim 128: +1.5-2.5% on the H200 (bench/NOTES.md step 16). Per-thread atomics instead at
-        # hdim 64, where the bulk path measured 18% slower (half as much work per Q block for the
-        # same number of bulk copies), and with dropout, where the staging pushed the hdim-128
-        # spill past 64 bytes.
-        bulk = pad_hdim(hdim_q) > 64 and not dropout
+        # hdim 128: +1.5-2.5% on the H200 (bench/NOTES.md step 17). Per-thread atomics / stores
+        # instead at hdim 64, where the bulk path measured 18% slower (half as much work per Q
+        # block for the same number of bulk copies); with dropout, where the staging pushed the
+        # hdim-128 spill past 64 bytes; and for the deterministic slabs, where bulk stores
+        # measured 12% slower than plain ones (5.90 against 5.26 ms, bench/features.py).
+        bulk = pad_hdim(hdim_q) > 64 and not dropout and not deterministic
         tiles = _override("CUPY_FMHA_BWD_SM90_TILES", {} if bulk else {"DQ_BULK": 0})
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
@@ -257,7 +260,8 @@ def dropout_mask_spec() -> KernelSpec:
 def default_dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
-    sm_80-class and sm_90 devices, for every feature set, plus the keep-mask kernel."""
+    sm_80-class and sm_90 devices, for every feature set, in atomic and deterministic dQ mode,
+    plus the keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
     for feats in FEATURE_SETS:
@@ -266,7 +270,8 @@ def default_dispatch_table() -> list[KernelSpec]:
                 for cc in (80, 90):
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
                                  fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
-                                 *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values()):
+                                 *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
+                                 bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)

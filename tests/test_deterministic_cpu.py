@@ -212,3 +212,20 @@ def test_split_convert_is_its_own_instance():
         assert s.convert_dq_split.source == s.convert_dq.source
     names = {spec.name for spec in default_dispatch_table()}
     assert {"fmha_bwd_convert_dq_fp16_DQ_SPLIT1_ROWS16", "fmha_bwd_convert_dq_bf16_DQ_SPLIT1_ROWS16"} <= names
+
+
+def test_dq_path_per_instance():
+    """The Hopper backward adds dQ with bulk copies only at hdim 128 in atomic mode without
+    dropout; the deterministic slabs, hdim 64 and dropout use the per-thread path (DQ_BULK=0),
+    and each of those instances is in the dispatch table (so CI compiles it)."""
+    names = {spec.name for spec in default_dispatch_table()}
+    for dtype in ("fp16", "bf16"):
+        for feats in ({}, {"alibi": True}, {"bias": True}, {"dropout": True}):
+            for d in (64, 128):
+                for det in (False, True):
+                    spec = bwd_specs(dtype, d, d, 90, **feats, deterministic=det).dq_dk_dv
+                    bulk = d == 128 and not det and not feats.get("dropout")
+                    assert spec.macro("DQ_BULK", 1) == int(bulk), spec.name
+                    assert spec.name in names
+        # the mma.sync kernel has no such switch: one instance for both modes
+        assert bwd_specs(dtype, 96, 96, 90) == bwd_specs(dtype, 96, 96, 90, deterministic=True)
