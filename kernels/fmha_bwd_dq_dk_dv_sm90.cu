@@ -14,7 +14,9 @@
 //                           memory and added into the fp32 workspace by one bulk reduce-add per
 //                           row (cp.reduce.async.bulk, the TMA engine), or copied into slab kb by
 //                           bulk stores when dq_split_stride != 0 (deterministic). DQ_BULK=0:
-//                           red.global.add / plain stores from every thread instead.
+//                           red.global.add / plain stores from every thread instead (what the
+//                           library runs at hdim 64, with dropout and in deterministic mode;
+//                           spec.bwd_specs says why).
 // DQ_BULK: per-thread red.global.add of the dQ fragments (256 threads x 16 vector atomics per Q
 // block) filled the load/store queues, and the next block's cp.async loads stalled behind them
 // (ncu: a sixth of all warp stall samples on the cp.async issue); the bulk copies leave the
