@@ -1,10 +1,11 @@
 """Per-kernel breakdown of one backward call, ours against PyTorch's flash backend, on the same
-inputs (bf16, hdim 128, batch 2, 16 heads, seqlen 8192, non-causal by default). Run under
-Nsight Compute to get each kernel's duration:
+inputs (fp16, hdim 128, batch 2, 16 heads). Arguments: [seqlen (default 8192)] [causal|nc]
+[--once]. Without --once it prints the end-to-end medians (CUDA events) of both; with --once it
+only warms up, for Nsight Compute to time each kernel:
 
-    ncu --metrics gpu__time_duration.sum python3 bench/probe/bwd_kernels.py
-
-Without ncu it prints the end-to-end medians (CUDA events) of both."""
+    python3 bench/probe/bwd_kernels.py 8192
+    ncu --metrics gpu__time_duration.sum python3 bench/probe/bwd_kernels.py 8192 nc --once
+"""
 
 import sys
 
