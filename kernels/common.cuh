@@ -4,10 +4,7 @@
 // Sizes that shape register arrays (padded head dims, tile sizes, warps) are -D macros; lengths,
 // strides and the mask window are run-time arguments.
 #pragma once
-
-typedef unsigned int uint32_t;
-typedef unsigned short uint16_t;
-typedef long long index_t;  // 64-bit offsets: tensors may hold more than 2^31 elements
+#include "types.cuh"
 
 #ifndef FMHA_BF16
 #define FMHA_BF16 0

@@ -1,0 +1,119 @@
+// Kernel parameters: one struct per kernel pass, passed by value, composed of small feature
+// groups (as CK's Kargs and FlashAttention's Params are). This header is the only declaration;
+// cupy_fmha/params.py mirrors it as NumPy structured dtypes (the Python side builds one
+// one-element array per launch), and tests/test_params_layout.py compiles static_asserts
+// generated from those dtypes against this header, so the two layouts cannot drift apart.
+//
+// Rules that keep the mirror simple: fields are 8-byte pointers / 64-bit integers first, then
+// 4-byte ints and floats, padded by hand to a multiple of 8 bytes (no implicit padding anywhere).
+// Plain C++ (no CUDA keywords), so the layout test compiles it on the host too.
+#pragma once
+#include "types.cuh"
+
+namespace fmha {
+
+// A strided 16-bit (or, for workspaces, fp32) tensor: element (b, h, s, :) at
+// ptr + b * sb + h * sh + s * ss (strides in elements). Group mode: sb = 0 and s counts packed
+// tokens (the kernels move ptr by cu_seqlens[b] rows).
+struct TensorArg {
+    void* ptr;
+    index_t sb, sh, ss;
+};
+
+// Sequence lengths. Batch mode: cu_seqlens_* are null and seqlen_* are the lengths. Group mode
+// (varlen.cuh): cu_seqlens_* are int32 [batch + 1] offsets and seqlen_* the max lengths (the row
+// pitch of LSE, D and the dQ workspace).
+struct SeqArg {
+    const int* cu_seqlens_q;
+    const int* cu_seqlens_k;
+    int seqlen_q, seqlen_k;
+};
+
+// CK's generic window (common.cuh Window), in top-left form; bottom_right = 1 shifts it by each
+// sequence's own lengths (group mode, window_for_sequence in varlen.cuh).
+struct MaskArg {
+    int win_y, win_x, bottom_right, pad_;
+};
+
+// ALiBi slopes, float32 [nhead_q] (sb = 0) or [batch, nhead_q] (sb = nhead_q); read only by
+// ALIBI=1 instances.
+struct AlibiArg {
+    const float* slopes;
+    index_t sb;
+};
+
+// Elementwise bias broadcastable to [batch, nhead_q, seqlen_q, seqlen_k], element strides (0
+// along broadcast dimensions); kind 1 fp16, 2 bf16, 3 fp32, 0 none. Read only by BIAS=1 instances.
+struct BiasArg {
+    const void* ptr;
+    index_t sb, sh, sq, sk;
+    int kind, pad_;
+};
+
+// Philox dropout (philox.cuh): keep iff 16 random bits < keep_threshold; rp_keep = 1 / (1 - p).
+// Read only by DROPOUT=1 instances.
+struct DropoutArg {
+    unsigned long long seed, offset;
+    unsigned int keep_threshold;
+    float rp_keep;
+};
+
+// fmha_fwd / fmha_fwd_sm90: O = softmax(scale * Q K^T (+ bias | ALiBi), masked) V, LSE.
+struct FwdParams {
+    TensorArg q, k, v, o;
+    float* lse;  // [batch, nhead_q, seqlen_q] (group mode: max_seqlen_q)
+    SeqArg seq;
+    int hdim_q, hdim_v, group;  // group = nhead_q / nhead_k
+    float scale_log2;           // softmax_scale * log2(e)
+    MaskArg mask;
+    AlibiArg alibi;
+    BiasArg bias;
+    DropoutArg dropout;
+};
+
+// fmha_bwd_dot_do_o: D = rowsum(dO * O); also zero-fills the atomic-mode dQ workspace.
+struct DotDoOParams {
+    TensorArg dout, o;
+    float* delta;   // [batch, nhead_q, seqlen_q]
+    float* dq_acc;  // fp32 [batch, nhead_q, seqlen_q, hdim_q] to zero-fill, or null
+    SeqArg seq;     // cu_seqlens_k, seqlen_k unused
+    int hdim_q, hdim_v;
+};
+
+// fmha_bwd_dq_dk_dv / fmha_bwd_dq_dk_dv_sm90: dQ (into dq_acc), dK, dV.
+struct BwdParams {
+    TensorArg q, k, v, dout;
+    TensorArg dk, dv;          // 16-bit outputs, or fp32 [batch, nhead_q, seqlen_k, hdim] workspaces (dkdv_fp32)
+    const float* lse;          // [batch, nhead_q, seqlen_q]
+    const float* delta;        // D, same shape
+    float* dq_acc;             // fp32 dQ workspace (see the kernels)
+    float* dbias_acc;          // fp32 dS for dBias [batch, nhead_q, seqlen_q, seqlen_k], or null
+    index_t dq_split_stride;   // elements between dQ slabs (deterministic mode), 0: atomic adds
+    SeqArg seq;
+    int hdim_q, hdim_v, group, dkdv_fp32;
+    float scale_log2, scale;   // softmax_scale * log2(e), softmax_scale
+    MaskArg mask;
+    AlibiArg alibi;
+    BiasArg bias;
+    DropoutArg dropout;
+};
+
+// fmha_bwd_convert_dq: out = cast(scale * sum acc) (dQ, or the GQA group sums of dK / dV).
+struct ConvertParams {
+    const float* acc;          // fp32 [(nsplit,) batch, nhead_out * nsum, seqlen, hdim]
+    TensorArg out;             // 16-bit output, head count nhead_out
+    index_t split_stride;      // elements between dQ slabs (DQ_SPLIT=1)
+    SeqArg seq;                // seqlen_q: rows of acc (and of out); seqlen_k: keys (DQ_SPLIT=1)
+    int hdim, nsum, nsplit, block_n, block_m, pad_;
+    float scale, pad2_;
+    MaskArg mask;              // the dq_dk_dv window (DQ_SPLIT=1)
+};
+
+// fmha_dropout_mask: the keep mask as bytes [batch, nhead_q, seqlen_q, seqlen_k].
+struct DropoutMaskParams {
+    unsigned char* keep;
+    int seqlen_q, seqlen_k;
+    DropoutArg dropout;
+};
+
+}  // namespace fmha
