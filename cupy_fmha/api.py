@@ -6,10 +6,16 @@ Kernel's FMHA backward (ck_tile ``fmha_bwd_kernel.hpp``): ``dot_do_o`` (D = rows
 with ``deterministic=True`` stored into one slab per key block) and ``convert_dq`` (sum the slabs
 and cast dQ; also sums dK/dV over each GQA group).
 
-Arrays: CuPy arrays (NumPy arrays are copied to the current device; for other frameworks use
-``cupy.from_dlpack``). fp16 is ``float16``. CuPy has no bfloat16, so bf16 travels as ``uint16``
-arrays of raw bits, passed with ``dtype="bfloat16"``; NumPy ``ml_dtypes.bfloat16`` arrays are
-recognized and copied. bf16 outputs are ``uint16`` CuPy arrays of raw bits.
+Each public function reads as three steps: resolve the arguments into a frozen plan
+(:mod:`cupy_fmha.plan`, which runs every check through :mod:`cupy_fmha.validate`), build each
+kernel pass's parameter struct (:mod:`cupy_fmha.params`, mirroring ``kernels/params.cuh``), and
+launch. Batch mode (``bshd``/``bhsd``) and group mode (``thd``) share that path.
+
+Arrays: CuPy arrays; NumPy arrays (copied to the current device); any object with
+``__dlpack__`` (PyTorch tensors, JAX arrays: taken without a copy through ``cupy.from_dlpack``).
+dtypes: float16 and bfloat16 (CuPy 14's native ``bfloat16``, i.e. ``ml_dtypes.bfloat16``; or,
+for older CuPy, ``uint16`` arrays of raw bf16 bits with ``dtype="bfloat16"``). Every output
+comes back in the inputs' dtype (uint16 bits for uint16 inputs), as a CuPy array.
 
 Group mode (variable-length sequences, ``layout="thd"`` with ``cu_seqlens_q``/``cu_seqlens_k``):
 sequences are packed along the token axis, q [total_q, nhead_q, d], k/v [total_k, nhead_k, d/dv];
@@ -24,26 +30,17 @@ workspace [batch, nhead_q, max_seqlen_q, max_seqlen_k]) and move every token-ind
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numpy as np
 
 from . import launch as L
+from . import params as P
 from .compile import get_function
-from .spec import bwd_specs, dropout_mask_spec, fwd_spec, tuning_key, use_wg_skip
-from .validate import (
-    _BF16,
-    check_alibi_slopes,
-    check_backward_inputs,
-    check_bias,
-    check_dropout,
-    check_flag,
-    check_forward_inputs,
-    check_return_dbias,
-    check_varlen_inputs,
-    VarlenProblem,
-)
+from .dbias import reduce_dbias
+from .plan import BIAS_KIND, BwdPlan, FwdPlan, plan_backward, plan_forward
+from .spec import dropout_mask_spec
+from .validate import _BF16, check_out
 
 __all__ = ["attention_forward", "attention_backward", "AttentionGrads", "AttentionGradsWithBias"]
 
@@ -51,7 +48,7 @@ LOG2E = 1.4426950408889634
 
 
 class AttentionGrads(NamedTuple):
-    """Gradients of the attention inputs, in the inputs' layout and dtype (bf16 as uint16 bits).
+    """Gradients of the attention inputs, in the inputs' layout and dtype.
 
     dq: like q; dk: like k (nhead_k heads: summed over each GQA group); dv: like v.
     """
@@ -64,7 +61,7 @@ class AttentionGrads(NamedTuple):
 class AttentionGradsWithBias(NamedTuple):
     """What :func:`attention_backward` returns with ``return_dbias=True``: the three gradients of
     :class:`AttentionGrads` plus ``dbias``, the gradient of the elementwise bias with the bias's
-    own shape and dtype (bf16 as uint16 bits), a fresh CuPy array.
+    own shape and dtype, a fresh CuPy array.
 
     dq: like q; dk: like k; dv: like v; dbias: like bias.
     """
@@ -75,37 +72,7 @@ class AttentionGradsWithBias(NamedTuple):
     dbias: object
 
 
-_CHECKED: dict = {}
-
-
-def _typed(v):
-    """A cache key for an option value that tells apart values which compare equal but are not
-    equally valid (``True`` / ``1`` / ``1.0``; ``(2, 0)`` / ``(2.0, 0.0)``; ``0`` / ``False``)."""
-    if isinstance(v, (list, tuple)):
-        return (type(v), tuple(_typed(x) for x in v))
-    return (type(v), v)
-
-
-def _checked(check, arrays, **kw):
-    """``check(*arrays, **kw)``, memoized on everything it reads (shapes, dtypes, strides, devices
-    and the options): a training loop calling with the same shapes pays for validation once.
-    Failures are never cached, so bad input always raises."""
-    try:
-        key = (check.__name__,
-               tuple((type(a), tuple(a.shape), a.dtype, tuple(a.strides),
-                      getattr(getattr(a, "device", None), "id", None)) for a in arrays),
-               tuple(sorted((k, _typed(v)) for k, v in kw.items())))
-        hash(key)
-    except (AttributeError, TypeError):
-        return check(*arrays, **kw)
-    p = _CHECKED.get(key)
-    if p is None:
-        p = check(*arrays, **kw)
-        if len(_CHECKED) > 4096:
-            _CHECKED.clear()
-        _CHECKED[key] = p
-    return p
-
+# --------------------------------------------------------------------------- the device
 
 _GPU_ERROR: list = []  # the reason no GPU is usable, once known
 
@@ -128,22 +95,77 @@ def _cupy():
             n = cupy.cuda.runtime.getDeviceCount()
             _GPU_ERROR.append("" if n > 0 else "no CUDA device found")
         except Exception as exc:  # noqa: BLE001 - CUDA runtime errors of every kind
-            _GPU_ERROR.append(f"{type(exc).__name__}: {exc}")
+            text = str(exc)
+            # without an NVIDIA driver the runtime answers "insufficient driver": not a hint to
+            # upgrade one, there is none
+            if "InsufficientDriver" in text or "NoDevice" in text:
+                _GPU_ERROR.append("no NVIDIA driver or CUDA device found")
+            else:
+                _GPU_ERROR.append(f"{type(exc).__name__}: {text}")
     if _GPU_ERROR[0]:
         raise RuntimeError(f"cupy_fmha: no usable CUDA GPU ({_GPU_ERROR[0]}); "
                            "cupy_fmha.reference runs the same functions on the CPU")
     return cupy
 
 
+_CC: dict = {}
+
+
+def _cc(cp) -> int:
+    """Compute capability of the current device as an int (e.g. 90)."""
+    dev = cp.cuda.Device()
+    cc = _CC.get(dev.id)
+    if cc is None:
+        cc = _CC[dev.id] = int(dev.compute_capability)
+    return cc
+
+
+_NATIVE_BF16: list = []
+
+
+def _native_bf16(cp) -> bool:
+    """Whether this CuPy holds ``bfloat16`` arrays (CuPy 14 and newer)."""
+    if not _NATIVE_BF16:
+        try:
+            cp.empty(0, dtype=_BF16)
+            _NATIVE_BF16.append(True)
+        except Exception:  # noqa: BLE001 - older CuPy: TypeError / ValueError
+            _NATIVE_BF16.append(False)
+    return _NATIVE_BF16[0]
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def _adopt(name: str, a):
+    """A CuPy array for an object with ``__dlpack__`` that is neither a CuPy nor a NumPy array
+    (PyTorch, JAX): zero-copy through ``cupy.from_dlpack``. Anything else is returned as it is,
+    for the checks to judge."""
+    if a is None or isinstance(a, np.ndarray) or not hasattr(a, "__dlpack__"):
+        return a
+    cp = _cupy()
+    if isinstance(a, cp.ndarray):
+        return a
+    try:
+        return cp.from_dlpack(a)
+    except Exception as exc:  # noqa: BLE001 - a host tensor, an unsupported dtype, ...
+        try:
+            return np.from_dlpack(a)
+        except Exception:  # noqa: BLE001
+            raise TypeError(f"{name}: could not take this {type(a).__module__}.{type(a).__name__} through "
+                            f"DLPack ({exc})") from exc
+
+
 def _to_device(cp, name: str, a):
-    """CuPy array on the current device holding ``a``'s bits (bf16 as uint16); NumPy is copied."""
+    """CuPy array on the current device holding ``a``; NumPy is copied (bf16 as CuPy's native
+    bfloat16, or as uint16 bits on a CuPy without it)."""
     if isinstance(a, cp.ndarray):
         if a.device.id != cp.cuda.Device().id:
             raise ValueError(f"{name}: array is on GPU {a.device.id}, but the current device is "
                              f"{cp.cuda.Device().id}; use `with cupy.cuda.Device({a.device.id}):`")
         return a
     a = np.asarray(a)
-    if a.dtype == _BF16:
+    if a.dtype == _BF16 and not _native_bf16(cp):
         a = a.view(np.uint16)
     return cp.asarray(a)
 
@@ -163,101 +185,57 @@ def _prep(cp, name: str, a):
     return a
 
 
-def _strides(a, layout: str) -> tuple[np.int64, np.int64, np.int64]:
-    """(batch, head, seq) strides in elements for a rank-4 array in ``layout``."""
-    st = [s // a.itemsize for s in a.strides]
-    sb, s1, s2 = st[0], st[1], st[2]
-    sh, ss = (s2, s1) if layout == "bshd" else (s1, s2)
-    return np.int64(sb), np.int64(sh), np.int64(ss)
+def _ptr(a) -> int:
+    """Device address of a CuPy array (0 for None or an empty array)."""
+    return 0 if a is None or a.size == 0 else a.data.ptr
 
 
-def _shape(layout: str, b: int, s: int, h: int, d: int) -> tuple[int, int, int, int]:
-    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+def _tensor(a, layout: str) -> tuple[int, int, int, int]:
+    """``TensorArg`` (pointer, batch / head / sequence strides in elements) of a q-like array in
+    ``layout``; group mode (``thd``): batch stride 0, rows are packed tokens."""
+    item = a.itemsize
+    st = a.strides
+    if layout == "thd":
+        return (_ptr(a), 0, st[1] // item, st[0] // item)
+    if layout == "bshd":
+        return (_ptr(a), st[0] // item, st[2] // item, st[1] // item)
+    return (_ptr(a), st[0] // item, st[1] // item, st[2] // item)
 
 
-def _dtype_name(p) -> str:
-    return "bf16" if p.dtype == _BF16 else "fp16"
+def _workspace_tensor(a, group_mode: bool) -> tuple[int, int, int, int]:
+    """``TensorArg`` of a contiguous fp32 [batch, heads, rows, d] workspace (batch stride 0 in
+    group mode, where the rows are packed tokens)."""
+    _, h, rows, d = a.shape
+    return (_ptr(a), 0 if group_mode else h * rows * d, rows * d, d)
 
 
-def _check_out(cp, out, names, shapes, dtypes):
-    """Caller-provided output buffers: CuPy arrays of the expected shape and dtype on the current
-    device, unit last stride, 16-byte aligned rows. Raises ValueError/TypeError naming ``out``."""
-    if not isinstance(out, (tuple, list)) or len(out) != len(names):
-        raise TypeError(f"out: expected a tuple ({', '.join(names)}) of CuPy arrays, got {type(out).__name__}")
-    for name, a, shape, dt in zip(names, out, shapes, dtypes):
-        if not isinstance(a, cp.ndarray):
-            raise TypeError(f"out: {name} must be a CuPy array, got {type(a).__name__}")
-        if tuple(a.shape) != tuple(shape):
-            raise ValueError(f"out: {name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
-        if a.dtype != dt:
-            raise TypeError(f"out: {name} must have dtype {np.dtype(dt).name}, got {a.dtype.name}")
-        if a.device.id != cp.cuda.Device().id:
-            raise ValueError(f"out: {name} is on GPU {a.device.id}, not the current device")
-        if a.size == 0:  # nothing to address (group mode: every sequence empty)
-            continue
-        if name == "lse":
-            if not a.flags.c_contiguous:
-                raise ValueError("out: lse must be C-contiguous")
-        elif a.strides[-1] != a.itemsize or not _aligned(a):
-            raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
-    return out
+def _launch(cp, spec, launch, params):
+    if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
+        return
+    fn = get_function(spec)
+    if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
+        fn.max_dynamic_shared_size_bytes = launch.smem
+    fn(launch.grid, launch.block, (params,), shared_mem=launch.smem)
 
 
-def _alibi_args(cp, alibi_slopes, p):
-    """(pointer, batch stride) kernel arguments for ALiBi slopes; a null pointer when off."""
-    if alibi_slopes is None:
-        return np.uint64(0), np.int64(0)
-    shape = check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+# --------------------------------------------------------------------------- feature groups
+
+
+def _seq(plan, cu_q, cu_k) -> tuple:
+    """``SeqArg``: batch mode null offsets and the lengths; group mode the offsets and max lengths."""
+    return (_ptr(cu_q), _ptr(cu_k), plan.rows_q, plan.rows_k)
+
+
+def _mask(plan) -> tuple:
+    return (*plan.window, 0)
+
+
+def _alibi(cp, plan, alibi_slopes) -> tuple:
+    """(``AlibiArg``, the device slopes); zeros without ALiBi."""
+    if plan.alibi_sb is None:
+        return (0, 0), None
     slopes = cp.ascontiguousarray(_to_device(cp, "alibi_slopes", alibi_slopes))
-    return slopes, np.int64(p.nhead_q if len(shape) == 2 else 0)
-
-
-_NULL = np.uint64(0)  # a null pointer kernel argument
-#: the group-mode kernel arguments in batch mode: no cu_seqlens_q/k, window already resolved
-_BATCH_MODE = (_NULL, _NULL, np.int32(0))
-
-#: convert_dq's deterministic-split arguments when it does not sum slabs (dQ atomics, GQA sums)
-_NO_SPLIT = (np.int32(0), np.int64(0), np.int32(0), np.int32(0), np.int32(0), np.int32(1), np.int32(1))
-
-_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
-
-
-def _reject_varlen_args(layout, values) -> None:
-    for name, val in zip(_VARLEN_ARGS, values):
-        if val is not None:
-            raise ValueError(f"{name}: variable-length inputs need layout='thd', got {layout!r}")
-
-
-def _strides_thd(a) -> tuple[np.int64, np.int64, np.int64]:
-    """(batch, head, token) strides in elements of a packed [total, heads, d] array; batch 0."""
-    st = [s // a.itemsize for s in a.strides]
-    return np.int64(0), np.int64(st[1]), np.int64(st[0])
-
-
-def _cu_device(cp, name: str, cu):
-    """cu_seqlens as a contiguous int32 CuPy array on the current device (already validated)."""
-    return cp.ascontiguousarray(_to_device(cp, name, cu))
-
-
-# --------------------------------------------------------------------------- elementwise bias
-
-#: bias_kind kernel argument per logical bias dtype (0 = no bias)
-_BIAS_KIND = {np.dtype(np.float16): 1, _BF16: 2, np.dtype(np.float32): 3}
-_NO_BIAS = (np.uint64(0), np.int32(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-
-
-def _check_bias_inputs(p, bias, alibi_slopes, dtype):
-    """The bias's logical dtype (``None`` without a bias); raises before anything runs when the
-    bias is malformed or given together with ALiBi slopes. Group mode (``p`` a
-    :class:`~cupy_fmha.validate.VarlenProblem`): the bias must broadcast to [batch, nhead_q,
-    max_seqlen_q, max_seqlen_k]."""
-    if bias is None:
-        return None
-    if alibi_slopes is not None:
-        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q, bias=bias)  # raises: both given
-    if isinstance(p, VarlenProblem):
-        return check_bias(bias, p.batch, p.nhead_q, p.max_seqlen_q, p.max_seqlen_k, dtype=dtype, varlen=True)
-    return check_bias(bias, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k, dtype=dtype)
+    return (_ptr(slopes), plan.alibi_sb), slopes
 
 
 def _bias_strides(shape, strides, itemsize) -> tuple[int, int, int, int]:
@@ -268,111 +246,51 @@ def _bias_strides(shape, strides, itemsize) -> tuple[int, int, int, int]:
     return tuple([0] * (4 - len(st)) + st)
 
 
-def _bias_args(cp, bias, bias_dt):
-    """Kernel arguments (pointer, kind, batch / head / query / key strides in elements) for a
-    checked bias (:data:`_NO_BIAS` without one)."""
-    if bias is None:
-        return _NO_BIAS
+def _bias(cp, plan, bias) -> tuple:
+    """(``BiasArg``, the device bias) for a checked bias; zeros (kind 0) without one."""
+    if plan.bias_dtype is None:
+        return (0, 0, 0, 0, 0, 0, 0), None
     dev = _to_device(cp, "bias", bias)
-    strides = _bias_strides(dev.shape, dev.strides, dev.itemsize)
     # an empty bias (group mode: max_seqlen_q or max_seqlen_k 0) is never read: a null pointer
-    ptr = dev if dev.size else _NULL
-    return (ptr, np.int32(_BIAS_KIND[bias_dt]), *(np.int64(x) for x in strides))
+    return (_ptr(dev), *_bias_strides(dev.shape, dev.strides, dev.itemsize), BIAS_KIND[plan.bias_dtype], 0), dev
 
 
-_BF16_KERNEL: list = []  # the fused float32 -> bf16 bits kernel, built on first use
+def _dropout(plan) -> tuple:
+    d = plan.dropout
+    return (d.seed, d.offset, d.threshold, 1.0 / (1.0 - d.p))
 
 
-def _f32_to_bf16_bits(cp, x):
-    """float32 CuPy array -> bf16 bits (uint16), rounded to nearest even; NaN stays NaN. One fused
-    elementwise kernel: the dS workspace of dBias holds batch * nhead_q * seqlen_q * seqlen_k
-    floats (4.3 GB at batch 4, 16 heads, seqlen 4096), and the unfused CuPy expression made
-    about ten passes over it. With NumPy as ``cp`` (the CPU tests), the same rule vectorized."""
-    if not hasattr(cp, "ElementwiseKernel"):
-        u = x.view(cp.uint32)
-        bits = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
-        return cp.where(cp.isnan(x), cp.uint16(0x7FC0), bits)
-    if not _BF16_KERNEL:
-        _BF16_KERNEL.append(cp.ElementwiseKernel(
-            "float32 x", "uint16 y",
-            "const unsigned int u = __float_as_uint(x);"
-            "y = isnan(x) ? (unsigned short)0x7FC0u"
-            "             : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);",
-            "cupy_fmha_f32_to_bf16_bits"))
-    return _BF16_KERNEL[0](x)
-
-
-def _reduce_dbias(cp, ds, bias, bias_dt):
-    """dBias from the fp32 dS workspace [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
-    lengths, each sequence's dS in the top-left [seqlen_q_i, seqlen_k_i] corner of its plane,
-    zeros elsewhere): summed over the dimensions the bias broadcasts along (one CuPy reduction,
-    float64 accumulation; no atomics, so the result is the same on every run), cast to the
-    bias's dtype, in the bias's shape. A bias that broadcasts along nothing takes the workspace
-    itself (no copy for fp32)."""
-    shape = tuple(int(n) for n in bias.shape)
-    shape4 = (1,) * (4 - len(shape)) + shape
-    axes = tuple(a for a in range(4) if shape4[a] == 1 and ds.shape[a] != 1)
-    red = ds.sum(axis=axes, dtype=cp.float64, keepdims=True) if axes else ds
-    red = red.astype(cp.float32, copy=False).reshape(shape)
-    if bias_dt == _BF16:
-        return _f32_to_bf16_bits(cp, cp.ascontiguousarray(red))
-    return cp.ascontiguousarray(red.astype(bias_dt, copy=False))
-
-
-def _dropout_args(drop):
-    """The kernels' dropout argument group (keep_threshold, rp_keep, seed, offset); passed to
-    every instance, read only by the ``DROPOUT=1`` ones."""
-    return (np.uint32(drop.threshold), np.float32(1.0 / (1.0 - drop.p)), np.uint64(drop.seed),
-            np.uint64(drop.offset))
-
-
-def _dropout_mask(cp, drop, batch, nhead_q, seqlen_q, seqlen_k):
-    """bool [batch, nhead_q, seqlen_q, seqlen_k]: the keep mask the attention kernels apply
+def _dropout_mask(cp, plan, nhead_q):
+    """bool [batch, nhead_q, rows_q, rows_k]: the keep mask the attention kernels apply
     (fmha_dropout_mask.cu calls the same Philox function with the same keying)."""
-    keep = cp.empty((batch, nhead_q, seqlen_q, seqlen_k), dtype=cp.bool_)
+    keep = cp.empty((plan.batch, nhead_q, plan.rows_q, plan.rows_k), dtype=cp.bool_)
     if keep.size:
-        spec = dropout_mask_spec()
-        _launch(cp, spec, L.dropout_mask_launch(batch, nhead_q, seqlen_q, seqlen_k),
-                (keep, np.int32(seqlen_q), np.int32(seqlen_k), np.uint32(drop.threshold),
-                 np.uint64(drop.seed), np.uint64(drop.offset)))
+        _launch(cp, dropout_mask_spec(), L.dropout_mask_launch(plan.batch, nhead_q, plan.rows_q, plan.rows_k),
+                P.pack(P.DROPOUT_MASK, (_ptr(keep), plan.rows_q, plan.rows_k, _dropout(plan))))
     return keep
 
 
-# Per-call host cost matters at short sequences (a 1024-token forward takes ~0.13 ms on an H200),
-# so the spec lookups are memoized, keyed also by the tuning variables the tile table reads.
-@functools.lru_cache(maxsize=1024)
-def _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, _tuning_key):
-    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, wg_skip=wg_skip)
+def _cu(cp, plan, cu_seqlens_q, cu_seqlens_k):
+    """cu_seqlens as contiguous int32 CuPy arrays in group mode (already validated); None, None
+    in batch mode."""
+    if not plan.group_mode:
+        return None, None
+    return (cp.ascontiguousarray(_to_device(cp, "cu_seqlens_q", cu_seqlens_q)),
+            cp.ascontiguousarray(_to_device(cp, "cu_seqlens_k", cu_seqlens_k)))
 
 
-def _fwd_spec(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False, diagonal=False, seqlen_q=0):
-    """:func:`cupy_fmha.spec.fwd_spec`, memoized."""
-    return _fwd_spec_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, use_wg_skip(diagonal, seqlen_q),
-                            tuning_key())
+def _outputs(cp, out, names, shapes, dtypes):
+    if out is None:
+        return [cp.empty(s, dtype=d) for s, d in zip(shapes, dtypes)]
+    return list(check_out(cp.ndarray, cp.cuda.Device().id, out, names, shapes, dtypes))
 
 
-@functools.lru_cache(maxsize=1024)
-def _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, _tuning_key):
-    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic)
 
+def _device_cc() -> int:
+    """The current device's compute capability; raises RuntimeError without a usable GPU."""
+    return _cc(_cupy())
 
-def _bwd_specs(dtype, hdim_q, hdim_v, cc, *, alibi=False, bias=False, dropout=False, deterministic=False):
-    """:func:`cupy_fmha.spec.bwd_specs`, memoized."""
-    return _bwd_specs_cached(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, tuning_key())
-
-
-def _cc(cp) -> int:
-    """Compute capability of the current device as an int (e.g. 90; CuPy caches it)."""
-    return int(cp.cuda.Device().compute_capability)
-
-
-def _launch(cp, spec, launch, args):
-    if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
-        return
-    fn = get_function(spec)
-    if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
-        fn.max_dynamic_shared_size_bytes = launch.smem
-    fn(launch.grid, launch.block, args, shared_mem=launch.smem)
+# --------------------------------------------------------------------------- forward
 
 
 def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,
@@ -383,8 +301,11 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
 
     Args:
         q: [batch, seqlen_q, nhead_q, hdim_q] (``layout="bshd"``), [batch, nhead_q, seqlen_q,
-            hdim_q] (``"bhsd"``) or [total_q, nhead_q, hdim_q] (``"thd"``, group mode); fp16, or
-            bf16 (uint16 bits with ``dtype="bfloat16"``). Any strides with a unit last stride.
+            hdim_q] (``"bhsd"``) or [total_q, nhead_q, hdim_q] (``"thd"``, group mode); float16
+            or bfloat16 (CuPy's native ``bfloat16``; uint16 bits with ``dtype="bfloat16"`` on
+            older CuPy). A CuPy array, a NumPy array (copied to the current device) or any
+            object with ``__dlpack__`` (PyTorch, JAX: taken without a copy). Any strides with a
+            unit last stride.
         k: [batch, seqlen_k, nhead_k, hdim_q] (or bhsd, or [total_k, nhead_k, hdim_q] for thd);
             ``nhead_q`` a multiple of ``nhead_k`` (GQA/MQA).
         v: [batch, seqlen_k, nhead_k, hdim_v] (or bhsd, or [total_k, nhead_k, hdim_v]).
@@ -395,7 +316,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             ``xb:w``, ``g:y,x``); see :mod:`cupy_fmha.mask`. In group mode every mask is resolved
             per sequence with that sequence's own lengths.
         layout: ``"bshd"`` (default), ``"bhsd"``, or ``"thd"`` (group mode, needs cu_seqlens).
-        dtype: ``None``, ``"float16"`` or ``"bfloat16"``.
+        dtype: ``None``, ``"float16"`` or ``"bfloat16"`` (needed only for uint16 bf16 bits).
         alibi_slopes: optional float32 [nhead_q] or [batch, nhead_q]: ALiBi as FlashAttention
             defines it, a bias ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the scaled
             scores of query row ``i`` and key ``j`` (group mode: local positions and each
@@ -404,9 +325,9 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             before the mask), any shape broadcastable (NumPy rules) to [batch, nhead_q,
             seqlen_q, seqlen_k], e.g. [1, 1, sq, sk], [1, nhead_q, sq, sk], [batch, nhead_q, sq,
             sk], [sq, sk] or [sq, 1]; any strides (broadcast dimensions are read with stride 0,
-            never copied). dtype float16, bfloat16 or float32, independent of q's dtype: bf16 as
-            a NumPy ``ml_dtypes.bfloat16`` array, or as uint16 bits on the GPU when
-            ``dtype="bfloat16"``. Not together with ``alibi_slopes``. A bias of ``-inf`` masks a
+            never copied). dtype float16, bfloat16 or float32, independent of q's dtype (bf16
+            natively, or as uint16 bits when ``dtype="bfloat16"``). Not together with
+            ``alibi_slopes``. A bias of ``-inf`` masks a
             pair out. Group mode (``layout="thd"``): broadcastable to [batch, nhead_q,
             max_seqlen_q, max_seqlen_k] (batch = ``len(cu_seqlens_q) - 1``); sequence ``i`` uses
             ``bias[i, :, :seqlen_q_i, :seqlen_k_i]``, the top-left corner of its plane, indexed
@@ -433,7 +354,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
 
     Returns:
         (o, lse), or (o, lse, keep) with ``return_dropout_mask``: o [batch, seqlen_q, nhead_q,
-        hdim_v] in ``layout`` (thd: [total_q, nhead_q, hdim_v]) and the inputs' dtype; lse
+        hdim_v] in ``layout`` (thd: [total_q, nhead_q, hdim_v]) and q's dtype (a CuPy array,
+        also for NumPy or DLPack inputs); lse
         float32 [batch, nhead_q, seqlen_q] (thd: [batch, nhead_q, max_seqlen_q], -inf beyond each
         sequence's length), natural log; keep a CuPy bool array [batch, nhead_q, seqlen_q,
         seqlen_k] (batch mode: as :func:`cupy_fmha.reference.attention_forward` returns it; thd:
@@ -447,45 +369,31 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             ``bias`` with ``alibi_slopes``), before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
-    if layout == "thd":
-        return _forward_varlen(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                               mask=mask, dtype=dtype, alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p,
-                               seed=seed, offset=offset, return_dropout_mask=return_dropout_mask, out=out,
-                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                               max_seqlen_k=max_seqlen_k)
-    _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    p = _checked(check_forward_inputs, (q, k, v), softmax_scale=softmax_scale, causal=causal,
-                 window_size=window_size, mask=mask, layout=layout, dtype=dtype)
-    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
-    drop = check_dropout(dropout_p, seed, offset)
-    want_keep = check_flag("return_dropout_mask", return_dropout_mask)
-    if alibi_slopes is not None:
-        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    q, k, v, bias, alibi_slopes = (_adopt(n, a) for n, a in (("q", q), ("k", k), ("v", v), ("bias", bias),
+                                                            ("alibi_slopes", alibi_slopes)))
+    plan: FwdPlan = plan_forward(
+        q, k, v, bias=bias, alibi_slopes=alibi_slopes, cc=_device_cc, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, mask=mask, layout=layout, dtype=dtype, dropout_p=dropout_p, seed=seed,
+        offset=offset, return_dropout_mask=return_dropout_mask, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     cp = _cupy()
-    store = np.uint16 if p.dtype == _BF16 else np.float16  # element storage on the device
-    o_shape = _shape(layout, p.batch, p.seqlen_q, p.nhead_q, p.hdim_v)
-    lse_shape = (p.batch, p.nhead_q, p.seqlen_q)
-    if out is not None:
-        _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
-    bias_args = _bias_args(cp, bias, bias_dt)
-    if out is None:
-        o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
-    else:
-        o, lse = out
-    win_y, win_x = L.kernel_window(p.window)
-    spec = _fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
-                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled,
-                    diagonal=min(win_y, win_x) < L.WINDOW_INF, seqlen_q=p.seqlen_q)
-    args = (q, k, v, o, lse, *_strides(q, layout), *_strides(k, layout), *_strides(v, layout),
-            *_strides(o, layout), np.int32(p.seqlen_q), np.int32(p.seqlen_k), np.int32(p.hdim_q),
-            np.int32(p.hdim_v), np.int32(p.group), np.float32(p.softmax_scale * LOG2E),
-            np.int32(win_y), np.int32(win_x), *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, *bias_args,
-            *_dropout_args(drop))
-    _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.seqlen_q), args)
-    if want_keep:
-        return o, lse, _dropout_mask(cp, drop, p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k)
+    o, lse = _outputs(cp, out, ("o", "lse"), (plan.o_shape, plan.lse_shape), (q.dtype, np.float32))
+    cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
+    alibi, slopes = _alibi(cp, plan, alibi_slopes)
+    bias_arg, bias_dev = _bias(cp, plan, bias)
+    p = plan.problem
+    params = P.pack(P.FWD, (
+        _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout), _ptr(lse),
+        _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
+        alibi, bias_arg, _dropout(plan)))
+    _launch(cp, plan.spec, plan.launch, params)
+    if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
+        return o, lse, _dropout_mask(cp, plan, p.nhead_q)
     return o, lse
+
+
+# --------------------------------------------------------------------------- backward
 
 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -547,214 +455,56 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             ``return_dbias`` not a bool or True without ``bias``), before anything is launched.
         RuntimeError: CuPy or a GPU is missing.
     """
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
-    deterministic = bool(deterministic)
-    if layout == "thd":
-        return _backward_varlen(do, q, k, v, o, lse, softmax_scale=softmax_scale, causal=causal,
-                                window_size=window_size, mask=mask, dtype=dtype, alibi_slopes=alibi_slopes,
-                                bias=bias, return_dbias=return_dbias, dropout_p=dropout_p, seed=seed, offset=offset,
-                                out=out, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
-                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    _reject_varlen_args(layout, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    p = _checked(check_backward_inputs, (do, q, k, v, o, lse), softmax_scale=softmax_scale, causal=causal,
-                 window_size=window_size, mask=mask, layout=layout, dtype=dtype)
-    want_dbias = check_return_dbias(return_dbias, bias)
-    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
-    drop = check_dropout(dropout_p, seed, offset)
-    if alibi_slopes is not None:
-        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
+    do, q, k, v, o, lse, bias, alibi_slopes = (
+        _adopt(n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("bias", bias),
+                                  ("alibi_slopes", alibi_slopes)))
+    plan: BwdPlan = plan_backward(
+        do, q, k, v, o, lse, bias=bias, alibi_slopes=alibi_slopes, cc=_device_cc, softmax_scale=softmax_scale,
+        causal=causal, window_size=window_size, mask=mask, layout=layout, dtype=dtype, dropout_p=dropout_p,
+        seed=seed, offset=offset, return_dbias=return_dbias, deterministic=deterministic,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k)
     cp = _cupy()
-    store = np.uint16 if p.dtype == _BF16 else np.float16
-    b, hq, hk, sq, sk = p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k
-    shapes = (_shape(layout, b, sq, hq, p.hdim_q), _shape(layout, b, sk, hk, p.hdim_q),
-              _shape(layout, b, sk, hk, p.hdim_v))
-    if out is not None:
-        _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    bias_args = _bias_args(cp, bias, bias_dt)
-    specs = _bwd_specs(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp), alibi=alibi_slopes is not None,
-                       bias=bias is not None, dropout=drop.enabled, deterministic=deterministic)
+    dq, dk, dv = _outputs(cp, out, ("dq", "dk", "dv"), plan.grad_shapes, (q.dtype,) * 3)
+    cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
+    alibi, slopes = _alibi(cp, plan, alibi_slopes)
+    bias_arg, bias_dev = _bias(cp, plan, bias)
+    p, specs, launches, gm = plan.problem, plan.specs, plan.launches, plan.group_mode
+    seq, mask = _seq(plan, cu_q, cu_k), _mask(plan)
 
-    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, sq, sk, p.hdim_q, deterministic)
     # atomic mode adds into zeros (dot_do_o zero-fills it); deterministic slabs are stored
     # before convert_dq reads them
-    dq_acc = cp.empty(ws.shape, dtype=cp.float32)
-    delta = cp.empty((b, hq, sq), dtype=cp.float32)
-    _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, sq),
-            (do, o, delta, *_strides(do, layout), *_strides(o, layout), np.int32(sq), np.int32(p.hdim_v),
-             _NULL, _NULL if deterministic else dq_acc, np.int32(p.hdim_q)))
+    dq_acc = cp.empty(plan.dq_ws.shape, dtype=cp.float32)
+    delta = cp.empty(plan.lse_shape, dtype=cp.float32)
+    _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.pack(P.DOT_DO_O, (
+        _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.deterministic else _ptr(dq_acc), seq,
+        p.hdim_q, p.hdim_v)))
 
-    # dS for dBias; zeroed: pairs in key/query blocks the mask skips are never written
-    ds_acc = cp.zeros((b, hq, sq, sk), dtype=cp.float32) if want_dbias else None
-    if out is None:
-        dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
+    # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
+    # sequence's corner) are never written
+    ds_acc = cp.zeros((p.batch, p.nhead_q, plan.rows_q, plan.rows_k), dtype=cp.float32) if plan.want_dbias else None
+    if plan.dkdv_ws:  # GQA: per-query-head fp32 dK/dV, summed over each group by convert_dq
+        dk_buf, dv_buf = (cp.empty(s, dtype=cp.float32) for s in plan.dkdv_ws)
+        dk_arg, dv_arg = _workspace_tensor(dk_buf, gm), _workspace_tensor(dv_buf, gm)
     else:
-        dq, dk, dv = out
-    if p.group == 1:
-        dk_buf, dv_buf = dk, dv
-        dk_st, dv_st = _strides(dk, layout), _strides(dv, layout)
-    else:  # per-query-head fp32 dK/dV, summed over each group by the convert kernel
-        dk_buf = cp.empty((b, hq, sk, p.hdim_q), dtype=cp.float32)
-        dv_buf = cp.empty((b, hq, sk, p.hdim_v), dtype=cp.float32)
-        dk_st, dv_st = _strides(dk_buf, "bhsd"), _strides(dv_buf, "bhsd")
-    win_y, win_x = L.kernel_window(p.window)
-    args = (q, k, v, do, lse, delta, dq_acc, dk_buf, dv_buf,
-            *_strides(q, layout), *_strides(k, layout), *_strides(v, layout), *_strides(do, layout),
-            *dk_st, *dv_st, np.int32(sq), np.int32(sk), np.int32(p.hdim_q), np.int32(p.hdim_v),
-            np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale),
-            np.int32(win_y), np.int32(win_x), np.int32(0 if p.group == 1 else 1),
-            *_alibi_args(cp, alibi_slopes, p), *_BATCH_MODE, np.int64(ws.split_stride), *bias_args,
-            ds_acc if want_dbias else _NULL, *_dropout_args(drop))
-    _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, sk), args)
+        dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
+    _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.pack(P.BWD, (
+        _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout), dk_arg, dv_arg,
+        _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), plan.dq_ws.split_stride, seq,
+        p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
+        mask, alibi, bias_arg, _dropout(plan))))
 
-    conv = specs.convert_dq
-    conv_dq = specs.convert_dq_split if deterministic else conv
-    block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
-    _launch(cp, conv_dq, L.convert_launch(conv_dq, b, hq, sq),
-            (dq_acc, dq, *_strides(dq, layout), np.int32(sq), np.int32(p.hdim_q), np.int32(1),
-             np.float32(p.softmax_scale),
-             np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(sk), np.int32(win_y), np.int32(win_x),
-             np.int32(block_n), np.int32(block_m), *_BATCH_MODE))
-    if p.group > 1:
-        for acc, out, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
-            _launch(cp, conv, L.convert_launch(conv, b, hk, sk),
-                    (acc, out, *_strides(out, layout), np.int32(sk), np.int32(d), np.int32(p.group),
-                     np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
-    if want_dbias:
-        return AttentionGradsWithBias(dq, dk, dv, _reduce_dbias(cp, ds_acc, bias, bias_dt))
-    return AttentionGrads(dq, dk, dv)
-
-
-# --------------------------------------------------------------------------- group mode (varlen)
-
-
-def _forward_varlen(q, k, v, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes, bias, dropout_p,
-                    seed, offset, return_dropout_mask, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k):
-    """attention_forward for layout "thd": one launch over (max_seqlen_q blocks, heads, batch).
-
-    The bias (broadcastable to [batch, nhead_q, max_seqlen_q, max_seqlen_k]) goes to the kernel
-    as it is, with its [batch, head, row, key] element strides: each CTA reads bias[b, h, i, j]
-    with b its sequence and i, j positions local to that sequence (``make_bias`` in
-    ``kernels/attention.cuh``), i.e. sequence b uses the top-left corner of its plane."""
-    p = check_varlen_inputs(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-                            causal=causal, window_size=window_size, mask=mask, layout="thd", dtype=dtype)
-    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
-    drop = check_dropout(dropout_p, seed, offset)
-    want_keep = check_flag("return_dropout_mask", return_dropout_mask)
-    if alibi_slopes is not None:
-        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
-    cp = _cupy()
-    store = np.uint16 if p.dtype == _BF16 else np.float16
-    o_shape = (p.total_q, p.nhead_q, p.hdim_v)
-    lse_shape = (p.batch, p.nhead_q, p.max_seqlen_q)
-    if out is not None:
-        _check_out(cp, out, ("o", "lse"), (o_shape, lse_shape), (store, np.float32))
-    q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
-    bias_args = _bias_args(cp, bias, bias_dt)
-    cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
-    if out is None:
-        o, lse = cp.empty(o_shape, dtype=store), cp.empty(lse_shape, dtype=cp.float32)
-    else:
-        o, lse = out
-    spec = _fwd_spec(_dtype_name(p), p.hdim_q, p.hdim_v, _cc(cp),
-                    alibi=alibi_slopes is not None, bias=bias is not None, dropout=drop.enabled)
-    win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
-    args = (q, k, v, o, lse, *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(o),
-            np.int32(p.max_seqlen_q), np.int32(p.max_seqlen_k), np.int32(p.hdim_q), np.int32(p.hdim_v),
-            np.int32(p.group), np.float32(p.softmax_scale * LOG2E), np.int32(win_y), np.int32(win_x),
-            *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k, np.int32(bottom_right), *bias_args,
-            *_dropout_args(drop))
-    _launch(cp, spec, L.fwd_launch(spec, p.batch, p.nhead_q, p.max_seqlen_q), args)
-    if want_keep:  # sequence b's keep mask in the top-left corner of [max_seqlen_q, max_seqlen_k]
-        return o, lse, _dropout_mask(cp, drop, p.batch, p.nhead_q, p.max_seqlen_q, p.max_seqlen_k)
-    return o, lse
-
-
-def _backward_varlen(do, q, k, v, o, lse, *, softmax_scale, causal, window_size, mask, dtype, alibi_slopes,
-                     bias, return_dbias, dropout_p, seed, offset, out, deterministic, cu_seqlens_q, cu_seqlens_k,
-                     max_seqlen_q, max_seqlen_k) -> AttentionGrads | AttentionGradsWithBias:
-    """attention_backward for layout "thd".
-
-    Workspaces: D and dQ are [batch, nhead_q, max_seqlen_q(, hdim_q)] (rows past a sequence's end
-    unused); the GQA dK/dV workspaces are fp32 [nhead_q, total_k, hdim] (packed like the keys, so
-    the convert kernel sums each group as one batch of total_k rows). With ``return_dbias`` the
-    dS workspace is a zeroed fp32 [batch, nhead_q, max_seqlen_q, max_seqlen_k]: the kernel stores
-    sequence b's dS[i, j] (local i < seqlen_q_b, j < seqlen_k_b) at [b, h, i, j], the rest stays
-    0, and :func:`_reduce_dbias` sums it to the bias's shape."""
-    p = check_varlen_inputs(q, k, v, [("o", o), ("do", do)], cu_seqlens_q=cu_seqlens_q,
-                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                            softmax_scale=softmax_scale, causal=causal, window_size=window_size, mask=mask,
-                            layout="thd", dtype=dtype, lse=lse)
-    drop = check_dropout(dropout_p, seed, offset)
-    want_dbias = check_return_dbias(return_dbias, bias)
-    bias_dt = _check_bias_inputs(p, bias, alibi_slopes, dtype)
-    if alibi_slopes is not None:
-        check_alibi_slopes(alibi_slopes, p.batch, p.nhead_q)
-    cp = _cupy()
-    store = np.uint16 if p.dtype == _BF16 else np.float16
-    b, hq, hk, msq, msk = p.batch, p.nhead_q, p.nhead_k, p.max_seqlen_q, p.max_seqlen_k
-    tq, tk, d, dv_ = p.total_q, p.total_k, p.hdim_q, p.hdim_v
-    shapes = ((tq, hq, d), (tk, hk, d), (tk, hk, dv_))
-    if out is not None:
-        _check_out(cp, out, ("dq", "dk", "dv"), shapes, (store,) * 3)
-    do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
-    lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    bias_args = _bias_args(cp, bias, bias_dt)
-    cu_q, cu_k = _cu_device(cp, "cu_seqlens_q", cu_seqlens_q), _cu_device(cp, "cu_seqlens_k", cu_seqlens_k)
-    specs = _bwd_specs(_dtype_name(p), d, dv_, _cc(cp), alibi=alibi_slopes is not None,
-                       bias=bias is not None, dropout=drop.enabled, deterministic=deterministic)
-
-    ws = L.dq_workspace(specs.dq_dk_dv, b, hq, msq, msk, d, deterministic)
-    # atomic mode: dot_do_o zero-fills each sequence's rows (the only ones dq_dk_dv and
-    # convert_dq touch)
-    dq_acc = cp.empty(ws.shape, dtype=cp.float32)
-    delta = cp.empty((b, hq, msq), dtype=cp.float32)
-    _launch(cp, specs.dot_do_o, L.dot_do_o_launch(specs.dot_do_o, b, hq, msq),
-            (do, o, delta, *_strides_thd(do), *_strides_thd(o), np.int32(msq), np.int32(dv_), cu_q,
-             _NULL if deterministic else dq_acc, np.int32(d)))
-
-    # dS for dBias, pitched by the max lengths; zeroed: pairs outside every sequence's corner and
-    # in blocks the mask skips are never written
-    ds_acc = cp.zeros((b, hq, msq, msk), dtype=cp.float32) if want_dbias else None
-    if out is None:
-        dq, dk, dv = (cp.empty(s, dtype=store) for s in shapes)
-    else:
-        dq, dk, dv = out
-    if p.group == 1:
-        dk_buf, dv_buf = dk, dv
-        dk_st, dv_st = _strides_thd(dk), _strides_thd(dv)
-    else:  # per-query-head fp32 dK/dV [nhead_q, total_k, hdim], summed over each group below
-        dk_buf = cp.empty((hq, tk, d), dtype=cp.float32)
-        dv_buf = cp.empty((hq, tk, dv_), dtype=cp.float32)
-        dk_st = (np.int64(0), np.int64(tk * d), np.int64(d))
-        dv_st = (np.int64(0), np.int64(tk * dv_), np.int64(dv_))
-    win_y, win_x, bottom_right = L.kernel_window_spec(p.mask)
-    args = (q, k, v, do, lse, delta, dq_acc, dk_buf, dv_buf,
-            *_strides_thd(q), *_strides_thd(k), *_strides_thd(v), *_strides_thd(do), *dk_st, *dv_st,
-            np.int32(msq), np.int32(msk), np.int32(d), np.int32(dv_), np.int32(p.group),
-            np.float32(p.softmax_scale * LOG2E), np.float32(p.softmax_scale), np.int32(win_y), np.int32(win_x),
-            np.int32(0 if p.group == 1 else 1), *_alibi_args(cp, alibi_slopes, p), cu_q, cu_k,
-            np.int32(bottom_right), np.int64(ws.split_stride), *bias_args,
-            ds_acc if want_dbias and ds_acc.size else _NULL, *_dropout_args(drop))
-    _launch(cp, specs.dq_dk_dv, L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, msk), args)
-
-    conv = specs.convert_dq
-    conv_dq = specs.convert_dq_split if deterministic else conv
-    block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
-    _launch(cp, conv_dq, L.convert_launch(conv_dq, b, hq, msq),
-            (dq_acc, dq, *_strides_thd(dq), np.int32(msq), np.int32(d), np.int32(1),
-             np.float32(p.softmax_scale), np.int32(ws.nsplit), np.int64(ws.split_stride), np.int32(msk),
-             np.int32(win_y), np.int32(win_x), np.int32(block_n), np.int32(block_m), cu_q, cu_k,
-             np.int32(bottom_right)))
-    if p.group > 1:
-        for acc, res, dim in ((dk_buf, dk, d), (dv_buf, dv, dv_)):
-            _launch(cp, conv, L.convert_launch(conv, 1, hk, tk),
-                    (acc, res, *_strides_thd(res), np.int32(tk), np.int32(dim), np.int32(p.group),
-                     np.float32(1.0), *_NO_SPLIT, *_BATCH_MODE))
-    if want_dbias:
-        return AttentionGradsWithBias(dq, dk, dv, _reduce_dbias(cp, ds_acc, bias, bias_dt))
+    conv_dq = specs.convert_dq_split if plan.deterministic else specs.convert_dq
+    _launch(cp, conv_dq, launches["convert_dq"], P.pack(P.CONVERT, (
+        _ptr(dq_acc), _tensor(dq, layout), plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
+        plan.block_n, plan.block_m, 0, p.softmax_scale, 0.0, mask)))
+    if plan.dkdv_ws:
+        rows = (0, 0, plan.kv_rows, 0)  # the GQA sums: kv_batch x nhead_k x kv_rows rows, no slabs
+        for acc, res, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
+            _launch(cp, specs.convert_dq, launches["convert_dkdv"], P.pack(P.CONVERT, (
+                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, 0, 1.0, 0.0, (0, 0, 0, 0))))
+    if plan.want_dbias:
+        return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
     return AttentionGrads(dq, dk, dv)

@@ -798,3 +798,33 @@ def check_return_dbias(return_dbias, bias) -> bool:
             "return_dbias: True needs bias= (dbias is the gradient of an explicit bias)"
         )
     return flag
+
+
+def check_out(array_type, device_id: int, out, names, shapes, dtypes):
+    """Caller-provided output buffers (``out=``): a tuple of ``array_type`` arrays (CuPy's
+    ndarray) with the expected shapes and dtypes on device ``device_id``, unit last stride and
+    16-byte aligned rows (lse: C-contiguous). Returns ``out``.
+
+    Raises:
+        TypeError, ValueError: naming ``out`` and the buffer.
+    """
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        raise TypeError(f"out: expected a tuple ({', '.join(names)}) of CuPy arrays, got {type(out).__name__}")
+    for name, a, shape, dt in zip(names, out, shapes, dtypes):
+        if not isinstance(a, array_type):
+            raise TypeError(f"out: {name} must be a CuPy array, got {type(a).__name__}")
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"out: {name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+        if a.dtype != dt:
+            raise TypeError(f"out: {name} must have dtype {np.dtype(dt).name}, got {a.dtype.name}")
+        if a.device.id != device_id:
+            raise ValueError(f"out: {name} is on GPU {a.device.id}, not the current device")
+        if a.size == 0:  # nothing to address (group mode: every sequence empty)
+            continue
+        if name == "lse":
+            if not a.flags.c_contiguous:
+                raise ValueError("out: lse must be C-contiguous")
+        elif a.strides[-1] != a.itemsize or a.data.ptr % 16 or any(
+                (s // a.itemsize) % 8 for s in a.strides[:-1]):
+            raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
+    return out

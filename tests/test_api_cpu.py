@@ -33,14 +33,27 @@ def test_bad_input_is_reported_before_any_gpu_use():
         cupy_fmha.attention_forward(q, q[..., :32], q)
 
 
-def test_validation_is_memoized_but_errors_are_not():
+def _fwd_options(**over):
+    """attention_forward's keyword defaults (what plan_forward receives), with ``over`` applied."""
+    import inspect
+
+    kw = {k: p.default for k, p in inspect.signature(api.attention_forward).parameters.items()
+          if p.default is not inspect.Parameter.empty and k not in ("bias", "alibi_slopes", "out")}
+    kw.update(over)
+    return kw
+
+
+def test_plan_is_memoized_but_errors_are_not():
+    from cupy_fmha import plan
+
     q = np.zeros((1, 16, 2, 64), np.float16)
-    a = api._checked(api.check_forward_inputs, (q, q, q), causal=True)
-    b = api._checked(api.check_forward_inputs, (q, q, q), causal=True)
-    assert a is b
+    a = plan.plan_forward(q, q, q, cc=lambda: 90, **_fwd_options(causal=True))
+    b = plan.plan_forward(q, q, q, cc=lambda: 90, **_fwd_options(causal=True))
+    assert a is b and a.spec.target == "sm90a"
+    assert plan.plan_forward(q, q, q, cc=lambda: 80, **_fwd_options(causal=True)).spec.target == "sm80"
     for _ in range(2):
         with pytest.raises(ValueError):
-            api._checked(api.check_forward_inputs, (q, q, q[:, :8]), causal=True)
+            plan.plan_forward(q, q, q[:, :8], cc=lambda: 90, **_fwd_options(causal=True))
 
 
 def test_zero_reference_is_judged_by_absolute_error():
@@ -63,18 +76,21 @@ def test_negative_ck_window_sizes_mean_unlimited():
 
 def test_validation_cache_tells_equal_but_invalid_values_apart():
     # a passed check must not make an equal-comparing but invalid value pass later (True == 1.0)
-    from cupy_fmha import api
-    from cupy_fmha.validate import check_forward_inputs
+    from cupy_fmha import plan
 
     q = np.zeros((1, 8, 2, 16), np.float16)
+
+    def resolve(**over):
+        return plan.plan_forward(q, q, q, cc=lambda: 90, **_fwd_options(**over))
+
     with pytest.raises(TypeError, match="causal"):
-        api._checked(check_forward_inputs, (q, q, q), causal=1.0)
-    api._checked(check_forward_inputs, (q, q, q), causal=True)
+        resolve(causal=1.0)
+    resolve(causal=True)
     with pytest.raises(TypeError, match="causal"):
-        api._checked(check_forward_inputs, (q, q, q), causal=1.0)
-    api._checked(check_forward_inputs, (q, q, q), window_size=(2, 0))
+        resolve(causal=1.0)
+    resolve(window_size=(2, 0))
     with pytest.raises((TypeError, ValueError), match="window_size"):
-        api._checked(check_forward_inputs, (q, q, q), window_size=(2.0, 0.0))
+        resolve(window_size=(2.0, 0.0))
 
 
 def test_alibi_slopes_checked_before_the_gpu(monkeypatch):

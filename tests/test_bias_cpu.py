@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cupy_fmha
-from cupy_fmha import api
+from cupy_fmha import api, dbias
 from cupy_fmha import reference as R
 from cupy_fmha.spec import bwd_specs, default_dispatch_table, fwd_spec
 
@@ -102,10 +102,10 @@ def test_f32_to_bf16_bits_rounds_to_nearest_even():
     x = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-30, 30, 4000),
                         [0.0, -0.0, np.inf, -np.inf, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8,
                          3.0e38, -1e-40]]).astype(np.float32)
-    got = api._f32_to_bf16_bits(np, x)
+    got = dbias.f32_to_bf16_bits(np, x)
     assert got.dtype == np.uint16
     assert np.array_equal(got, x.astype(BF16).view(np.uint16))
-    nan = api._f32_to_bf16_bits(np, np.array([np.nan], np.float32)).view(BF16).astype(np.float32)
+    nan = dbias.f32_to_bf16_bits(np, np.array([np.nan], np.float32)).view(BF16).astype(np.float32)
     assert np.isnan(nan).all()
 
 
@@ -116,14 +116,16 @@ def test_f32_to_bf16_bits_rounds_to_nearest_even():
 def test_reduce_dbias_sums_broadcast_dims(shape, dtype):
     ds = np.random.default_rng(2).standard_normal((2, 3, 5, 7)).astype(np.float32)
     bias = np.zeros(shape, dtype)
-    got = api._reduce_dbias(np, ds, bias, np.dtype(dtype))
+    got = dbias.reduce_dbias(np, ds, bias)
     shape4 = (1,) * (4 - len(shape)) + shape
     axes = tuple(a for a in range(4) if shape4[a] == 1)
     want = ds.astype(np.float64).sum(axis=axes, keepdims=True).astype(np.float32).reshape(shape)
     want = want.astype(dtype)
     assert got.shape == shape
     if np.dtype(dtype) == BF16:
-        assert got.dtype == np.uint16 and np.array_equal(got, want.view(np.uint16))
+        assert got.dtype == BF16 and np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        bits = dbias.reduce_dbias(np, ds, bias.view(np.uint16))  # uint16 bits in, bits out
+        assert bits.dtype == np.uint16 and np.array_equal(bits, want.view(np.uint16))
     else:
         assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
 
@@ -136,7 +138,7 @@ def test_reduce_dbias_matches_reference_convention():
     full = np.broadcast_to(bias, (2, 2, 6, 6)).copy()
     *_, db_full = R.attention_backward(do, q, k, v, bias=full, return_dbias=True)
     *_, db = R.attention_backward(do, q, k, v, bias=bias, return_dbias=True)
-    got = api._reduce_dbias(np, db_full.astype(np.float32), bias, np.dtype(np.float32))
+    got = dbias.reduce_dbias(np, db_full.astype(np.float32), bias)
     assert np.allclose(got, db, rtol=1e-5, atol=1e-6)
 
 
