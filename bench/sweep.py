@@ -145,17 +145,37 @@ def f32_to_bf16_bits(cp, x):
     return r.astype(cp.uint16)
 
 
+def native_bf16(cp) -> bool:
+    """Whether this CuPy has a bfloat16 dtype (CuPy 14 and newer)."""
+    import ml_dtypes
+
+    try:
+        cp.empty(0, dtype=ml_dtypes.bfloat16)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def random_input(cp, rng, shape, dtype: str):
+    """A random fp16 or bf16 CuPy array (bf16: CuPy's native bfloat16 where it exists, else the
+    bits as uint16, which the API takes with dtype="bfloat16")."""
     x = rng.standard_normal(shape, dtype=cp.float32)
-    out = x.astype(cp.float16) if dtype == "float16" else f32_to_bf16_bits(cp, x)
+    if dtype == "float16":
+        out = x.astype(cp.float16)
+    else:
+        import ml_dtypes
+
+        out = f32_to_bf16_bits(cp, x)
+        if native_bf16(cp):
+            out = out.view(ml_dtypes.bfloat16)
     del x
     return out
 
 
 def to_float32(cp, a, dtype: str):
-    """A result of ours (fp16, or bf16 bits as uint16) -> float32 CuPy array."""
-    if a.dtype == cp.uint16:
-        return (a.astype(cp.uint32) << cp.uint32(16)).view(cp.float32)
+    """A result of ours (fp16, bf16, or bf16 bits as uint16) -> float32 CuPy array."""
+    if a.dtype == cp.uint16 or str(a.dtype) == "bfloat16":
+        return (a.view(cp.uint16).astype(cp.uint32) << cp.uint32(16)).view(cp.float32)
     return a.astype(cp.float32)
 
 
@@ -179,7 +199,7 @@ def torch_view(torch, cp, a, dtype: str):
     """Zero-copy torch tensor over a CuPy array (bf16 bits reinterpreted as torch.bfloat16)."""
     if dtype == "bfloat16":
         try:
-            return torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16)
+            return torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16)  # same bits, native or not
         except Exception:  # noqa: BLE001 - fall back to a copy if the view is refused
             return torch.tensor(cp.asnumpy(a).view("int16"), device="cuda").view(torch.bfloat16)
     return torch.from_dlpack(a)

@@ -6,6 +6,7 @@ The backward pass follows AMD Composable Kernel's FMHA backward (ck_tile ``fmha_
 """
 
 from .mask import MaskSpec, Window, parse_mask, resolve_mask
+from .plan import backward_workspace_bytes
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "attention_backward",
     "AttentionGrads",
     "AttentionGradsWithBias",
+    "backward_workspace_bytes",
     "MaskSpec",
     "Window",
     "parse_mask",
