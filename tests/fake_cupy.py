@@ -1,0 +1,111 @@
+"""A stand-in for CuPy on the CPU, for the tests of the GPU API's host side: NumPy arrays that
+answer the few CuPy attributes the API reads (device, data.ptr), a module namespace with the
+CuPy functions it calls, and a ``get_function`` replacement that records every launch with its
+parameter struct decoded (pointers resolved back to the fake device arrays)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+__all__ = ["FakeArray", "OtherDeviceArray", "fake_cupy", "Recorder", "decode_params"]
+
+
+class _Dev:
+    def __init__(self, i):
+        self.id = i
+
+
+class FakeArray(np.ndarray):
+    """A NumPy array that answers the few CuPy attributes the API reads."""
+
+    dev_id = 0
+
+    @property
+    def data(self):  # cupy.cuda.MemoryPointer's .ptr
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    @property
+    def device(self):
+        return _Dev(self.dev_id)
+
+
+class OtherDeviceArray(FakeArray):
+    dev_id = 1
+
+
+_LIVE: dict = {}  # device address -> the FakeArray at it (what a pointer field points to)
+
+
+def _fake(x):
+    f = x.view(FakeArray)
+    if f.size:
+        _LIVE[f.__array_interface__["data"][0]] = f
+    return f
+
+
+def fake_cupy(cc: str):
+    return types.SimpleNamespace(
+        ndarray=FakeArray,
+        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc)),
+        asarray=lambda x, dtype=None: _fake(np.asarray(x, dtype=dtype)),
+        ascontiguousarray=lambda x: _fake(np.ascontiguousarray(x)),
+        zeros=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
+        empty=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
+        where=np.where, isnan=np.isnan, bool_=np.bool_,
+        float16=np.float16, float32=np.float32, float64=np.float64, uint16=np.uint16, uint32=np.uint32,
+    )
+
+
+#: params-struct fields that hold device pointers
+_POINTERS = {"ptr", "lse", "delta", "dq_acc", "dbias_acc", "acc", "keep", "slopes", "cu_seqlens_q", "cu_seqlens_k"}
+
+
+def decode_params(params) -> dict:
+    """A kernel's parameter struct (a one-element structured array) as {name: value}, with the
+    groups flattened the way the kernels' old positional arguments were named (``seq.seqlen_q``
+    -> ``seqlen_q``, ``bias.kind`` -> ``bias_kind``, ``bias.ptr`` -> ``bias``) and every non-null
+    pointer resolved to the fake device array it addresses."""
+    assert isinstance(params, np.ndarray) and params.shape == (1,) and params.dtype.names
+    out = {}
+
+    def walk(rec, dt, prefix):
+        for name in dt.names:
+            sub = dt.fields[name][0]
+            if sub.names:
+                walk(rec[name], sub, "" if name == "seq" else f"{name}_")
+                continue
+            key = prefix[:-1] if name == "ptr" else prefix + name
+            val = rec[name]
+            if name in _POINTERS:
+                val = _LIVE[int(val)] if int(val) else np.uint64(0)
+            out[key] = val
+
+    walk(params[0], params.dtype, "")
+    return out
+
+
+class Recorder:
+    """Stands in for ``get_function``: records each launch as {parameter name: argument}; a
+    hook may act as the kernel (here: fill the dS workspace)."""
+
+    def __init__(self, hook=None):
+        self.launches, self.hook = [], hook
+
+    def __call__(self, spec):
+        rec = self
+
+        class Fn:
+            max_dynamic_shared_size_bytes = 1 << 20
+
+            def __call__(self, grid, block, args, shared_mem=0):
+                assert len(args) == 1, (spec.source, len(args))  # one params struct by value
+                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]))
+                rec.launches.append(launch)
+                if rec.hook is not None:
+                    rec.hook(launch)
+
+        return Fn()
+
+

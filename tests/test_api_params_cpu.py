@@ -1,0 +1,163 @@
+"""The parameter structs the GPU API builds, checked on the CPU against a stand-in CuPy
+(tests/fake_cupy.py): batch mode in both layouts, GQA workspaces, deterministic slabs, the
+feature groups, and the output dtypes (native bf16 in, bf16 out; uint16 bits in, bits out)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cupy_fmha
+from cupy_fmha import api
+from cupy_fmha.launch import dq_dk_dv_blocks
+from fake_cupy import Recorder, fake_cupy
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+LOG2E = 1.4426950408889634
+
+
+@pytest.fixture(params=["90", "80"])
+def rec(request, monkeypatch):
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy(request.param))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    r = Recorder()
+    monkeypatch.setattr(api, "get_function", r)
+    return r
+
+
+def _inputs(layout, b=2, sq=37, sk=53, hq=4, hk=2, d=64, dv=64, dtype=np.float16, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (lambda s, h, x: (b, s, h, x)) if layout == "bshd" else (lambda s, h, x: (b, h, s, x))
+    q = rng.standard_normal(shape(sq, hq, d)).astype(dtype)
+    k = rng.standard_normal(shape(sk, hk, d)).astype(dtype)
+    v = rng.standard_normal(shape(sk, hk, dv)).astype(dtype)
+    do = rng.standard_normal(shape(sq, hq, dv)).astype(dtype)
+    return q, k, v, do
+
+
+def _strides(a, layout):
+    st = [s // a.itemsize for s in a.strides]
+    return (st[0], st[2], st[1]) if layout == "bshd" else (st[0], st[1], st[2])
+
+
+def _launches(rec, stem):
+    return [x for x in rec.launches if x["spec"].source.startswith(stem)]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_forward_params(rec, layout):
+    q, k, v, _ = _inputs(layout)
+    o, lse = cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, softmax_scale=0.3)
+    (f,) = rec.launches
+    a = f["args"]
+    assert o.shape == q.shape and o.dtype == np.float16 and lse.shape == (2, 4, 37)
+    assert (a["seqlen_q"], a["seqlen_k"]) == (37, 53) and int(a["cu_seqlens_q"]) == 0
+    assert (a["q_sb"], a["q_sh"], a["q_ss"]) == _strides(q, layout)
+    assert (a["k_sb"], a["k_sh"], a["k_ss"]) == _strides(k, layout)
+    assert (a["o_sb"], a["o_sh"], a["o_ss"]) == _strides(o, layout)
+    assert a["q"] is not None and a["lse"].shape == lse.shape
+    assert (a["hdim_q"], a["hdim_v"], a["group"]) == (64, 64, 2)
+    assert a["scale_log2"] == np.float32(0.3 * LOG2E)
+    # causal, bottom-right: row i sees keys j <= i + sk - sq (x = 1 + 16), every key to the left
+    # (row 0 already sees key 0: y - 1 >= 0 + ... any y > sq - 1 + 0 hides nothing on the left)
+    assert a["mask_win_x"] == 17 and a["mask_win_y"] >= 37 and a["mask_bottom_right"] == 0
+    assert int(a["alibi_slopes"]) == 0 and a["bias_kind"] == 0 and a["dropout_keep_threshold"] == 65536
+    assert f["grid"][1:] == (4, 2)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_params_with_gqa(rec, layout, deterministic):
+    q, k, v, do = _inputs(layout)
+    lse = np.zeros((2, 4, 37), np.float32)
+    g = cupy_fmha.attention_backward(do, q, k, v, do, lse, layout=layout, deterministic=deterministic)
+    assert g.dq.shape == q.shape and g.dk.shape == k.shape and g.dv.shape == v.shape
+    (dot,) = _launches(rec, "fmha_bwd_dot_do_o")
+    (main,) = _launches(rec, "fmha_bwd_dq_dk_dv")
+    conv = _launches(rec, "fmha_bwd_convert_dq")
+    assert len(conv) == 3  # dQ, then the GQA sums of dK and dV
+    m = main["args"]
+    # GQA: fp32 per-query-head dK/dV workspaces [b, hq, sk, d], summed by convert_dq
+    assert m["dkdv_fp32"] == 1 and m["dk"].shape == (2, 4, 53, 64) and m["dk"].dtype == np.float32
+    assert (m["dk_sb"], m["dk_sh"], m["dk_ss"]) == (4 * 53 * 64, 53 * 64, 64)
+    assert (m["dout_sb"], m["dout_sh"], m["dout_ss"]) == _strides(do, layout)
+    assert m["lse"].shape == (2, 4, 37) and m["delta"] is dot["args"]["delta"]
+    block_n, block_m = dq_dk_dv_blocks(main["spec"])
+    if deterministic:
+        nsplit = -(-53 // block_n)
+        assert m["dq_split_stride"] == 2 * 4 * 37 * 64 and m["dq_acc"].shape == (nsplit, 2, 4, 37, 64)
+        assert int(dot["args"]["dq_acc"]) == 0  # slabs are stored, not zero-filled
+        assert conv[0]["spec"].macro("DQ_SPLIT") == 1 and conv[0]["args"]["nsplit"] == nsplit
+    else:
+        assert m["dq_split_stride"] == 0 and dot["args"]["dq_acc"] is m["dq_acc"]
+        assert conv[0]["args"]["nsplit"] == 0
+    c = conv[0]["args"]
+    assert c["acc"] is m["dq_acc"] and (c["seqlen_q"], c["nsum"]) == (37, 1)
+    assert (c["out_sb"], c["out_sh"], c["out_ss"]) == _strides(g.dq, layout)
+    assert c["scale"] == np.float32(1 / 8) and (c["block_n"], c["block_m"]) == (block_n, block_m)
+    for x, out, d in ((conv[1], g.dk, 64), (conv[2], g.dv, 64)):
+        a = x["args"]
+        assert (a["seqlen_q"], a["hdim"], a["nsum"], a["scale"]) == (53, d, 2, 1.0)
+        assert (a["out_sb"], a["out_sh"], a["out_ss"]) == _strides(out, layout)
+        assert x["grid"][1:] == (2, 2)
+
+
+def test_features_fill_their_groups(rec):
+    q, k, v, _ = _inputs("bshd", hk=4)
+    slopes = np.linspace(0.1, 0.4, 4).astype(np.float32)[None].repeat(2, 0)
+    cupy_fmha.attention_forward(q, k, v, alibi_slopes=slopes, dropout_p=0.25, seed=7, offset=9,
+                                window_size=(3, 2))
+    a = rec.launches[-1]["args"]
+    assert rec.launches[-1]["spec"].macro("ALIBI") == 1 and rec.launches[-1]["spec"].macro("DROPOUT") == 1
+    assert a["alibi_sb"] == 4 and np.array_equal(a["alibi_slopes"].reshape(2, 4), slopes)
+    assert (a["dropout_seed"], a["dropout_offset"], a["dropout_keep_threshold"]) == (7, 9, 49152)
+    assert a["dropout_rp_keep"] == np.float32(1 / 0.75)
+    assert (a["mask_win_y"], a["mask_win_x"]) == (4 - 16, 3 + 16)  # bottom-right window, sq - sk = -16
+    bias = np.ones((37, 53), np.float32)
+    cupy_fmha.attention_forward(q, k, v, bias=bias)
+    a = rec.launches[-1]["args"]
+    assert a["bias_kind"] == 3 and (a["bias_sb"], a["bias_sh"], a["bias_sq"], a["bias_sk"]) == (0, 0, 53, 1)
+
+
+def test_native_bf16_round_trip_keeps_the_dtype(rec):
+    q, k, v, do = _inputs("bshd", dtype=BF16)
+    o, lse = cupy_fmha.attention_forward(q, k, v)
+    assert o.dtype == BF16 and rec.launches[-1]["spec"].dtype == "bf16"
+    g = cupy_fmha.attention_backward(do, q, k, v, o, lse)  # no dtype=: the forward's o is accepted
+    assert {x.dtype for x in g} == {BF16}
+
+
+def test_uint16_bits_stay_bits(rec):
+    q, k, v, do = (x.view(np.uint16) for x in _inputs("bshd", dtype=BF16))
+    o, lse = cupy_fmha.attention_forward(q, k, v, dtype="bfloat16")
+    assert o.dtype == np.uint16 and rec.launches[-1]["spec"].dtype == "bf16"
+    g = cupy_fmha.attention_backward(do, q, k, v, o, lse, dtype="bfloat16")
+    assert {x.dtype for x in g} == {np.dtype(np.uint16)}
+    with pytest.raises(TypeError, match="got a uint16 array"):
+        cupy_fmha.attention_backward(do, q, k, v, o, lse)
+
+
+def test_dlpack_objects_are_adopted(rec, monkeypatch):
+    # an object that is neither NumPy nor CuPy but has __dlpack__ goes through cupy.from_dlpack
+    q, k, v, _ = _inputs("bshd")
+
+    class Foreign:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            raise AssertionError("the fake from_dlpack takes .a")
+
+    calls = []
+
+    def from_dlpack(x):
+        calls.append(x)
+        return api._cupy().asarray(x.a)
+
+    cp = fake_cupy("90")
+    cp.from_dlpack = from_dlpack
+    monkeypatch.setattr(api, "_cupy", lambda: cp)
+    o, lse = cupy_fmha.attention_forward(Foreign(q), Foreign(k), Foreign(v))
+    assert len(calls) == 3 and isinstance(o, cp.ndarray)
