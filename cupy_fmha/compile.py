@@ -63,11 +63,11 @@ def load_source(stem: str) -> str:
 
 
 def nvrtc_options(spec: KernelSpec, arch: str | None = None) -> tuple[str, ...]:
-    """NVRTC options for ``spec``; ``arch`` like ``sm_90a`` (omit to let CuPy pick the device's)."""
-    opts = ["-std=c++17", *spec.defines()]
-    if arch:
-        opts.append(f"-arch={arch}")
-    return tuple(opts)
+    """NVRTC options for ``spec`` (its backend's); ``arch`` like ``sm_90a`` (omit to let CuPy
+    pick the device's)."""
+    from .backends import cuda
+
+    return cuda.compile_options(spec, arch)
 
 
 def cache_dir() -> Path:
@@ -100,8 +100,9 @@ def get_function(spec: KernelSpec):
     key = (spec, dev.id)
     fn = _functions.get(key)
     if fn is None:
-        cc = dev.compute_capability
-        arch = "sm_90a" if spec.target == "sm90a" else None
+        from .spec import backend_for
+
+        arch = backend_for(int(dev.compute_capability)).compile_arch(spec)
         try:
             mod = cupy.RawModule(code=load_source(spec.source), options=nvrtc_options(spec, arch))
             fn = mod.get_function(spec.entry)

@@ -10,6 +10,7 @@ at once), and the window travels in top-left form plus a bottom-right flag
 
 from __future__ import annotations
 
+from .backends.cuda import SMEM_LIMIT  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
 from .spec import KernelSpec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
@@ -19,7 +20,6 @@ __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "co
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
 
-SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may use on sm_90 / sm_80
 
 
 def smem_pitch(d: int) -> int:

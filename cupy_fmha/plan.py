@@ -228,7 +228,7 @@ def _forward_kernels(checked, cc) -> FwdPlan:
     p = base.problem
     diagonal = not base.group_mode and min(base.window[0], base.window[1]) < L.WINDOW_INF
     spec = _fwd_spec(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
-                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q), tuning_key())
+                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), tuning_key())
     o_rows = p.total_q if base.group_mode else base.rows_q
     return FwdPlan(**vars(base), want_keep=want_keep, spec=spec,
                    launch=L.fwd_launch(spec, p.batch, p.nhead_q, base.rows_q),

@@ -1,0 +1,227 @@
+"""The CUDA backend: NVIDIA GPUs of compute capability 8.0 and newer.
+
+Everything this GPU family decides lives here: the instance table (which kernel source and
+which tile sizes serve a head dim and feature set, on sm_80-class devices and on Hopper), the
+NVRTC compile options and targets, and the device limits (warp width, shared memory per block).
+:mod:`cupy_fmha.spec` asks the backend of a device for its kernel instances; a new GPU family
+(ROCm's gfx9, later) is a module beside this one with the same functions, and a folder of its
+own under ``kernels/arch/``.
+
+Two kernel families: ``mma.sync`` kernels (``fmha_fwd``, ``fmha_bwd_dq_dk_dv``; target
+``sm80``, any device from sm_80) and Hopper kernels on warpgroup MMA (``fmha_fwd_sm90``,
+``fmha_bwd_dq_dk_dv_sm90``; target ``sm90a``) for compute capability 9.0 where both padded head
+dims are 64 or 128. The tile table below is the only place tile sizes are chosen; the kernels
+get them as ``-D`` macros.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
+
+__all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "compile_arch", "compile_options", "fwd_spec",
+           "bwd_specs", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
+
+NAME = "cuda"
+#: threads per warp (the m16n8 fragment layouts of kernels/arch/sm80 assume it)
+WARP_SIZE = 32
+#: bytes of dynamic shared memory one block may use (sm_80: 163 KiB, sm_90: 227 KiB; the kernels
+#: are sized for the larger, and the launcher raises the per-function limit above 48 KiB)
+SMEM_LIMIT = 227 * 1024
+#: targets the offline compile check builds every instance for (CI, no GPU)
+OFFLINE_ARCHS = ("sm_80", "sm_90a")
+
+
+def compile_arch(spec: KernelSpec) -> str | None:
+    """NVRTC ``-arch`` for ``spec`` on a device: ``sm_90a`` for the wgmma kernels (Hopper-only
+    instructions need the ``a`` target), else ``None`` (CuPy picks the device's)."""
+    return "sm_90a" if spec.target == "sm90a" else None
+
+
+def compile_options(spec: KernelSpec, arch: str | None = None) -> tuple[str, ...]:
+    """NVRTC options for ``spec``: C++17, its ``-D`` macros, and ``-arch`` when given."""
+    opts = ["-std=c++17", *spec.defines()]
+    if arch:
+        opts.append(f"-arch={arch}")
+    return tuple(opts)
+
+
+
+
+def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
+    """Tuning hook: ``CUPY_FMHA_FWD_TILES`` / ``CUPY_FMHA_BWD_TILES`` = ``"NWARPS=8,BLOCK_M=64"``
+    replaces entries of the table for every head dim (benchmarks only; not a public option)."""
+    text = os.environ.get(var, "").strip()
+    if text:
+        for item in text.split(","):
+            key, _, val = item.partition("=")
+            tiles[key.strip()] = int(val)
+    return tiles
+
+
+def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False,
+              dropout: bool = False) -> dict[str, int]:
+    """Forward tiles: NWARPS warps of 16 query rows each, BLOCK_N keys per step. Head dims above
+    128 with the elementwise bias, ALiBi or dropout step 16 keys at a time: at 32 the bias's
+    address arithmetic (or the Philox state) pushes them past 255 registers (spills)."""
+    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
+    if d <= 128:
+        tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
+    elif d in (224, 240):
+        # 32-key blocks sit at the 255-register cap here (251 before group mode) and spill once
+        # the per-sequence lengths and window live in registers; 16-key blocks use ~215
+        tiles = dict(NWARPS=4, BLOCK_N=16, Q_IN_REGS=0)
+    else:
+        tiles = dict(NWARPS=4, BLOCK_N=16 if (bias or alibi or dropout) else 32, Q_IN_REGS=0)
+    return _override("CUPY_FMHA_FWD_TILES", tiles)
+
+
+def bwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, dropout: bool = False) -> dict[str, int]:
+    """Backward dq_dk_dv tiles: BLOCK_N = 16 * NWARPS keys per CTA, BLOCK_M query rows per step,
+    NSPLIT CTAs sharing one key block's output columns (head dims above 128). The bias (all head
+    dims) and dropout (above 64) halve BLOCK_M: 32-row steps spill at 255 registers."""
+    d = max(hdim_q, hdim_v)
+    if d <= 64:
+        tiles = dict(NWARPS=8, BLOCK_M=64, NSPLIT=1, MIN_BLOCKS=1)
+    elif d <= 128:
+        # padded 112 (hdim 104/112) spills at 32 rows on sm_80 since group mode and the dQ slabs
+        tiles = dict(NWARPS=8, BLOCK_M=16 if pad_hdim(d) == 112 else 32, NSPLIT=1, MIN_BLOCKS=1)
+    else:
+        tiles = dict(NWARPS=4, BLOCK_M=16, NSPLIT=2, MIN_BLOCKS=1)
+    if (bias or (dropout and d > 64)) and tiles["NSPLIT"] == 1 and tiles["BLOCK_M"] > 16:  # the bias's loads and the dS store: half the rows per step, no spills
+        tiles["BLOCK_M"] //= 2
+    return _override("CUPY_FMHA_BWD_TILES", tiles)
+
+
+def padded_dims(hdim_q: int, hdim_v: int, nsplit: int = 1) -> tuple[int, int]:
+    """Padded head dims: multiples of 16 (the mma k-step); with NSPLIT > 1, multiples of 64 so
+    each split's columns divide evenly among the warps of the dQ GEMM."""
+    m = 16 if nsplit == 1 else 64
+    return pad_hdim(hdim_q, m), pad_hdim(hdim_v, m)
+
+
+def fwd_sm90_tiles(hdim_q: int, hdim_v: int, dropout: bool = False) -> dict[str, int]:
+    """Hopper forward tiles: NWG warpgroups of 64 query rows, BLOCK_N keys per step.
+
+    The dropout instances need registers for the Philox state (ptxas, sm_90a): at head dim 64,
+    2 CTAs of 2 warpgroups (at most 128 registers) spill, one CTA of 3 warpgroups fits (155);
+    at head dim 128, 3 warpgroups (at most 168) spill, 2 fit (about 200)."""
+    small = max(pad_hdim(hdim_q), pad_hdim(hdim_v)) <= 64
+    if dropout:
+        tiles = dict(NWG=3 if small else 2, BLOCK_N=64, MIN_BLOCKS=1)
+    elif small:
+        tiles = dict(NWG=2, BLOCK_N=64, MIN_BLOCKS=2)
+    else:
+        tiles = dict(NWG=3, BLOCK_N=64, MIN_BLOCKS=1)
+    return _override("CUPY_FMHA_FWD_SM90_TILES", tiles)
+
+
+#: Longest seqlen_q for which the 3-warpgroup forward with a diagonal mask takes the WG_SKIP build.
+WG_SKIP_MAX_SEQLEN = 2048
+
+
+def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
+    """Whether the 3-warpgroup Hopper forward (hdim 128) should skip, per warpgroup, the key
+    blocks none of its rows sees. Measured on the H200 (bench/NOTES.md): with a causal mask at
+    seqlen 1024 the skip gains 5-8%, because a 192-row block spans three 64-key diagonal blocks;
+    in long or unmasked problems its extra loop copies cost 6-9% (the kernel is at its
+    168-register cap), so it is used only with a diagonal mask and seqlen_q <= 2048."""
+    return bool(diagonal) and 0 < seqlen_q <= WG_SKIP_MAX_SEQLEN
+
+
+def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False) -> KernelSpec:
+    """Forward kernel instance for these head dims on a device of compute capability ``cc``
+    (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
+    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``wg_skip`` (the caller's
+    :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
+    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
+    feats = feature_macros(alibi, bias, dropout)
+    if use_sm90(hdim_q, hdim_v, cc):
+        tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
+        if not feats and tiles["NWG"] == 3 and wg_skip:
+            tiles["WG_SKIP"] = 1
+        return _mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+                   **tiles, **feats)
+    dq, dv = padded_dims(hdim_q, hdim_v)
+    return _mk("fmha_fwd", dtype, HDIM_Q=dq, HDIM_V=dv, **fwd_tiles(hdim_q, hdim_v, bias, alibi, dropout), **feats)
+
+
+#: padded head dims the Hopper (wgmma) kernels are built for
+SM90_HDIMS = (64, 128)
+
+
+def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
+    """The wgmma kernels serve compute capability 9.0 when both padded head dims are 64 or 128
+    (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernels, for comparisons)."""
+    return (cc == 90 and pad_hdim(hdim_q) in SM90_HDIMS and pad_hdim(hdim_v) in SM90_HDIMS
+            and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
+
+
+def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
+              bias: bool = False, dropout: bool = False, deterministic: bool = False) -> BwdSpecs:
+    """Backward kernel instances for these head dims on a device of compute capability ``cc``
+    (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
+    ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
+    ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change);
+    ``deterministic=True``: the instance for the dQ-slab mode (on the Hopper kernel at hdim 128,
+    the build without the bulk dQ path; elsewhere the same instance)."""
+    feats = feature_macros(alibi, bias, dropout)
+    # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
+    # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
+    # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
+    if use_sm90(hdim_q, hdim_v, cc):
+        # dQ leaves through shared memory and bulk reduce-adds (DQ_BULK, the kernel's default) at
+        # hdim 128: +1.5-2.5% on the H200 (bench/NOTES.md step 17). Per-thread atomics / stores
+        # instead at hdim 64, where the bulk path measured 18% slower (half as much work per Q
+        # block for the same number of bulk copies); with dropout, where the staging pushed the
+        # hdim-128 spill past 64 bytes; and for the deterministic slabs, where bulk stores
+        # measured 12% slower than plain ones (5.90 against 5.26 ms, bench/features.py).
+        bulk = pad_hdim(hdim_q) > 64 and not dropout and not deterministic
+        tiles = _override("CUPY_FMHA_BWD_SM90_TILES", {} if bulk else {"DQ_BULK": 0})
+        main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+                   **tiles, **feats)
+    else:
+        tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
+        dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
+        main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    return BwdSpecs(
+        dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
+        dq_dk_dv=main,
+        convert_dq=_mk("fmha_bwd_convert_dq", dtype, ROWS=16),
+        convert_dq_split=_mk("fmha_bwd_convert_dq", dtype, ROWS=16, DQ_SPLIT=1),
+    )
+
+
+#: every combination of compile-time features the library dispatches to (the elementwise bias
+#: and ALiBi exclude each other; dropout combines with either)
+FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
+                {"dropout": True}, {"dropout": True, "alibi": True}, {"dropout": True, "bias": True})
+
+
+def dropout_mask_spec() -> KernelSpec:
+    """The keep-mask kernel (``fmha_dropout_mask``): no dtype dependence, built once as fp16."""
+    return _mk("fmha_dropout_mask", "fp16")
+
+
+def dispatch_table() -> list[KernelSpec]:
+    """Every kernel instance the library dispatches to for the head dims it supports
+    (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
+    sm_80-class and sm_90 devices, for every feature set, in atomic and deterministic dQ mode,
+    plus the keep-mask kernel."""
+    seen: dict[str, KernelSpec] = {}
+    pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
+    for feats in FEATURE_SETS:
+        for dtype in DTYPES:
+            for hq, hv in pairs:
+                for cc in (80, 90):
+                    for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
+                                 fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
+                                 *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
+                                 bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv):
+                        seen.setdefault(spec.name, spec)
+    spec = dropout_mask_spec()
+    seen.setdefault(spec.name, spec)
+    return list(seen.values())
