@@ -56,6 +56,8 @@ _F16 = np.dtype(np.float16)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _U16 = np.dtype(np.uint16)
 _F32 = np.dtype(np.float32)
+_F32_MAX = float(np.finfo(np.float32).max)
+_LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,14 @@ def _check_scale(softmax_scale, hdim_q: int) -> float:
     scale = float(softmax_scale)
     if not math.isfinite(scale) or scale == 0.0:
         raise ValueError(f"softmax_scale: expected a finite nonzero number, got {softmax_scale!r}")
+    with np.errstate(over="ignore"):
+        folded = np.float32(abs(scale) * _LOG2E)
+    if not np.isfinite(folded):
+        # the kernels fold log2(e) into the scale in float32: inf there, NaN everywhere after
+        raise ValueError(
+            f"softmax_scale: {softmax_scale!r} is too large: softmax_scale * log2(e) must be "
+            f"finite in float32 (|softmax_scale| <= {_F32_MAX / _LOG2E:.4g})"
+        )
     return scale
 
 

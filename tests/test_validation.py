@@ -214,3 +214,18 @@ def test_kernel_size_limits_group_mode():
         check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
     check_varlen_inputs(q[:-1], q[:-1], q[:-1], cu_seqlens_q=cu[:-1], cu_seqlens_k=cu[:-1])
     check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, hdim_rule=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax_scale: the kernels fold log2(e) into it in float32
+
+
+def test_scale_whose_log2e_product_overflows_float32_is_refused():
+    q, k, v = (np.zeros((1, 4, 1, 8), np.float16) for _ in range(3))
+    limit = float(np.finfo(np.float32).max) / 1.4426950408889634
+    for bad in (1e300, -1e300, 2.5e38, limit * 1.001):
+        with pytest.raises(ValueError, match=r"^softmax_scale: .*float32"):
+            check_forward_inputs(q, k, v, softmax_scale=bad)
+    assert check_forward_inputs(q, k, v, softmax_scale=limit).softmax_scale == limit
+    assert check_forward_inputs(q, k, v, softmax_scale=-1e30).softmax_scale == -1e30
+
