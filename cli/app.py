@@ -7,7 +7,9 @@ Commands:
 * ``cupy-fmha info`` describe the device and software stack.
 
 Each ``fwd``/``bwd`` run prints one summary line (or one JSON object with ``--json``) and exits
-with status 0 when valid, 1 when a check fails, 2 on a bad argument.
+with status 0 when valid, 1 when a check fails, 2 on a bad argument or a run this machine cannot
+hold (refused up front from the problem's sizes, see :mod:`.memory`; a ``MemoryError`` that
+happens anyway also ends with one line and status 2).
 
 Backends: ``cupy`` runs the GPU kernels; ``numpy`` runs the library's reference in its
 ``precision="low"`` mode (a plain same-precision implementation) and checks it through the same
@@ -23,7 +25,8 @@ An elementwise ``--bias e|e:0|e:1|e:2`` has the longest lengths as its sequence 
 checks dBias in that shape.
 
 The modules: :mod:`.options` (the option declarations), :mod:`.config` (options -> a frozen,
-checked :class:`~.config.RunConfig`, with the library's own checks), :mod:`.run` (backend, inputs, timed calls, verification), :mod:`.report`
+checked :class:`~.config.RunConfig`, with the library's own checks), :mod:`.memory` (refusing
+what does not fit), :mod:`.run` (backend, inputs, timed calls, verification), :mod:`.report`
 (the summary line and the JSON object), and this one (the Typer app and its commands).
 """
 
@@ -38,7 +41,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from cupy_fmha import device
 
-from . import report, run
+from . import memory, report, run
 from .config import UsageProblem, build, option_names
 from .options import (
     DEFAULT_HDIM,
@@ -61,6 +64,7 @@ from .options import (
     JsonOpt,
     LayoutOpt,
     MaskOpt,
+    MaxMemoryOpt,
     ModeOpt,
     NheadKOpt,
     NheadOpt,
@@ -179,11 +183,17 @@ app = typer.Typer(
 )
 
 
+def _is_out_of_memory(e: BaseException) -> bool:
+    """A host MemoryError or CuPy's OutOfMemoryError (without importing CuPy)."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+
+
 def _run(mode: str, **options) -> None:
-    """Check, run, report; exit 2 / 1 / 0 (see the module docstring)."""
+    """Check, refuse what cannot fit, run, report; exit 2 / 1 / 0 (see the module docstring)."""
     try:
         cfg = build(mode, **options)
         picked = run.pick_backend(cfg)
+        memory.check(picked, auto_picked=cfg.backend == "auto")
     except UsageProblem as e:
         _err(str(e))
         raise typer.Exit(2)
@@ -193,6 +203,14 @@ def _run(mode: str, **options) -> None:
         out = run.execute(picked)
     except (ValueError, TypeError) as e:  # the library's argument checks
         _err(option_names(str(e)))
+        raise typer.Exit(2)
+    except Exception as e:  # noqa: BLE001 - only running out of memory is turned into a line
+        if not _is_out_of_memory(e):
+            raise
+        where = "GPU" if type(e).__name__ == "OutOfMemoryError" else "host"
+        _err(f"--backend {picked.backend}: ran out of {where} memory during this {mode} "
+             f"({type(e).__name__}{': ' + str(e) if str(e) else ''}); try smaller sizes"
+             + ("" if where == "GPU" else " or a lower --max-memory"))
         raise typer.Exit(2)
     typer.echo(report.render(picked, out))
     if out.valid is False:
@@ -230,13 +248,14 @@ def fwd(
     json_out: JsonOpt = False,
     backend: BackendOpt = Backend.auto,
     seq_mode: ModeOpt = SeqMode.batch,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Time the forward pass and check O and LSE against the float64 reference."""
     _run("fwd", batch=batch, nhead=nhead, nhead_k=nhead_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
          hdim=hdim, hdim_v=hdim_v, dtype=dtype, layout=layout, mask=mask, causal=causal,
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify=verify,
          full_check=full_check, json=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
-         p_drop=p_drop, drop_seed=drop_seed, drop_offset=drop_offset)
+         p_drop=p_drop, drop_seed=drop_seed, drop_offset=drop_offset, max_memory=max_memory)
 
 
 @app.command(cls=_Command)
@@ -268,6 +287,7 @@ def bwd(
     json_out: JsonOpt = False,
     backend: BackendOpt = Backend.auto,
     seq_mode: ModeOpt = SeqMode.batch,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Time the backward pass (dot_do_o, dq_dk_dv, convert_dq) and check dQ, dK, dV (and dBias;
     --deterministic: bit-reproducible dQ, see attention_backward)."""
@@ -276,7 +296,7 @@ def bwd(
          window=window, scale=scale, seed=seed, warmup=warmup, repeat=repeat, verify=verify,
          full_check=full_check, json=json_out, backend=backend, bias=bias, seq_mode=seq_mode,
          deterministic=deterministic, dbias=dbias, p_drop=p_drop, drop_seed=drop_seed,
-         drop_offset=drop_offset)
+         drop_offset=drop_offset, max_memory=max_memory)
 
 
 @app.command(cls=_Command)

@@ -9,6 +9,7 @@ library's arguments; :func:`option_names` puts the CLI's option names in their p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ INT32_MAX = 2**31 - 1
 
 
 class UsageProblem(Exception):
-    """A bad option value: one line, exit status 2."""
+    """A bad option value (or a run this machine cannot hold): one line, exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class RunConfig:
     verify: bool = True
     full_check: bool = False
     json: bool = False
+    max_memory_gib: float | None = None  # None: the default host limit
 
     @property
     def group(self) -> bool:
@@ -315,7 +317,7 @@ def build(
     hdim_v=None, dtype="bf16", layout=None, mask=None, causal=False, window=None, scale=None,
     seed=0, bias="n", seq_mode="batch", dbias=False, deterministic=False, p_drop=0.0,
     drop_seed=0, drop_offset=0, backend="auto", warmup=None, repeat=None, verify=True,
-    full_check=False, json=False,
+    full_check=False, json=False, max_memory=None,
 ) -> RunConfig:
     """Check the options of a ``fwd``/``bwd`` run and freeze them.
 
@@ -365,6 +367,8 @@ def build(
         raise UsageProblem(f"--warmup: must be >= 0, got {warmup}")
     if repeat is not None and repeat < 1:
         raise UsageProblem(f"--repeat: must be >= 1, got {repeat}")
+    if max_memory is not None and not (math.isfinite(max_memory) and max_memory > 0):
+        raise UsageProblem(f"--max-memory: expected a positive number of GiB, got {max_memory}")
     bias_shape = None if elem is None else _ELEMENTWISE[elem](b, hq, sq, sk)
     spec = _library_checks(
         group=group, b=b, hq=hq, hk=hk, sq=sq, sk=sk, lq=lq, lk=lk, d=d, dv=dv, lay=lay,
@@ -380,7 +384,7 @@ def build(
         deterministic=bool(deterministic) if mode == "bwd" else False,
         p_drop=float(p_drop), drop_seed=int(drop_seed), drop_offset=int(drop_offset),
         backend=_value(backend), warmup=warmup, repeat=repeat, verify=bool(verify),
-        full_check=bool(full_check), json=bool(json),
+        full_check=bool(full_check), json=bool(json), max_memory_gib=max_memory,
     )
 
 

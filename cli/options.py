@@ -204,3 +204,12 @@ BackendOpt = Annotated[
     typer.Option("--backend", case_sensitive=False,
                  help="auto = cupy when a CUDA GPU is usable, else numpy (the NumPy reference)."),
 ]
+MaxMemoryOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--max-memory",
+        help="Host memory in GiB the run may use (the numpy backend and the float64 check); a "
+        "larger problem is refused before anything is allocated.",
+        show_default="1/2 of this machine's RAM",
+    ),
+]
