@@ -617,3 +617,182 @@ def test_config_is_frozen_and_uses_the_library_checks(monkeypatch):
 ])
 def test_library_names_become_option_names(msg, want):
     assert config.option_names(msg) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 9, item 11: what a new user hit without a GPU
+
+GIB = 2**30
+
+
+@pytest.fixture
+def no_inputs(monkeypatch):
+    """Every refusal must come before the inputs are drawn."""
+    def drawn(cfg):
+        raise AssertionError("inputs were drawn")
+
+    monkeypatch.setattr(run, "make_inputs", drawn)
+
+
+@pytest.fixture
+def ram16(monkeypatch):
+    from cupy_fmha.cli import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: (16 * GIB, "this machine's RAM"))
+
+
+@pytest.mark.parametrize("args", [
+    ["bwd", "-s", 16384],
+    ["fwd", "--seqlen-q", 65536, "--hdim", 128],
+    ["bwd", "--bias", "e:2", "-s", 8192, "-b", 8],
+])
+def test_too_big_for_host_memory_is_refused_up_front(no_gpu, no_inputs, ram16, args):
+    res = invoke(*args)
+    assert_usage_error(res, "--backend numpy (no usable CUDA GPU found):", f"{args[0]} would need about",
+                       "GiB of host memory", "(limit 8.0 GiB: 1/2 of this machine's RAM; --max-memory to override)")
+    assert "using the numpy backend" not in res.stderr  # the one line is the refusal
+
+
+def test_refusal_message_sizes(no_gpu, no_inputs, ram16):
+    from cupy_fmha.cli import memory
+
+    cfg = run.pick_backend(config.build("bwd", seqlen_q="16384", backend="numpy"))
+    need = max(memory.host_need(cfg))
+    assert 60 * GIB < need < 120 * GIB  # about 16 heads x 16384^2 x 4 bytes x 4.6 arrays
+    res = invoke("bwd", "-s", 16384, "--backend", "numpy")
+    assert f"about {need / GIB:.1f} GiB" in res.stderr
+
+
+def test_max_memory_overrides_the_limit(no_gpu, ram16, monkeypatch):
+    ran = []
+
+    def fake_execute(cfg):
+        ran.append(cfg)
+        return run.Outcome(timing.Timing.from_samples([1.0]), None, None, None)
+
+    monkeypatch.setattr(run, "execute", fake_execute)
+    res = invoke("bwd", "-s", 16384, "--backend", "numpy", "--max-memory", 1000)
+    assert res.exit_code == 0, res.stderr
+    assert ran and ran[0].max_memory_gib == 1000
+    # and a small limit refuses a small run, saying where the limit came from
+    res = invoke("fwd", *SMALL, "--max-memory", 0.0001)
+    assert_usage_error(res, "(limit 0.1 MiB: --max-memory)")
+    assert "to override" not in res.stderr
+    for bad in ("0", "-1", "nan", "inf"):
+        assert_usage_error(invoke("fwd", *SMALL, "--max-memory", bad), "--max-memory")
+
+
+def test_check_alone_too_big_says_no_verify_helps(no_gpu, no_inputs, monkeypatch):
+    from cupy_fmha.cli import memory
+
+    cfg = run.pick_backend(config.build("bwd", seqlen_q="1024", nhead=4, hdim=64, full_check=True,
+                                        backend="numpy"))
+    need_run, need_check = memory.host_need(cfg)
+    assert need_check > need_run
+    limit = (need_run + need_check) / 2 / GIB
+    args = ("bwd", "-s", 1024, "--nhead", 4, "-d", 64, "--full-check", "--backend", "numpy",
+            "--max-memory", limit)
+    assert_usage_error(invoke(*args), "checking this bwd against the float64 reference", "--no-verify")
+    monkeypatch.setattr(run, "execute", lambda cfg: run.Outcome(timing.Timing.from_samples([1.0]),
+                                                                None, None, None))
+    res = invoke(*args, "--no-verify")
+    assert res.exit_code == 0 and res.stdout.strip().endswith("valid: -")
+
+
+def test_kernel_limits_come_before_the_inputs(no_gpu, no_inputs):
+    assert_usage_error(invoke("fwd", "-b", 100000, "--nhead", 1, "-s", 4096, "-d", 8),
+                       "--batch (q): batch size 100000 exceeds the kernels' limit of 65535")
+    assert_usage_error(invoke("fwd", "--nhead", 70000, "-s", 16, "-d", 8, "--backend", "numpy"),
+                       "--nhead (q)", "65535")
+
+
+def test_memory_error_is_one_line(no_gpu, monkeypatch):
+    def oom(cfg):
+        raise MemoryError("Unable to allocate 16.0 GiB")
+
+    monkeypatch.setattr(run, "make_inputs", oom)
+    assert_usage_error(invoke("fwd", *SMALL), "--backend numpy: ran out of host memory",
+                       "Unable to allocate 16.0 GiB")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--window=9999999999999999999999,0"], ["--window:", "32-bit"]),
+    (["--mask", "t:9999999999999999999999,0"], ["--mask:", "32-bit"]),
+    (["--mask", "xt:9999999999999999999999"], ["--mask:", "32-bit"]),
+    (["--seed", "-1"], ["--seed:", "[0, 2**64)"]),
+    (["-s", "99999999999999999999"], ["--seqlen-q (q):", "limit"]),
+    (["--seqlen-k", "99999999999999999999"], ["--seqlen-k (k):", "limit"]),
+    (["--scale", "1e300"], ["--scale:", "float32"]),
+    (["--mask", "t", "--causal"], ["--mask: give either --mask or --causal/--window, not both"]),
+    (["--mask", "b", "--window", "3,0"], ["--mask: give either --mask or --causal/--window"]),
+])
+def test_item11_errors_name_the_option(no_gpu, no_inputs, args, words):
+    res = invoke("fwd", *SMALL, *args)
+    assert_usage_error(res, *words)
+    assert "mask=" not in res.stderr and "causal=" not in res.stderr
+
+
+def test_group_mode_huge_lengths_name_the_option(no_gpu, no_inputs):
+    assert_usage_error(invoke("fwd", *GROUP, "-s", "99999999999999999999,3"), "--seqlen-q", "int32")
+    assert_usage_error(invoke("fwd", *GROUP, "-s", "2000000000,3"), "--seqlen-q", "limit")
+
+
+@pytest.mark.parametrize("mask, shown", [("xt:0", "t"), ("xb:-3", "b"), ("1", "t"), ("2", "b"),
+                                         ("xt:5", "t:2,2")])
+def test_mask_strings_keep_cks_meaning(no_gpu, mask, shown):
+    line = assert_valid_line(invoke("fwd", *SMALL, "--seqlen-k", 64, "--mask", mask))
+    assert f" mask={shown} " in line
+
+
+def _help(*args):
+    res = runner.invoke(cli.app, [*args, "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.mark.parametrize("cmd", ["fwd", "bwd"])
+def test_help_shows_choices_and_defaults_not_bool(cmd):
+    text = _help(cmd)
+    assert "<bool>" not in text and "<str>  " not in text.split("--dtype")[1].split("\n")[0]
+    for choices in ("<fp16|bf16>", "<bshd|bhsd|thd>", "<auto|cupy|numpy>", "<batch|group>"):
+        assert choices in text, choices
+    for default in ("[default: bf16]", "[default: auto]", "[default: (1/sqrt(hdim))]",
+                    "[default: (5 on cupy, 0 on numpy)]", "[default: (20 on cupy, 1 on numpy)]",
+                    "[default: (--nhead)]", "[default: (--hdim)]", "[default: (0, no mask)]",
+                    "1/2 of this machine's RAM", "--max-memory", "w <= 0 is causal"):
+        assert default in text, default
+    assert "<bool>" not in _help() and "<bool>" not in _help("info")
+
+
+def test_no_command_is_a_usage_error():
+    res = runner.invoke(cli.app, [])
+    assert res.exit_code == 2
+    assert "Usage" in res.stderr and "fwd" in res.stderr and res.stdout == ""
+
+
+def test_no_gpu_notice_is_plain(no_gpu):
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8)
+    assert res.exit_code == 0
+    notice = res.stderr.strip()
+    assert notice == "cupy-fmha: no usable CUDA GPU found: using the numpy backend (the NumPy reference; slow)"
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8, "--backend", "cupy")
+    assert_usage_error(res, "--backend cupy: no usable CUDA GPU was found")
+    assert "driver" not in res.stderr.lower()
+
+
+def test_refusal_imports_neither_cupy_nor_ml_dtypes():
+    # importing CuPy or ml_dtypes takes seconds each on a small machine: the up-front refusal of
+    # a too-big numpy run must not need them
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cupy_fmha.cli.app import main\n"
+        "sys.argv = ['cupy-fmha', 'bwd', '-s', '16384', '--backend', 'numpy', '--max-memory', '1']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, [m for m in ('cupy', 'ml_dtypes') if m in sys.modules])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.stdout.strip() == "2 []", (res.stdout, res.stderr)
+    assert "would need about" in res.stderr
