@@ -11,12 +11,17 @@ sequence of a variable-length batch); ``MaskSpec.window(seqlen_q, seqlen_k)`` re
 
 Accepted forms:
 
-* CK's strings: ``0`` no mask; ``1``/``t`` causal top-left; ``2``/``b`` causal bottom-right;
-  ``t:l,r`` / ``b:l,r`` sliding window (left, right sizes, negative = unlimited) from the
-  top-left / bottom-right corner; ``xt:w`` / ``xb:w`` xformers-style window of width ``w``
-  (left = w // 2, right = w - 1 - left; ``w <= 0`` means causal); ``g:y,x`` a raw window.
+* CK's strings (as CK tile's example ``mask.hpp`` decodes them): ``0`` no mask; ``1``/``t``
+  causal top-left; ``2``/``b`` causal bottom-right; ``t:l,r`` / ``b:l,r`` sliding window (left,
+  right sizes, negative = unlimited) from the top-left / bottom-right corner; ``xt:w`` /
+  ``xb:w`` xformers-style window of width ``w`` (left = w // 2, right = w - 1 - left; ``w <= 0``
+  means causal from that corner, as in CK); ``g:y,x`` a raw window.
 * FlashAttention's ``causal=True`` and ``window_size=(left, right)``: bottom-right aligned,
   ``-1`` = unlimited.
+
+Every number must fit in a 32-bit int (CK's ``index_t``; the kernels' window is int32): a
+larger one is a ``ValueError`` naming ``mask`` or ``window_size``. Sizes at least the sequence
+lengths already mean "unlimited", so nothing is lost.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: the largest magnitude of a mask size or window coordinate (int32, as CK's index_t)
+SIZE_MAX = 2**31 - 1
+
 __all__ = [
+    "SIZE_MAX",
     "MaskSpec",
     "Window",
     "parse_mask",
@@ -97,9 +106,16 @@ def _ints(text: str, n: int, what: str) -> list[int]:
     if len(parts) != n:
         raise ValueError(f"mask: {what!r} needs {n} comma-separated integers, got {text!r}")
     try:
-        return [int(p) for p in parts]
+        vals = [int(p) for p in parts]
     except ValueError:
         raise ValueError(f"mask: {what!r} needs integers, got {text!r}") from None
+    for v in vals:
+        if abs(v) > SIZE_MAX:
+            raise ValueError(
+                f"mask: {what!r}: {v} does not fit in a 32-bit int (|size| <= {SIZE_MAX}; a size "
+                "at least the sequence length already means unlimited)"
+            )
+    return vals
 
 
 def parse_mask(mask: str | int | None) -> MaskSpec:
@@ -166,6 +182,11 @@ def resolve_mask(
     ):
         raise ValueError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
     left, right = (int(w) for w in pair)
+    if max(abs(left), abs(right)) > SIZE_MAX:
+        raise ValueError(
+            f"window_size: {window_size!r} does not fit in 32-bit ints (|size| <= {SIZE_MAX}; -1 "
+            "or a size at least the sequence length means unlimited)"
+        )
     fa_given = bool(causal) or (left, right) != (-1, -1)
     spec = parse_mask(mask)  # a "no mask" value (None, "0", 0, MaskSpec()) defers to causal/window
     if not spec.is_none:

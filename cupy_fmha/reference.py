@@ -316,17 +316,21 @@ def attention_forward(
     lse = np.full((st.batch, hq, st.seqlen_q), -np.inf)
     if st.varlen:
         o = np.zeros((prob.total_q, hq, dv_))
-        keeps = []
     else:
         o = np.empty((st.batch, hq, st.seqlen_q, dv_))
-        keeps = np.ones((st.batch, hq, st.seqlen_q, st.seqlen_k), dtype=bool)
+    # the keep masks are stored only when asked for: [batch, nhead_q, seqlen_q, seqlen_k] bools
+    # would otherwise be allocated (and discarded) on every call, with or without dropout
+    keeps = None
+    if want_keep:
+        keeps = [] if st.varlen else np.empty((st.batch, hq, st.seqlen_q, st.seqlen_k), dtype=bool)
     for b in range(st.batch):
         sq, sk = st.lengths(b)
         keep = st.keep(b, sq, sk) if (st.dropout.enabled or want_keep) else None
-        if st.varlen:
-            keeps.append(keep)
-        elif keep is not None:
-            keeps[b] = keep
+        if want_keep:
+            if st.varlen:
+                keeps.append(keep)
+            else:
+                keeps[b] = keep
         if sq == 0:
             continue
         _, _, ob, lb, _, _ = _forward_one(

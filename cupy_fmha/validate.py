@@ -14,11 +14,11 @@ travels as ``uint16`` arrays holding the raw bits; such arrays are accepted only
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from .mask import MaskSpec, Window, resolve_mask
@@ -53,9 +53,30 @@ GRID_YZ_MAX = 65535
 SEQLEN_MAX = (1 << 30) - (1 << 16)
 
 _F16 = np.dtype(np.float16)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _U16 = np.dtype(np.uint16)
 _F32 = np.dtype(np.float32)
+_F32_MAX = float(np.finfo(np.float32).max)
+_LOG2E = 1.4426950408889634
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16() -> np.dtype:
+    """``ml_dtypes.bfloat16``, imported on first use: importing ml_dtypes takes seconds on a
+    slow machine, and checking fp16 problems (or the CLI's up-front checks) needs none of it."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_bf16(dt) -> bool:
+    """``dt == bfloat16``; only a dtype named so can be (and then ml_dtypes is loaded)."""
+    return dt is not None and np.dtype(dt).name == "bfloat16" and np.dtype(dt) == _bf16()
+
+
+def __getattr__(name: str):
+    if name == "_BF16":  # kept importable (``from .validate import _BF16``), resolved lazily
+        return _bf16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -107,13 +128,13 @@ def normalize_dtype(dtype) -> np.dtype | None:
         if key in ("float16", "fp16", "half", "f16"):
             return _F16
         if key in ("bfloat16", "bf16"):
-            return _BF16
+            return _bf16()
     else:
         try:
             dt = np.dtype(dtype)
         except TypeError:
             dt = None
-        if dt in (_F16, _BF16):
+        if dt is not None and (dt == _F16 or _is_bf16(dt)):
             return dt
     raise ValueError(f"dtype: expected None, 'float16' or 'bfloat16', got {dtype!r}")
 
@@ -143,8 +164,8 @@ def _check_array(name: str, a, rank: int) -> None:
 def _logical_dtype(name: str, a, want: np.dtype | None, any_float: bool) -> np.dtype:
     dt = np.dtype(a.dtype)
     if dt == _U16:
-        if want == _BF16:
-            return _BF16
+        if _is_bf16(want):
+            return want
         if want is None:
             raise TypeError(
                 f"{name}: got a uint16 array; bf16 data travels as uint16 raw bits (CuPy has no "
@@ -152,10 +173,10 @@ def _logical_dtype(name: str, a, want: np.dtype | None, any_float: bool) -> np.d
             )
         raise TypeError(f"{name}: got a uint16 array (bf16 bits) but dtype={want.name!r} was given")
     if any_float:
-        if dt.kind == "f" or dt == _BF16:
+        if dt.kind == "f" or _is_bf16(dt):
             return dt
         raise TypeError(f"{name}: expected a floating-point array, got dtype {dt}")
-    if dt not in (_F16, _BF16):
+    if not (dt == _F16 or _is_bf16(dt)):
         raise TypeError(
             f"{name}: expected float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with "
             f"dtype='bfloat16'), got dtype {dt}"
@@ -226,6 +247,14 @@ def _check_scale(softmax_scale, hdim_q: int) -> float:
     scale = float(softmax_scale)
     if not math.isfinite(scale) or scale == 0.0:
         raise ValueError(f"softmax_scale: expected a finite nonzero number, got {softmax_scale!r}")
+    with np.errstate(over="ignore"):
+        folded = np.float32(abs(scale) * _LOG2E)
+    if not np.isfinite(folded):
+        # the kernels fold log2(e) into the scale in float32: inf there, NaN everywhere after
+        raise ValueError(
+            f"softmax_scale: {softmax_scale!r} is too large: softmax_scale * log2(e) must be "
+            f"finite in float32 (|softmax_scale| <= {_F32_MAX / _LOG2E:.4g})"
+        )
     return scale
 
 
@@ -711,15 +740,15 @@ def check_bias(bias, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, *,
         )
     dt = np.dtype(bias.dtype)
     if dt == _U16:
-        if normalize_dtype(dtype) != _BF16:
+        if not _is_bf16(normalize_dtype(dtype)):
             raise TypeError(
                 "bias: got a uint16 array; bf16 bits travel as uint16, pass dtype='bfloat16'"
             )
-        dt = _BF16
+        dt = _bf16()
     elif any_float:
-        if not (dt.kind == "f" or dt == _BF16):
+        if not (dt.kind == "f" or _is_bf16(dt)):
             raise TypeError(f"bias: expected a floating-point array, got dtype {dt}")
-    elif dt not in (_F16, _BF16, _F32):
+    elif not (dt in (_F16, _F32) or _is_bf16(dt)):
         raise TypeError(f"bias: expected float16, bfloat16 or float32, got dtype {dt}")
     shape = tuple(int(n) for n in bias.shape)
     full = (batch, nhead_q, seqlen_q, seqlen_k)

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from cupy_fmha import device, timing
 from cupy_fmha.cli import app as cli
+from cupy_fmha.cli import config, run
 
 runner = CliRunner()
 
@@ -118,7 +119,7 @@ def test_json_output(no_gpu):
 
 
 def test_large_problem_checks_a_subset(no_gpu, monkeypatch):
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     res = invoke("fwd", "-b", 3, "--nhead", 4, "--nhead-k", 2, "-s", 16, "-d", 8,
                  "--backend", "numpy", "--json")
     obj = json.loads(res.stdout)
@@ -267,7 +268,7 @@ def test_alibi_bias_option(no_gpu, mode, bias):
 
 def test_alibi_with_subset_check(no_gpu, monkeypatch):
     # the reference's subset must take the matching slopes (batch and head) along
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     res = invoke("bwd", "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 16, "-d", 8, "--bias", "a:1",
                  "--backend", "numpy", "--json")
     obj = json.loads(res.stdout)
@@ -276,11 +277,13 @@ def test_alibi_with_subset_check(no_gpu, monkeypatch):
 
 
 def test_alibi_slopes_differ_by_head_and_batch():
-    s = cli._alibi_slopes("a:1", 3, 4)
+    s = config.alibi_slopes("a:1", 3, 4)
     assert s.shape == (3, 4) and s.dtype == np.float32
     assert len(np.unique(s)) == 12
-    assert cli._alibi_slopes("a:0", 3, 4).shape == (4,)
-    assert cli._alibi_slopes(None, 3, 4) is None
+    assert config.alibi_slopes("a:0", 3, 4).shape == (4,)
+    assert config.alibi_slopes(None, 3, 4) is None
+    cfg = config.build("fwd", batch=3, nhead=4, seqlen_q="8", hdim=8, bias="a:1")
+    assert np.array_equal(cfg.alibi_slopes, s)
 
 
 @pytest.mark.parametrize("bias, words", [("e:3", ["--bias", "e:2"]), ("x", ["--bias"]),
@@ -316,7 +319,7 @@ def test_group_mode_gqa_alibi_and_default_key_lengths(no_gpu):
 
 
 def test_group_mode_json_and_subset(no_gpu, monkeypatch):
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     res = invoke("bwd", "--mode", "group", "--nhead", 4, "--nhead-k", 2, "-d", 16, "-s", "9,0,20,7",
                  "--seqlen-k", "0,5,20,11", "--backend", "numpy", "--json", "--mask", "b")
     assert res.exit_code == 0, res.stderr
@@ -355,7 +358,7 @@ def test_dropout_json_config(no_gpu):
 def test_dropout_subset_check_uses_the_full_problems_masks(no_gpu, monkeypatch):
     # the keep mask depends on (batch, head): subset checks must key the reference as the
     # full problem does (batches 0, 2 and K/V heads 0, 2 of 3, with their query-head groups)
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     for mode in ("fwd", "bwd"):
         res = invoke(mode, "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 24, "-d", 16, "--backend", "numpy",
                      "--json", "--p-drop", 0.3, "--drop-seed", 5, "--drop-offset", 2**64 - 7)
@@ -368,19 +371,21 @@ def test_dropout_subset_pieces_match_the_full_reference(monkeypatch):
     # the per-(batch, K/V head) reference pieces with moved offsets equal the full problem's
     from cupy_fmha import reference
 
-    cfg = cli._config(3, 6, 3, 20, 28, 16, 16, "fp16", "bshd", "t", False, None, None, 1,
-                      p_drop=0.4, drop_seed=2**33 + 1, drop_offset=2**64 - 3)
-    inputs = cli._make_inputs(cfg, "fwd")
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    cfg = config.build("fwd", batch=3, nhead=6, nhead_k=3, seqlen_q="20", seqlen_k="28", hdim=16,
+                       hdim_v=16, dtype="fp16", layout="bshd", mask="t", seed=1, p_drop=0.4,
+                       drop_seed=2**33 + 1, drop_offset=2**64 - 3)
+    cfg = config.with_backend(cfg, "numpy")
+    inputs = run.make_inputs(cfg)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     full = reference.attention_forward(inputs["q"], inputs["k"], inputs["v"], precision="low",
-                                       **cli._mask_kwargs(cfg), **cli._dropout_kwargs(cfg))
+                                       **run.mask_kwargs(cfg), **run.dropout_kwargs(cfg))
     outs = {"o": full[0], "lse": full[1]}
-    checks, checked = cli._verify(cfg, "fwd", inputs, outs, "numpy", False, False)
+    checks, checked = run.verify(cfg, inputs, outs, False)
     assert not checked["full"] and all(c.ok for c in checks), [str(c) for c in checks]
     # and a mask drawn with the wrong keying does fail the check
     wrong = reference.attention_forward(inputs["q"], inputs["k"], inputs["v"], precision="low",
-                                        **cli._mask_kwargs(cfg), **cli._dropout_kwargs(cfg, offset=12345))
-    checks, _ = cli._verify(cfg, "fwd", inputs, {"o": wrong[0], "lse": wrong[1]}, "numpy", False, False)
+                                        **run.mask_kwargs(cfg), **run.dropout_kwargs(cfg, offset=12345))
+    checks, _ = run.verify(cfg, inputs, {"o": wrong[0], "lse": wrong[1]}, False)
     assert not checks[0].ok
 
 
@@ -438,7 +443,7 @@ def test_dbias_option(no_gpu, bias, dtype):
 
 def test_dbias_subset_check(no_gpu, monkeypatch):
     # e:2: dBias is checked on the subset; e:0 / e:1 sum over batches and heads: the whole problem
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     for bias, full in (("e:2", False), ("e:1", True), ("e:0", True)):
         res = invoke("bwd", "-b", 3, "--nhead", 6, "--nhead-k", 3, "-s", 16, "-d", 8, "--bias", bias,
                      "--dbias", "--backend", "numpy", "--json")
@@ -465,14 +470,16 @@ def test_dbias_is_not_a_forward_option(no_gpu):
 
 
 def test_elementwise_bias_draws():
-    cfg = cli._config(2, 4, None, 8, 5, 16, None, "bf16", "bshd", None, False, None, None, 7, "e:1")
-    a = cli._make_inputs(cfg, "fwd")["bias"]
+    opts = dict(batch=2, nhead=4, seqlen_q="8", seqlen_k="5", hdim=16, dtype="bf16", layout="bshd",
+                seed=7, bias="e:1")
+    cfg = config.build("fwd", **opts)
+    a = run.make_inputs(cfg)["bias"]
     assert a.shape == (1, 4, 8, 5) and a.dtype == np.dtype("bfloat16")
-    assert np.array_equal(a, cli._make_inputs(cfg, "bwd")["bias"])  # same draws in both modes
+    assert np.array_equal(a, run.make_inputs(config.build("bwd", **opts))["bias"])  # same draws in both modes
     assert len(np.unique(a.astype(np.float32))) > 100
-    kw = cli._bias_kwargs(dict(cfg, dbias=True), {"bias": np.zeros((3, 4, 8, 5))}, [0, 2], [1, 3])
+    kw = run.bias_kwargs(dataclasses.replace(cfg, dbias=True), {"bias": np.zeros((3, 4, 8, 5))}, [0, 2], [1, 3])
     assert kw["bias"].shape == (2, 2, 8, 5) and kw["return_dbias"] is True
-    assert cli._bias_kwargs(cfg, {"bias": np.zeros((1, 1, 8, 5))}, [0, 2], [1])["bias"].shape == (1, 1, 8, 5)
+    assert run.bias_kwargs(cfg, {"bias": np.zeros((1, 1, 8, 5))}, [0, 2], [1])["bias"].shape == (1, 1, 8, 5)
 
 
 @pytest.mark.parametrize(
@@ -517,7 +524,7 @@ def test_group_mode_dbias_summary_line(no_gpu, dtype, mask_args):
 def test_group_mode_dbias_subset_check(no_gpu, monkeypatch):
     # e:2: the first and last sequence (bias sliced along the batch); e:0 / e:1 with dBias sum over
     # sequences and heads: the whole problem
-    monkeypatch.setattr(cli, "FULL_CHECK_LIMIT", 0)
+    monkeypatch.setattr(run, "FULL_CHECK_LIMIT", 0)
     for bias, full in (("e:2", False), ("e:1", True), ("e:0", True)):
         res = invoke("bwd", "--mode", "group", "--nhead", 6, "--nhead-k", 3, "-d", 8, "-s", "9,0,20,7",
                      "--seqlen-k", "0,5,20,11", "--mask", "b", "--bias", bias, "--dbias", "--backend", "numpy",
@@ -536,19 +543,19 @@ def test_group_mode_dbias_subset_check(no_gpu, monkeypatch):
 
 
 def test_group_mode_elementwise_bias_draws():
-    cfg = cli._config(None, 4, 2, "12,0,30", "9,5,21", 16, None, "fp16", None, None, False, None, None, 3,
-                      "e:2", "group", True)
-    assert cfg["bias_shape"] == (3, 4, 30, 21)  # the max lengths
-    inputs = cli._make_inputs(cfg, "bwd")
+    opts = dict(nhead=4, nhead_k=2, seqlen_q="12,0,30", seqlen_k="9,5,21", hdim=16, seed=3,
+                seq_mode="group")
+    cfg = config.build("bwd", dtype="fp16", bias="e:2", dbias=True, **opts)
+    assert cfg.bias_shape == (3, 4, 30, 21)  # the max lengths
+    inputs = run.make_inputs(cfg)
     assert inputs["bias"].shape == (3, 4, 30, 21) and inputs["bias"].dtype == np.float16
-    plain = cli._make_inputs(dict(cfg, bias_shape=None), "bwd")
+    plain = run.make_inputs(dataclasses.replace(cfg, bias_shape=None))
     assert set(plain) == {"q", "k", "v", "do"}
     for n in plain:  # the bias has its own stream: q, k, v, dO are the same draws with or without it
         assert np.array_equal(plain[n], inputs[n])
     for kind, shape in (("e:0", (1, 1, 30, 21)), ("e:1", (1, 4, 30, 21))):
-        c = cli._config(None, 4, 2, "12,0,30", "9,5,21", 16, None, "bf16", None, None, False, None, None, 3,
-                        kind, "group")
-        assert c["bias_shape"] == shape
+        c = config.build("fwd", dtype="bf16", bias=kind, **opts)
+        assert c.bias_shape == shape
 
 
 @pytest.mark.gpu
@@ -570,3 +577,222 @@ def test_head_dim_errors_name_the_option(no_gpu, args, flag):
     res = invoke("bwd", "-s", 16, "--nhead", 2, "--backend", "numpy", *args)
     assert_usage_error(res, flag)
     assert f"{flag} (" in (res.stderr or res.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# the split: a frozen configuration built with the library's own checks
+
+
+def test_config_is_frozen_and_uses_the_library_checks(monkeypatch):
+    from cupy_fmha import validate
+
+    calls = []
+    for name in ("check_forward_inputs", "check_varlen_inputs", "check_bias", "check_alibi_slopes",
+                 "check_dropout"):
+        real = getattr(validate, name)
+        monkeypatch.setattr(validate, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    cfg = config.build("bwd", batch=2, nhead=4, nhead_k=2, seqlen_q="32", hdim=16, bias="e:1",
+                       mask="b:3,0", p_drop=0.1)
+    assert calls == ["check_forward_inputs", "check_bias", "check_dropout"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.batch = 3
+    assert cfg.bias_shape == (1, 4, 32, 32) and cfg.mask_spec.describe() == "b:3,0"
+    calls.clear()
+    config.build("fwd", nhead=2, seqlen_q="5,0,7", hdim=8, bias="a:1", seq_mode="group")
+    assert calls == ["check_varlen_inputs", "check_alibi_slopes", "check_dropout"]
+
+
+@pytest.mark.parametrize("msg, want", [
+    ("mask: give either mask= or causal=/window_size=, not both",
+     "--mask: give either --mask or --causal/--window, not both"),
+    ("softmax_scale: 1e+300 is too large: softmax_scale * log2(e) must be finite",
+     "--scale: 1e+300 is too large: scale * log2(e) must be finite"),
+    ("q: seqlen 5 exceeds the kernels' limit", "--seqlen-q (q): seqlen 5 exceeds the kernels' limit"),
+    ("max_seqlen_k: seqlen 5 exceeds", "--seqlen-k: seqlen 5 exceeds"),
+    ("k: number of heads 2 must divide q's number of heads 3", "--nhead-k (k): number of heads 2 "
+     "must divide q's number of heads 3"),
+    ("dropout_p: expected a number in [0, 1), got 2", "--p-drop: expected a number in [0, 1), got 2"),
+    ("something else: unchanged", "something else: unchanged"),
+])
+def test_library_names_become_option_names(msg, want):
+    assert config.option_names(msg) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 9, item 11: what a new user hit without a GPU
+
+GIB = 2**30
+
+
+@pytest.fixture
+def no_inputs(monkeypatch):
+    """Every refusal must come before the inputs are drawn."""
+    def drawn(cfg):
+        raise AssertionError("inputs were drawn")
+
+    monkeypatch.setattr(run, "make_inputs", drawn)
+
+
+@pytest.fixture
+def ram16(monkeypatch):
+    from cupy_fmha.cli import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: (16 * GIB, "this machine's RAM"))
+
+
+@pytest.mark.parametrize("args", [
+    ["bwd", "-s", 16384],
+    ["fwd", "--seqlen-q", 65536, "--hdim", 128],
+    ["bwd", "--bias", "e:2", "-s", 8192, "-b", 8],
+])
+def test_too_big_for_host_memory_is_refused_up_front(no_gpu, no_inputs, ram16, args):
+    res = invoke(*args)
+    assert_usage_error(res, "--backend numpy (no usable CUDA GPU found):", f"{args[0]} would need about",
+                       "GiB of host memory", "(limit 8.0 GiB: 1/2 of this machine's RAM; --max-memory to override)")
+    assert "using the numpy backend" not in res.stderr  # the one line is the refusal
+
+
+def test_refusal_message_sizes(no_gpu, no_inputs, ram16):
+    from cupy_fmha.cli import memory
+
+    cfg = run.pick_backend(config.build("bwd", seqlen_q="16384", backend="numpy"))
+    need = max(memory.host_need(cfg))
+    assert 60 * GIB < need < 120 * GIB  # about 16 heads x 16384^2 x 4 bytes x 4.6 arrays
+    res = invoke("bwd", "-s", 16384, "--backend", "numpy")
+    assert f"about {need / GIB:.1f} GiB" in res.stderr
+
+
+def test_max_memory_overrides_the_limit(no_gpu, ram16, monkeypatch):
+    ran = []
+
+    def fake_execute(cfg):
+        ran.append(cfg)
+        return run.Outcome(timing.Timing.from_samples([1.0]), None, None, None)
+
+    monkeypatch.setattr(run, "execute", fake_execute)
+    res = invoke("bwd", "-s", 16384, "--backend", "numpy", "--max-memory", 1000)
+    assert res.exit_code == 0, res.stderr
+    assert ran and ran[0].max_memory_gib == 1000
+    # and a small limit refuses a small run, saying where the limit came from
+    res = invoke("fwd", *SMALL, "--max-memory", 0.0001)
+    assert_usage_error(res, "(limit 0.1 MiB: --max-memory)")
+    assert "to override" not in res.stderr
+    for bad in ("0", "-1", "nan", "inf"):
+        assert_usage_error(invoke("fwd", *SMALL, "--max-memory", bad), "--max-memory")
+
+
+def test_check_alone_too_big_says_no_verify_helps(no_gpu, no_inputs, monkeypatch):
+    from cupy_fmha.cli import memory
+
+    cfg = run.pick_backend(config.build("bwd", seqlen_q="1024", nhead=4, hdim=64, full_check=True,
+                                        backend="numpy"))
+    need_run, need_check = memory.host_need(cfg)
+    assert need_check > need_run
+    limit = (need_run + need_check) / 2 / GIB
+    args = ("bwd", "-s", 1024, "--nhead", 4, "-d", 64, "--full-check", "--backend", "numpy",
+            "--max-memory", limit)
+    assert_usage_error(invoke(*args), "checking this bwd against the float64 reference", "--no-verify")
+    monkeypatch.setattr(run, "execute", lambda cfg: run.Outcome(timing.Timing.from_samples([1.0]),
+                                                                None, None, None))
+    res = invoke(*args, "--no-verify")
+    assert res.exit_code == 0 and res.stdout.strip().endswith("valid: -")
+
+
+def test_kernel_limits_come_before_the_inputs(no_gpu, no_inputs):
+    assert_usage_error(invoke("fwd", "-b", 100000, "--nhead", 1, "-s", 4096, "-d", 8),
+                       "--batch (q): batch size 100000 exceeds the kernels' limit of 65535")
+    assert_usage_error(invoke("fwd", "--nhead", 70000, "-s", 16, "-d", 8, "--backend", "numpy"),
+                       "--nhead (q)", "65535")
+
+
+def test_memory_error_is_one_line(no_gpu, monkeypatch):
+    def oom(cfg):
+        raise MemoryError("Unable to allocate 16.0 GiB")
+
+    monkeypatch.setattr(run, "make_inputs", oom)
+    assert_usage_error(invoke("fwd", *SMALL), "--backend numpy: ran out of host memory",
+                       "Unable to allocate 16.0 GiB")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--window=9999999999999999999999,0"], ["--window:", "32-bit"]),
+    (["--mask", "t:9999999999999999999999,0"], ["--mask:", "32-bit"]),
+    (["--mask", "xt:9999999999999999999999"], ["--mask:", "32-bit"]),
+    (["--seed", "-1"], ["--seed:", "[0, 2**64)"]),
+    (["-s", "99999999999999999999"], ["--seqlen-q (q):", "limit"]),
+    (["--seqlen-k", "99999999999999999999"], ["--seqlen-k (k):", "limit"]),
+    (["--scale", "1e300"], ["--scale:", "float32"]),
+    (["--mask", "t", "--causal"], ["--mask: give either --mask or --causal/--window, not both"]),
+    (["--mask", "b", "--window", "3,0"], ["--mask: give either --mask or --causal/--window"]),
+])
+def test_item11_errors_name_the_option(no_gpu, no_inputs, args, words):
+    res = invoke("fwd", *SMALL, *args)
+    assert_usage_error(res, *words)
+    assert "mask=" not in res.stderr and "causal=" not in res.stderr
+
+
+def test_group_mode_huge_lengths_name_the_option(no_gpu, no_inputs):
+    assert_usage_error(invoke("fwd", *GROUP, "-s", "99999999999999999999,3"), "--seqlen-q", "int32")
+    assert_usage_error(invoke("fwd", *GROUP, "-s", "2000000000,3"), "--seqlen-q", "limit")
+
+
+@pytest.mark.parametrize("mask, shown", [("xt:0", "t"), ("xb:-3", "b"), ("1", "t"), ("2", "b"),
+                                         ("xt:5", "t:2,2")])
+def test_mask_strings_keep_cks_meaning(no_gpu, mask, shown):
+    line = assert_valid_line(invoke("fwd", *SMALL, "--seqlen-k", 64, "--mask", mask))
+    assert f" mask={shown} " in line
+
+
+def _help(*args):
+    res = runner.invoke(cli.app, [*args, "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.mark.parametrize("cmd", ["fwd", "bwd"])
+def test_help_shows_choices_and_defaults_not_bool(cmd):
+    text = _help(cmd)
+    assert "<bool>" not in text and "<str>  " not in text.split("--dtype")[1].split("\n")[0]
+    for choices in ("<fp16|bf16>", "<bshd|bhsd|thd>", "<auto|cupy|numpy>", "<batch|group>"):
+        assert choices in text, choices
+    for default in ("[default: bf16]", "[default: auto]", "[default: (1/sqrt(hdim))]",
+                    "[default: (5 on cupy, 0 on numpy)]", "[default: (20 on cupy, 1 on numpy)]",
+                    "[default: (--nhead)]", "[default: (--hdim)]", "[default: (0, no mask)]",
+                    "1/2 of this machine's RAM", "--max-memory", "w <= 0 is causal"):
+        assert default in text, default
+    assert "<bool>" not in _help() and "<bool>" not in _help("info")
+
+
+def test_no_command_is_a_usage_error():
+    res = runner.invoke(cli.app, [])
+    assert res.exit_code == 2
+    assert "Usage" in res.stderr and "fwd" in res.stderr and res.stdout == ""
+
+
+def test_no_gpu_notice_is_plain(no_gpu):
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8)
+    assert res.exit_code == 0
+    notice = res.stderr.strip()
+    assert notice == "cupy-fmha: no usable CUDA GPU found: using the numpy backend (the NumPy reference; slow)"
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8, "--backend", "cupy")
+    assert_usage_error(res, "--backend cupy: no usable CUDA GPU was found")
+    assert "driver" not in res.stderr.lower()
+
+
+def test_refusal_imports_neither_cupy_nor_ml_dtypes():
+    # importing CuPy or ml_dtypes takes seconds each on a small machine: the up-front refusal of
+    # a too-big numpy run must not need them
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cupy_fmha.cli.app import main\n"
+        "sys.argv = ['cupy-fmha', 'bwd', '-s', '16384', '--backend', 'numpy', '--max-memory', '1']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, [m for m in ('cupy', 'ml_dtypes') if m in sys.modules])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.stdout.strip() == "2 []", (res.stdout, res.stderr)
+    assert "would need about" in res.stderr

@@ -143,3 +143,39 @@ def test_window_key_range():
     assert w.key_range(0, 10) == (0, 2)
     assert w.key_range(5, 10) == (3, 7)
     assert w.key_range(9, 10) == (7, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes beyond 32 bits (CK's index_t): a named ValueError, not an OverflowError from NumPy
+
+
+@pytest.mark.parametrize("text", ["t:9999999999999999999999,0", "b:0,-9999999999999999999999",
+                                  "xt:9999999999999999999999", "xb:2147483648", "g:1,2147483648"])
+def test_sizes_beyond_int32_name_mask(text):
+    with pytest.raises(ValueError, match=r"^mask: .*32-bit"):
+        parse_mask(text)
+    with pytest.raises(ValueError, match=r"^mask: "):
+        resolve_mask(text)
+
+
+@pytest.mark.parametrize("window", [(9999999999999999999999, 0), (0, 2**31), (-(2**31), 0)])
+def test_window_beyond_int32_names_window_size(window):
+    with pytest.raises(ValueError, match=r"^window_size: .*32-bit"):
+        resolve_mask(None, False, window)
+
+
+def test_sizes_at_the_int32_edge_are_unlimited_in_effect():
+    big = 2**31 - 1
+    for text in (f"t:{big},{big}", f"xb:{big}", f"g:{big},{big}"):
+        assert dense_mask(parse_mask(text), 5, 7).all()
+    assert dense_mask(resolve_mask(None, False, (big, big)), 5, 7).all()
+    assert parse_mask(f"t:{-big},0") == MaskSpec("top_left", -1, 0)
+
+
+def test_ck_meanings_of_numeric_aliases_and_nonpositive_widths():
+    # CK tile's example decodes "1"/"2" as "t"/"b", and xt:w / xb:w with w <= 0 as causal
+    # (left = -1, right = 0) from that corner
+    assert parse_mask("1") == parse_mask("t") and parse_mask("2") == parse_mask("b")
+    for w in (0, -3):
+        assert parse_mask(f"xt:{w}") == parse_mask("t")
+        assert parse_mask(f"xb:{w}") == parse_mask("b")

@@ -214,3 +214,42 @@ def test_kernel_size_limits_group_mode():
         check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
     check_varlen_inputs(q[:-1], q[:-1], q[:-1], cu_seqlens_q=cu[:-1], cu_seqlens_k=cu[:-1])
     check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, hdim_rule=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax_scale: the kernels fold log2(e) into it in float32
+
+
+def test_scale_whose_log2e_product_overflows_float32_is_refused():
+    q, k, v = (np.zeros((1, 4, 1, 8), np.float16) for _ in range(3))
+    limit = float(np.finfo(np.float32).max) / 1.4426950408889634
+    for bad in (1e300, -1e300, 2.5e38, limit * 1.001):
+        with pytest.raises(ValueError, match=r"^softmax_scale: .*float32"):
+            check_forward_inputs(q, k, v, softmax_scale=bad)
+    assert check_forward_inputs(q, k, v, softmax_scale=limit).softmax_scale == limit
+    assert check_forward_inputs(q, k, v, softmax_scale=-1e30).softmax_scale == -1e30
+
+
+def test_fp16_checks_do_not_import_ml_dtypes():
+    # importing ml_dtypes takes seconds on a slow machine: the CLI's up-front checks and fp16
+    # problems must not pay for it; bf16 still works (and _BF16 stays importable)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from cupy_fmha import validate\n"
+        "q = np.zeros((1, 4, 2, 8), np.float16)\n"
+        "validate.check_forward_inputs(q, q, q, dtype='float16', mask='t')\n"
+        "validate.check_bias(np.zeros((4, 4), np.float32), 1, 2, 4, 4)\n"
+        "assert 'ml_dtypes' not in sys.modules, 'imported'\n"
+        "from cupy_fmha.validate import _BF16\n"
+        "import ml_dtypes\n"
+        "assert _BF16 == np.dtype(ml_dtypes.bfloat16)\n"
+        "b = q.astype(ml_dtypes.bfloat16)\n"
+        "assert validate.check_forward_inputs(b, b, b).dtype == _BF16\n"
+        "u = q.view(np.uint16)\n"
+        "assert validate.check_forward_inputs(u, u, u, dtype='bf16').dtype == _BF16\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
