@@ -6,7 +6,6 @@ The backward pass follows AMD Composable Kernel's FMHA backward (ck_tile ``fmha_
 """
 
 from .mask import MaskSpec, Window, parse_mask, resolve_mask
-from .plan import backward_workspace_bytes
 
 __version__ = "0.1.0"
 
@@ -16,6 +15,10 @@ def __getattr__(name):  # lazy: importing the package must not need CuPy or a GP
         from . import api
 
         return getattr(api, name)
+    if name == "backward_workspace_bytes":
+        from .plan import backward_workspace_bytes
+
+        return backward_workspace_bytes
     raise AttributeError(name)
 
 
