@@ -7,9 +7,9 @@ this module works without a GPU. Inputs are never modified.
 All errors are raised before anything runs and name the offending argument, e.g.
 ``ValueError("k: batch size 3 does not match q's batch size 2")``.
 
-dtypes: fp16 (``numpy.float16``) and bf16. CuPy has no bfloat16, so bf16 data on the GPU
-travels as ``uint16`` arrays holding the raw bits; such arrays are accepted only with
-``dtype="bfloat16"``. NumPy arrays of ``ml_dtypes.bfloat16`` are recognized automatically.
+dtypes: fp16 (``numpy.float16``) and bf16 (``ml_dtypes.bfloat16``: NumPy arrays, and CuPy 14's
+native bfloat16 arrays). For CuPy versions without bfloat16, bf16 data on the GPU may travel as
+``uint16`` arrays holding the raw bits; such arrays are accepted only with ``dtype="bfloat16"``.
 """
 
 from __future__ import annotations
@@ -168,8 +168,8 @@ def _logical_dtype(name: str, a, want: np.dtype | None, any_float: bool) -> np.d
             return want
         if want is None:
             raise TypeError(
-                f"{name}: got a uint16 array; bf16 data travels as uint16 raw bits (CuPy has no "
-                "bfloat16), so pass dtype='bfloat16' to use it as bf16"
+                f"{name}: got a uint16 array; pass dtype='bfloat16' to use it as raw bf16 bits (or pass "
+                "a bfloat16 array: CuPy 14 has the dtype natively)"
             )
         raise TypeError(f"{name}: got a uint16 array (bf16 bits) but dtype={want.name!r} was given")
     if any_float:
