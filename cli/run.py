@@ -274,7 +274,8 @@ def run_cupy(cfg: RunConfig, inputs: dict, progress: bool):
 
     from cupy_fmha import api, timing
 
-    bf16 = cfg.dtype == "bf16"
+    # bf16: CuPy's native bfloat16 where it has one (CuPy 14), else the raw bits as uint16
+    bf16 = cfg.dtype == "bf16" and not api._native_bf16(cp)
 
     def dev(x: np.ndarray):
         return cp.asarray(x.view(np.uint16) if bf16 else x)
