@@ -116,7 +116,7 @@ MaskOpt = Annotated[
         "corner; t:l,r / b:l,r: sliding window of l keys left and r right of that diagonal "
         "(negative = unlimited); xt:w / xb:w: window of width w (l = w/2 rounded down, "
         "r = w-1-l; w <= 0 is causal, as in CK); g:y,x: CK's raw window (row i sees keys "
-        "i-y < j < i+x). Sizes must fit in 32 bits.",
+        "i-y < j < i+x); |size| <= 2**62.",
         show_default="0, no mask",
     ),
 ]

@@ -19,9 +19,11 @@ Accepted forms:
 * FlashAttention's ``causal=True`` and ``window_size=(left, right)``: bottom-right aligned,
   ``-1`` = unlimited.
 
-Every number must fit in a 32-bit int (CK's ``index_t``; the kernels' window is int32): a
-larger one is a ``ValueError`` naming ``mask`` or ``window_size``. Sizes at least the sequence
-lengths already mean "unlimited", so nothing is lost.
+Every number must satisfy ``|v| <= 2**62`` (``SIZE_MAX``), so that window arithmetic such as
+``1 + left + seqlen_q - seqlen_k`` stays in NumPy's int64; a larger one is a ``ValueError``
+naming ``mask`` or ``window_size`` (it used to be an ``OverflowError`` from NumPy). Sizes of at
+least the sequence lengths already mean "unlimited" (the kernels clamp the window to +-2**30),
+so nothing is lost.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: the largest magnitude of a mask size or window coordinate (int32, as CK's index_t)
-SIZE_MAX = 2**31 - 1
+#: the largest magnitude of a mask size or window coordinate: window arithmetic stays in int64
+SIZE_MAX = 2**62
 
 __all__ = [
     "SIZE_MAX",
@@ -112,8 +114,8 @@ def _ints(text: str, n: int, what: str) -> list[int]:
     for v in vals:
         if abs(v) > SIZE_MAX:
             raise ValueError(
-                f"mask: {what!r}: {v} does not fit in a 32-bit int (|size| <= {SIZE_MAX}; a size "
-                "at least the sequence length already means unlimited)"
+                f"mask: {what!r}: {v} is out of range (|size| <= 2**62; a size of at least the "
+                "sequence length already means unlimited)"
             )
     return vals
 
@@ -184,8 +186,8 @@ def resolve_mask(
     left, right = (int(w) for w in pair)
     if max(abs(left), abs(right)) > SIZE_MAX:
         raise ValueError(
-            f"window_size: {window_size!r} does not fit in 32-bit ints (|size| <= {SIZE_MAX}; -1 "
-            "or a size at least the sequence length means unlimited)"
+            f"window_size: {window_size!r} is out of range (|size| <= 2**62; -1 or a size of at "
+            "least the sequence length means unlimited)"
         )
     fa_given = bool(causal) or (left, right) != (-1, -1)
     spec = parse_mask(mask)  # a "no mask" value (None, "0", 0, MaskSpec()) defers to causal/window
