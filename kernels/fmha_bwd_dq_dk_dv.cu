@@ -34,7 +34,7 @@
 //         write disjoint columns of it); convert_dq sums the slabs that were written, kb ascending.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
-// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
+// Parameters: BwdParams (params.cuh). Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
 // LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
 // (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
 // dbias_acc (BIAS=1, may be null): fp32 [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
@@ -45,6 +45,7 @@
 #include "tile.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_N (NWARPS * 16)
@@ -58,22 +59,28 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                  const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-                  const float* __restrict__ lse, const float* __restrict__ delta,
-                  float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
-                  index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-                  index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
-                  index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
-                  int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                  float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                  int win_bottom_right, index_t dq_split_stride,
-                  const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-                  index_t bias_sk, float* __restrict__ dbias_acc,
-                  // dropout (used when DROPOUT=1)
-                  unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
+    // the fields under the names the body uses (group mode moves the pointers and the lengths)
+    const uint16_t* __restrict__ q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* __restrict__ k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* __restrict__ v = static_cast<const uint16_t*>(p.v.ptr);
+    const uint16_t* __restrict__ dout = static_cast<const uint16_t*>(p.dout.ptr);
+    const float* __restrict__ lse = p.lse;
+    const float* __restrict__ delta = p.delta;
+    float* __restrict__ dq_acc = p.dq_acc;
+    void* __restrict__ dk = p.dk.ptr;
+    void* __restrict__ dv = p.dv.ptr;
+    const index_t q_sb = p.q.sb, q_sh = p.q.sh, q_ss = p.q.ss, k_sb = p.k.sb, k_sh = p.k.sh, k_ss = p.k.ss;
+    const index_t v_sb = p.v.sb, v_sh = p.v.sh, v_ss = p.v.ss, do_sb = p.dout.sb, do_sh = p.dout.sh, do_ss = p.dout.ss;
+    const index_t dk_sb = p.dk.sb, dk_sh = p.dk.sh, dk_ss = p.dk.ss, dv_sb = p.dv.sb, dv_sh = p.dv.sh, dv_ss = p.dv.ss;
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    const int hdim_q = p.hdim_q, hdim_v = p.hdim_v, group = p.group, dkdv_fp32 = p.dkdv_fp32;
+    const float scale_log2 = p.scale_log2, scale = p.scale;
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
+    const index_t dq_split_stride = p.dq_split_stride;
+    float* __restrict__ dbias_acc = p.dbias_acc;
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -114,11 +121,11 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
         dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
     }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
+    const Alibi alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(p.dropout.seed, p.dropout.offset, b, nhead_q, h, p.dropout.keep_threshold, p.dropout.rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;

@@ -21,7 +21,7 @@
 // block) filled the load/store queues, and the next block's cp.async loads stalled behind them
 // (ncu: a sixth of all warp stall samples on the cp.async issue); the bulk copies leave the
 // queues to the loads.
-// Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
+// Parameters: BwdParams (params.cuh), as fmha_bwd_dq_dk_dv (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
 //            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
@@ -32,6 +32,7 @@
 #include "tile_blocked.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #define NTHREADS 256
 #define BLOCK_N 128
@@ -46,23 +47,28 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                       const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-                       const float* __restrict__ lse, const float* __restrict__ delta,
-                       float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
-                       index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-                       index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
-                       index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
-                       int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                       float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                       const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                       int win_bottom_right, index_t dq_split_stride,
-                       const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh,
-                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc,
-                       // dropout (used when DROPOUT=1)
-                       unsigned int keep_threshold, float rp_keep, unsigned long long seed,
-                       unsigned long long offset) {
+fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
+    // the fields under the names the body uses (group mode moves the pointers and the lengths)
+    const uint16_t* __restrict__ q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* __restrict__ k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* __restrict__ v = static_cast<const uint16_t*>(p.v.ptr);
+    const uint16_t* __restrict__ dout = static_cast<const uint16_t*>(p.dout.ptr);
+    const float* __restrict__ lse = p.lse;
+    const float* __restrict__ delta = p.delta;
+    float* __restrict__ dq_acc = p.dq_acc;
+    void* __restrict__ dk = p.dk.ptr;
+    void* __restrict__ dv = p.dv.ptr;
+    const index_t q_sb = p.q.sb, q_sh = p.q.sh, q_ss = p.q.ss, k_sb = p.k.sb, k_sh = p.k.sh, k_ss = p.k.ss;
+    const index_t v_sb = p.v.sb, v_sh = p.v.sh, v_ss = p.v.ss, do_sb = p.dout.sb, do_sh = p.dout.sh, do_ss = p.dout.ss;
+    const index_t dk_sb = p.dk.sb, dk_sh = p.dk.sh, dk_ss = p.dk.ss, dv_sb = p.dv.sb, dv_sh = p.dv.sh, dv_ss = p.dv.ss;
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    const int hdim_q = p.hdim_q, hdim_v = p.hdim_v, group = p.group, dkdv_fp32 = p.dkdv_fp32;
+    const float scale_log2 = p.scale_log2, scale = p.scale;
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
+    const index_t dq_split_stride = p.dq_split_stride;
+    float* __restrict__ dbias_acc = p.dbias_acc;
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -103,11 +109,11 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
         dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
     }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
     const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
+    const Alibi alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(p.dropout.seed, p.dropout.offset, b, nhead_q, h, p.dropout.keep_threshold, p.dropout.rp_keep);
 
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* dog = dout + b * do_sb + h * do_sh;

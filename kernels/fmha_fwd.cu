@@ -5,17 +5,19 @@
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
-//            BIAS (1: add the elementwise bias given by bias / bias_kind / bias_s*).
+//            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
-// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths, the
-// window comes in top-left form (+ win_bottom_right), and LSE rows past a sequence are -inf.
+// Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):
+// p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
+// and LSE rows past a sequence are -inf.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
@@ -29,17 +31,21 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-         uint16_t* __restrict__ o, float* __restrict__ lse,
-         index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-         index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-         int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
-         const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
-         const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-         index_t bias_sk,
-         // dropout (used when DROPOUT=1)
-         unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_fwd(const __grid_constant__ FwdParams p) {
+    // the fields under the names the body uses (group mode moves q/k/v and the lengths)
+    const uint16_t* __restrict__ q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* __restrict__ k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* __restrict__ v = static_cast<const uint16_t*>(p.v.ptr);
+    uint16_t* __restrict__ o = static_cast<uint16_t*>(p.o.ptr);
+    float* __restrict__ lse = p.lse;
+    const index_t q_sb = p.q.sb, q_sh = p.q.sh, q_ss = p.q.ss, k_sb = p.k.sb, k_sh = p.k.sh, k_ss = p.k.ss;
+    const index_t v_sb = p.v.sb, v_sh = p.v.sh, v_ss = p.v.ss, o_sb = p.o.sb, o_sh = p.o.sh, o_ss = p.o.ss;
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    const int hdim_q = p.hdim_q, hdim_v = p.hdim_v, group = p.group;
+    const float scale_log2 = p.scale_log2;
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -61,14 +67,14 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
         lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
         if (q0 >= seqlen_q) return;  // past this sequence's end
     }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* kg = k + b * k_sb + hk * k_sh;
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
+    const Alibi alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(p.dropout.seed, p.dropout.offset, b, gridDim.y, h, p.dropout.keep_threshold, p.dropout.rp_keep);
 
     int kb_begin, kb_end;  // key blocks this row block can see (none: o = 0, lse = -inf)
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);

@@ -3,7 +3,7 @@
 // K/V blocks of BLOCK_N keys are double-buffered in shared memory (blocked layout, cp.async).
 //   S = Q K^T     wgmma A = Q (smem, K-major), B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
-// Arguments are identical to fmha_fwd (one launch path for both).
+// Parameters: FwdParams (params.cuh), as fmha_fwd (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
@@ -15,6 +15,7 @@
 #include "tile_blocked.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #ifndef NWG
 #define NWG 2
@@ -93,17 +94,21 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-              uint16_t* __restrict__ o, float* __restrict__ lse,
-              index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-              index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-              int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
-              const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
-              const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-              index_t bias_sk,
-              // dropout (used when DROPOUT=1)
-              unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
+    // the fields under the names the body uses (group mode moves q/k/v and the lengths)
+    const uint16_t* __restrict__ q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* __restrict__ k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* __restrict__ v = static_cast<const uint16_t*>(p.v.ptr);
+    uint16_t* __restrict__ o = static_cast<uint16_t*>(p.o.ptr);
+    float* __restrict__ lse = p.lse;
+    const index_t q_sb = p.q.sb, q_sh = p.q.sh, q_ss = p.q.ss, k_sb = p.k.sb, k_sh = p.k.sh, k_ss = p.k.ss;
+    const index_t v_sb = p.v.sb, v_sh = p.v.sh, v_ss = p.v.ss, o_sb = p.o.sb, o_sh = p.o.sh, o_ss = p.o.ss;
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    const int hdim_q = p.hdim_q, hdim_v = p.hdim_v, group = p.group;
+    const float scale_log2 = p.scale_log2;
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
@@ -125,14 +130,14 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
         lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
         if (q0 >= seqlen_q) return;  // past this sequence's end
     }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
     const uint16_t* qg = q + b * q_sb + h * q_sh;
     const uint16_t* kg = k + b * k_sb + hk * k_sh;
     const uint16_t* vg = v + b * v_sb + hk * v_sh;
     const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
+    const Alibi alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    const ElemBias ebias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    const Dropout drop = make_dropout(p.dropout.seed, p.dropout.offset, b, gridDim.y, h, p.dropout.keep_threshold, p.dropout.rp_keep);
 
     int kb_begin, kb_end;
     key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
