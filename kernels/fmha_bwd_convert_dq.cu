@@ -15,13 +15,15 @@
 // which the default path's convert should not pay.
 //
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
-// stride); each thread converts 8 elements at a time. Group mode (cu_seqlens non-null, see
+// stride); each thread converts 8 elements at a time. Parameters: ConvertParams (params.cuh;
+// seq.seqlen_q is `seqlen`, seq.cu_seqlens_q `cu_seqlens`). Group mode (cu_seqlens non-null, see
 // varlen.cuh): seqlen is the max length (acc's row pitch), output rows are packed tokens (batch
 // stride 0) and only each sequence's own rows are written.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #ifndef ROWS
 #define ROWS 16
@@ -33,17 +35,22 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(256)
-fmha_bwd_convert_dq(const float* __restrict__ acc, uint16_t* __restrict__ out, index_t o_sb, index_t o_sh,
-                    index_t o_ss, int seqlen, int hdim, int nsum, float scale,
-                    int nsplit, index_t split_stride, int seqlen_k, int win_y, int win_x, int block_n,
-                    int block_m, const int* __restrict__ cu_seqlens, const int* __restrict__ cu_seqlens_k,
-                    int win_bottom_right) {
+fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
+    const float* __restrict__ acc = p.acc;
+    uint16_t* __restrict__ out = static_cast<uint16_t*>(p.out.ptr);
+    const index_t o_sb = p.out.sb, o_sh = p.out.sh, o_ss = p.out.ss, split_stride = p.split_stride;
+    int seqlen = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    const int hdim = p.hdim, nsum = p.nsum, nsplit = p.nsplit, block_n = p.block_n, block_m = p.block_m;
+    const float scale = p.scale;
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    const int* __restrict__ cu_seqlens = p.seq.cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
     const int pitch = seqlen;  // group mode: the max sequence length, the row pitch of acc
     if (cu_seqlens) out += (index_t)varlen_start(cu_seqlens, b, seqlen) * o_ss;
     if (DQ_SPLIT && cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
         varlen_start(cu_seqlens_k, b, seqlen_k);
-        window_for_sequence(win_y, win_x, win_bottom_right, seqlen, seqlen_k);
+        window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen, seqlen_k);
     }
     const int ch_per_row = hdim / 8;
     const Window win{win_y, win_x};

@@ -9,6 +9,7 @@
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "varlen.cuh"
+#include "params.cuh"
 
 #ifndef ROWS
 #define ROWS 8
@@ -17,10 +18,15 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(ROWS * 32)
-fmha_bwd_dot_do_o(const uint16_t* __restrict__ dout, const uint16_t* __restrict__ o, float* __restrict__ delta,
-                  index_t do_sb, index_t do_sh, index_t do_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-                  int seqlen_q, int hdim_v, const int* __restrict__ cu_seqlens_q,
-                  float* __restrict__ dq_acc, int hdim_q) {
+fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
+    const uint16_t* __restrict__ dout = static_cast<const uint16_t*>(p.dout.ptr);
+    const uint16_t* __restrict__ o = static_cast<const uint16_t*>(p.o.ptr);
+    float* __restrict__ delta = p.delta;
+    const index_t do_sb = p.dout.sb, do_sh = p.dout.sh, do_ss = p.dout.ss, o_sb = p.o.sb, o_sh = p.o.sh, o_ss = p.o.ss;
+    int seqlen_q = p.seq.seqlen_q;
+    const int hdim_q = p.hdim_q, hdim_v = p.hdim_v;
+    const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
+    float* __restrict__ dq_acc = p.dq_acc;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.x * ROWS + warp, h = blockIdx.y, b = blockIdx.z;
     const int pitch = seqlen_q;  // group mode: max_seqlen_q, the row pitch of D

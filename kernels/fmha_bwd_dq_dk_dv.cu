@@ -34,7 +34,7 @@
 //         write disjoint columns of it); convert_dq sums the slabs that were written, kb ascending.
 // dk/dv: when dkdv_fp32 == 0, outputs in the input dtype (nhead_q == nhead_k);
 //        otherwise fp32 workspaces [batch, nhead_q, seqlen_k, hdim], summed per GQA group later.
-// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
+// Parameters: BwdParams (params.cuh). Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
 // LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
 // (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
 // dbias_acc (BIAS=1, may be null): fp32 [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
@@ -44,7 +44,7 @@
 #include "arch_sm80.cuh"
 #include "tile.cuh"
 #include "attention.cuh"
-#include "varlen.cuh"
+#include "block.cuh"
 
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_N (NWARPS * 16)
@@ -58,22 +58,7 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                  const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-                  const float* __restrict__ lse, const float* __restrict__ delta,
-                  float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
-                  index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-                  index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
-                  index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
-                  int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                  float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                  int win_bottom_right, index_t dq_split_stride,
-                  const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-                  index_t bias_sk, float* __restrict__ dbias_acc,
-                  // dropout (used when DROPOUT=1)
-                  unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
@@ -99,46 +84,20 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
+    const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
-    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
-    // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
-    const int pitch_q = seqlen_q, pitch_k = seqlen_k;  // (dS workspace: [batch, nhead_q, pitch_q, pitch_k])
-    if (cu_seqlens_q) {
-        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
-        if (k0 >= seqlen_k) return;  // past this sequence's end
-        q += tq * q_ss;
-        dout += tq * do_ss;
-        k += tk * k_ss;
-        v += tk * v_ss;
-        dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
-        dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
-    }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
-    const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
+    BwdBlock blk;
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;
 
-    const uint16_t* qg = q + b * q_sb + h * q_sh;
-    const uint16_t* dog = dout + b * do_sb + h * do_sh;
-    const index_t bh = (index_t)b * nhead_q + h;
-    const float* lse_g = lse + bh * pitch_q;
-    const float* d_g = delta + bh * pitch_q;
-    float* dq_g = dq_acc + kb * dq_split_stride + bh * pitch_q * hdim_q;  // slab kb (deterministic)
-
-    int qb_begin, qb_end;  // query blocks that can see this key block
-    query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
-
-    load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
-    load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
-    if (qb_begin < qb_end) {
-        const int r0 = qb_begin * BLOCK_M;
-        load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
-        load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
-        load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
-        load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
+    load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, blk.kg, p.k.ss, k0, blk.seqlen_k, p.hdim_q, tid);
+    load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, blk.vg, p.v.ss, k0, blk.seqlen_k, p.hdim_v, tid);
+    if (blk.qb_begin < blk.qb_end) {
+        const int r0 = blk.qb_begin * BLOCK_M;
+        load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
+        load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -148,17 +107,17 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
     const int n0 = warp * 16;                     // this warp's keys inside the block
     const int mt4 = warp % MT4, wc4 = warp / MT4;  // GEMM4 partition
 
-    for (int qb = qb_begin; qb < qb_end; ++qb) {
-        const int buf = (qb - qb_begin) & 1;
+    for (int qb = blk.qb_begin; qb < blk.qb_end; ++qb) {
+        const int buf = (qb - blk.qb_begin) & 1;
         const int q0 = qb * BLOCK_M;
         cp_async_wait<0>();
         __syncthreads();
-        if (qb + 1 < qb_end) {  // prefetch the next Q block
+        if (qb + 1 < blk.qb_end) {  // prefetch the next Q block
             const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
-            load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * PQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
-            load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * PV, dog, do_ss, r0, seqlen_q, hdim_v, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, lse_g, r0, seqlen_q, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, d_g, r0, seqlen_q, tid);
+            load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * PQ, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
+            load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * PV, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, blk.lse_g, r0, blk.seqlen_q, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, blk.d_g, r0, blk.seqlen_q, tid);
         }
         cp_async_commit();
         const uint16_t* sQb = sQ + buf * BLOCK_M * PQ;
@@ -184,13 +143,12 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         }
 
         // P^T and dS^T, element by element; the window test only on edge tiles
-        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + n0, q0, g, t,
-                            seqlen_q, seqlen_k, drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
+        const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, g, t,
+                            blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
 #if BIAS
-        if (dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
-            store_ds<NT_M>(&dp[0][0], dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + n0, q0, g, t, seqlen_q,
-                           seqlen_k);
+        if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
+            bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, g, t);
 #endif
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
@@ -218,7 +176,7 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
             float acc_dq[NT4][4];
             zero<NT4>(acc_dq);
             const int c0 = split * DQ_OUT + wc4 * NT4 * 8;
-            const int c_end = min(hdim_q, (split + 1) * DQ_OUT);
+            const int c_end = min(p.hdim_q, (split + 1) * DQ_OUT);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 uint32_t a[4];
@@ -228,13 +186,13 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = q0 + mt4 * 16 + g + r * 8;
-                if (i < seqlen_q) {
-                    float* row = dq_g + (index_t)i * hdim_q;
+                if (i < blk.seqlen_q) {
+                    float* row = blk.dq_g + (index_t)i * p.hdim_q;
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
                         const int col = c0 + n * 8 + 2 * t;
                         if (col >= c_end) continue;
-                        if (dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                        if (p.dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                         else red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                     }
                 }
@@ -244,12 +202,11 @@ fmha_bwd_dq_dk_dv(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
         if constexpr (DROPOUT != 0)
-            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+            if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
-    store_dk_dv<NT_DQ, NT_DV>(&acc_dk[0][0], &acc_dv[0][0], scale, k0 + n0 + g, t, seqlen_k, hdim_q, hdim_v,
-                              split * DQ_OUT, split * DV_OUT, dkdv_fp32, dk, dv, b, dkdv_fp32 ? h : hk,
-                              dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss);
+    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0 + g, t, split * DQ_OUT,
+                                  split * DV_OUT);
 }

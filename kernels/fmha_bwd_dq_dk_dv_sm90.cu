@@ -21,7 +21,7 @@
 // block) filled the load/store queues, and the next block's cp.async loads stalled behind them
 // (ncu: a sixth of all warp stall samples on the cp.async issue); the bulk copies leave the
 // queues to the loads.
-// Kernel arguments are identical to fmha_bwd_dq_dk_dv (one launch path for both).
+// Parameters: BwdParams (params.cuh), as fmha_bwd_dq_dk_dv (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
 //            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
@@ -31,7 +31,7 @@
 #include "tile.cuh"
 #include "tile_blocked.cuh"
 #include "attention.cuh"
-#include "varlen.cuh"
+#include "block.cuh"
 
 #define NTHREADS 256
 #define BLOCK_N 128
@@ -46,23 +46,7 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                       const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-                       const float* __restrict__ lse, const float* __restrict__ delta,
-                       float* __restrict__ dq_acc, void* __restrict__ dk, void* __restrict__ dv,
-                       index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-                       index_t v_sb, index_t v_sh, index_t v_ss, index_t do_sb, index_t do_sh, index_t do_ss,
-                       index_t dk_sb, index_t dk_sh, index_t dk_ss, index_t dv_sb, index_t dv_sh, index_t dv_ss,
-                       int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-                       float scale, int win_y, int win_x, int dkdv_fp32,
-                  const float* __restrict__ alibi_slopes, index_t alibi_sb,
-                       const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                       int win_bottom_right, index_t dq_split_stride,
-                       const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh,
-                       index_t bias_sq, index_t bias_sk, float* __restrict__ dbias_acc,
-                       // dropout (used when DROPOUT=1)
-                       unsigned int keep_threshold, float rp_keep, unsigned long long seed,
-                       unsigned long long offset) {
+fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
@@ -88,46 +72,20 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     // DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt
     // (recomputed where used: kept live across the loop, these pushed hdim 128 past 255 registers)
 #define DQ_ISSUER (DQ_BULK != 0 && (threadIdx.x & 127) < BLOCK_M)
-    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / group, nhead_q = gridDim.y;
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
-    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the row pitch
-    // of LSE, D and the dQ workspace ([batch, nhead_q, pitch_q])
-    const int pitch_q = seqlen_q, pitch_k = seqlen_k;  // (dS workspace: [batch, nhead_q, pitch_q, pitch_k])
-    if (cu_seqlens_q) {
-        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
-        if (k0 >= seqlen_k) return;  // past this sequence's end
-        q += tq * q_ss;
-        dout += tq * do_ss;
-        k += tk * k_ss;
-        v += tk * v_ss;
-        dk = advance_elems(dk, dkdv_fp32, tk * dk_ss);
-        dv = advance_elems(dv, dkdv_fp32, tk * dv_ss);
-    }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
-    const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, rp_keep);
+    BwdBlock blk;
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;
 
-    const uint16_t* qg = q + b * q_sb + h * q_sh;
-    const uint16_t* dog = dout + b * do_sb + h * do_sh;
-    const index_t bh = (index_t)b * nhead_q + h;
-    const float* lse_g = lse + bh * pitch_q;
-    const float* d_g = delta + bh * pitch_q;
-    float* dq_g = dq_acc + kb * dq_split_stride + bh * pitch_q * hdim_q;  // slab kb (deterministic)
-
-    int qb_begin, qb_end;
-    query_block_range(win, k0, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, qb_begin, qb_end);
-
-    load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, k + b * k_sb + hk * k_sh, k_ss, k0, seqlen_k, hdim_q, tid);
-    load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, v + b * v_sb + hk * v_sh, v_ss, k0, seqlen_k, hdim_v, tid);
-    if (qb_begin < qb_end) {
-        const int r0 = qb_begin * BLOCK_M;
-        load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, r0, seqlen_q, hdim_q, tid);
-        load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, dog, do_ss, r0, seqlen_q, hdim_v, tid);
-        load_vec_async<BLOCK_M, NTHREADS>(sLse, lse_g, r0, seqlen_q, tid);
-        load_vec_async<BLOCK_M, NTHREADS>(sD, d_g, r0, seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, drop, r0, k0, tid);
+    load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, blk.kg, p.k.ss, k0, blk.seqlen_k, p.hdim_q, tid);
+    load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, blk.vg, p.v.ss, k0, blk.seqlen_k, p.hdim_v, tid);
+    if (blk.qb_begin < blk.qb_end) {
+        const int r0 = blk.qb_begin * BLOCK_M;
+        load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
+        load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
+        load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
+        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -139,18 +97,18 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
     const int key_row0 = wg * 64;                  // this warpgroup's keys inside the block
     const int my_key = key_row0 + wi * 16 + g;     // this thread's keys: my_key, my_key + 8
 
-    for (int qb = qb_begin; qb < qb_end; ++qb) {
-        const int buf = (qb - qb_begin) & 1;
+    for (int qb = blk.qb_begin; qb < blk.qb_end; ++qb) {
+        const int buf = (qb - blk.qb_begin) & 1;
         const int q0 = qb * BLOCK_M;
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();
-        if (qb + 1 < qb_end) {
+        if (qb + 1 < blk.qb_end) {
             const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
-            load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * HDIM_Q, qg, q_ss, r0, seqlen_q, hdim_q, tid);
-            load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * HDIM_V, dog, do_ss, r0, seqlen_q, hdim_v, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, lse_g, r0, seqlen_q, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, d_g, r0, seqlen_q, tid);
+            load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * HDIM_Q, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
+            load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * HDIM_V, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, blk.lse_g, r0, blk.seqlen_q, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, blk.d_g, r0, blk.seqlen_q, tid);
         }
         cp_async_commit();
         const uint16_t* sQb = sQ + buf * BLOCK_M * HDIM_Q;
@@ -173,13 +131,12 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         fence_operand<NQ * 4>(dp);
 
         // P^T and dS^T
-        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, scale_log2, edge, win, alibi, ebias, k0 + key_row0 + wi * 16, q0, g, t,
-                          seqlen_q, seqlen_k, drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
+        const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + key_row0 + wi * 16, q0, g, t,
+                          blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
 #if BIAS
-        if (dbias_acc != nullptr)  // dS in fp32 for dBias
-            store_ds<NQ>(dp, dbias_acc + bh * pitch_q * pitch_k, pitch_k, k0 + key_row0 + wi * 16, q0, g, t, seqlen_q,
-                         seqlen_k);
+        if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
+            bwd_store_ds<NQ>(p, blk, dp, k0 + key_row0 + wi * 16, q0, g, t);
 #endif
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
@@ -243,11 +200,11 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
                 fence_proxy_async();
                 named_barrier_sync(1 + wg, 128);
                 if (DQ_ISSUER) {
-                    const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, hdim_q - wg * DQ_HALF);
-                    if (i < seqlen_q && ncol > 0) {
-                        float* dst = dq_g + (index_t)i * hdim_q + wg * DQ_HALF;
+                    const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
+                    if (i < blk.seqlen_q && ncol > 0) {
+                        float* dst = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF;
                         const unsigned src = smem_u32(sdQ + wt * DQ_PITCH + wg * DQ_HALF);
-                        if (dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
+                        if (p.dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
                         else bulk_reduce_add_f32(dst, src, 4u * ncol);
                     }
                     bulk_commit();
@@ -257,10 +214,10 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = q0 + wi * 16 + g + r * 8;
-                if (i < seqlen_q) {
-                    float* row = dq_g + (index_t)i * hdim_q + wg * DQ_HALF + 2 * t;
-                    const int ncol = hdim_q - wg * DQ_HALF - 2 * t;
-                    if (dq_split_stride) {  // deterministic: this CTA's slab, plain stores
+                if (i < blk.seqlen_q) {
+                    float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + 2 * t;
+                    const int ncol = p.hdim_q - wg * DQ_HALF - 2 * t;
+                    if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
                         for (int n = 0; n < DQ_HALF / 8; ++n)
                             if (n * 8 < ncol)
@@ -279,13 +236,12 @@ fmha_bwd_dq_dk_dv_sm90(const uint16_t* __restrict__ q, const uint16_t* __restric
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
         if constexpr (DROPOUT != 0)
-            if (qb + 1 < qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, drop,
+            if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
     if (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
 #undef DQ_ISSUER
-    store_dk_dv<NDQ, NDV>(acc_dk, acc_dv, scale, k0 + my_key, t, seqlen_k, hdim_q, hdim_v, 0, 0, dkdv_fp32, dk, dv,
-                          b, dkdv_fp32 ? h : hk, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss);
+    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + my_key, t, 0, 0);
 }

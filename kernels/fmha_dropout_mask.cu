@@ -8,20 +8,22 @@
 // keep: uint8 (0/1; a bool array) [batch, nhead_q, seqlen_q, seqlen_k], contiguous.
 #include "common.cuh"
 #include "philox.cuh"
+#include "params.cuh"
 
 #define NTHREADS 256
 
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
-fmha_dropout_mask(unsigned char* __restrict__ keep, int seqlen_q, int seqlen_k,
-                  unsigned int keep_threshold, unsigned long long seed, unsigned long long offset) {
+fmha_dropout_mask(const __grid_constant__ DropoutMaskParams p) {
+    unsigned char* __restrict__ keep = p.keep;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
     const int h = blockIdx.y, b = blockIdx.z, nhead_q = gridDim.y;
     const int groups = (seqlen_k + 7) >> 3;
     const long long c = (long long)blockIdx.x * NTHREADS + threadIdx.x;
     if (c >= (long long)seqlen_q * groups) return;
     const int i = (int)(c / groups), jg = (int)(c % groups);
-    const Dropout drop = make_dropout(seed, offset, b, nhead_q, h, keep_threshold, 1.f);
+    const Dropout drop = make_dropout(p.dropout.seed, p.dropout.offset, b, nhead_q, h, p.dropout.keep_threshold, 1.f);
     const uint32_t bits = drop.keep8(i, jg);
     unsigned char* row = keep + (((index_t)b * nhead_q + h) * seqlen_q + i) * (index_t)seqlen_k;
 #pragma unroll

@@ -5,17 +5,18 @@
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
-//            BIAS (1: add the elementwise bias given by bias / bias_kind / bias_s*).
+//            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
 // given by cupy_fmha/launch.py (fwd_smem_bytes).
-// Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths, the
-// window comes in top-left form (+ win_bottom_right), and LSE rows past a sequence are -inf.
+// Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):
+// p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
+// and LSE rows past a sequence are -inf.
 #include "common.cuh"
 #include "arch_sm80.cuh"
 #include "tile.cuh"
 #include "attention.cuh"
-#include "varlen.cuh"
+#include "block.cuh"
 
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
@@ -29,17 +30,7 @@
 using namespace fmha;
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-         uint16_t* __restrict__ o, float* __restrict__ lse,
-         index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-         index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-         int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-         int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
-         const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
-         const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-         index_t bias_sk,
-         // dropout (used when DROPOUT=1)
-         unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_fwd(const __grid_constant__ FwdParams p) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -48,35 +39,16 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     uint16_t* sV = sK + 2 * BLOCK_N * PQ;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+    const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
-    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the LSE pitch
-    const int lse_pitch = seqlen_q;
-    if (cu_seqlens_q) {
-        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
-        q += tq * q_ss;
-        k += tk * k_ss;
-        v += tk * v_ss;
-        lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
-        if (q0 >= seqlen_q) return;  // past this sequence's end
-    }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
-    const uint16_t* qg = q + b * q_sb + h * q_sh;
-    const uint16_t* kg = k + b * k_sb + hk * k_sh;
-    const uint16_t* vg = v + b * v_sb + hk * v_sh;
-    const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
+    FwdBlock blk;
+    if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, tid, blk)) return;
 
-    int kb_begin, kb_end;  // key blocks this row block can see (none: o = 0, lse = -inf)
-    key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
-
-    load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
-    if (kb_begin < kb_end) {
-        load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
-        load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
+    load_tile_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, blk.qg, p.q.ss, q0, blk.seqlen_q, p.hdim_q, tid);
+    if (blk.kb_begin < blk.kb_end) {
+        load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, blk.kg, p.k.ss, blk.kb_begin * BLOCK_N, blk.seqlen_k, p.hdim_q, tid);
+        load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV, blk.vg, p.v.ss, blk.kb_begin * BLOCK_N, blk.seqlen_k, p.hdim_v, tid);
     }
     cp_async_commit();
 
@@ -88,21 +60,21 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
 #endif
     const int m0 = warp * 16;
 
-    for (int kb = kb_begin; kb < kb_end; ++kb) {
-        const int buf = (kb - kb_begin) & 1;
+    for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb) {
+        const int buf = (kb - blk.kb_begin) & 1;
         cp_async_wait<0>();
         __syncthreads();
 #if Q_IN_REGS
-        if (kb == kb_begin) {
+        if (kb == blk.kb_begin) {
 #pragma unroll
             for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
         }
 #endif
-        if (kb + 1 < kb_end) {  // prefetch the next K/V block into the other buffer
-            load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * PQ, kg, k_ss, (kb + 1) * BLOCK_N,
-                                                       seqlen_k, hdim_q, tid);
-            load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * PV, vg, v_ss, (kb + 1) * BLOCK_N,
-                                                       seqlen_k, hdim_v, tid);
+        if (kb + 1 < blk.kb_end) {  // prefetch the next K/V block into the other buffer
+            load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * PQ, blk.kg, p.k.ss, (kb + 1) * BLOCK_N,
+                                                       blk.seqlen_k, p.hdim_q, tid);
+            load_tile_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * PV, blk.vg, p.v.ss, (kb + 1) * BLOCK_N,
+                                                       blk.seqlen_k, p.hdim_v, tid);
         }
         cp_async_commit();
         const uint16_t* sKb = sK + buf * BLOCK_N * PQ;
@@ -123,11 +95,12 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
         }
 
         const int k0 = kb * BLOCK_N;
-        const bool edge = win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, seqlen_q, seqlen_k);
+        const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         KeepBits<NT_S> keep;
-        if constexpr (DROPOUT != 0) keep = fwd_keep_bits<NT_S>(drop, q0 + m0, k0, g, t);
-        online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, scale_log2, edge, win, alibi, ebias, q0 + m0, k0,
-                                   g, t, seqlen_k, keep);
+        if constexpr (DROPOUT != 0) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, g, t);
+        online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                                   q0 + m0, k0,
+                                   g, t, blk.seqlen_k, keep);
 
         // O += P V
 #pragma unroll
@@ -139,13 +112,13 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
     }
 
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
-    float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
+    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + m0 + g + r * 8;
-        if (t == 0 && i < seqlen_q) lse_g[i] = row_lse[r];
+        if (t == 0 && i < blk.seqlen_q) lse_g[i] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NT_O; ++n) {
             acc_o[n][2 * r] *= inv[r];
@@ -161,13 +134,12 @@ fmha_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const u
         *reinterpret_cast<uint32_t*>(sO + (m0 + g + 8) * PV + n * 8 + 2 * t) = pack2(acc_o[n][2], acc_o[n][3]);
     }
     __syncwarp();
-    uint16_t* og = o + b * o_sb + h * o_sh;
-    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
+    uint16_t* og = fwd_out_rows(p, b, h);
     constexpr int CH = HDIM_V / 8;
     for (int c = lane; c < 16 * CH; c += 32) {
         const int r = c / CH, ch = c % CH, i = q0 + m0 + r;
-        if (i < seqlen_q && ch * 8 < hdim_v)
-            *reinterpret_cast<uint4*>(og + (index_t)i * o_ss + ch * 8) =
+        if (i < blk.seqlen_q && ch * 8 < p.hdim_v)
+            *reinterpret_cast<uint4*>(og + (index_t)i * p.o.ss + ch * 8) =
                 *reinterpret_cast<const uint4*>(sO + (m0 + r) * PV + ch * 8);
     }
 }

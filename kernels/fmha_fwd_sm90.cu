@@ -3,7 +3,7 @@
 // K/V blocks of BLOCK_N keys are double-buffered in shared memory (blocked layout, cp.async).
 //   S = Q K^T     wgmma A = Q (smem, K-major), B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
-// Arguments are identical to fmha_fwd (one launch path for both).
+// Parameters: FwdParams (params.cuh), as fmha_fwd (one launch path for both).
 //
 // -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
@@ -14,7 +14,7 @@
 #include "tile.cuh"
 #include "tile_blocked.cuh"
 #include "attention.cuh"
-#include "varlen.cuh"
+#include "block.cuh"
 
 #ifndef NWG
 #define NWG 2
@@ -23,7 +23,7 @@
 #define MIN_BLOCKS 1
 #endif
 #ifndef WG_SKIP
-// Warpgroups skip key blocks none of their rows see (see fwd_block). Measured on the H200: +2-8%
+// Warpgroups skip key blocks none of their rows see (see fwd_step). Measured on the H200: +2-8%
 // at 2 warpgroups (hdim 64); at 3 warpgroups (hdim 128, at the 168-register cap) the extra loop
 // copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi instance spills.
 #define WG_SKIP (NWG == 2 && !ALIBI)
@@ -38,23 +38,19 @@ using namespace fmha;
 // (wkb_begin/wkb_end); the kernel calls the SKIP version only for the blocks where the
 // warpgroups differ, because the branch slows every block of a loop that contains it.
 template <bool SKIP>
-__device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int wkb_begin, int wkb_end,
-                                          const uint16_t* sQ, uint16_t* sK, uint16_t* sV, const uint16_t* kg,
-                                          const uint16_t* vg, index_t k_ss, index_t v_ss, int seqlen_q, int seqlen_k,
-                                          int hdim_q, int hdim_v, int tid, int wg, int wi, int g, int t, int wq0,
-                                          const Window& win, const Alibi& alibi, const ElemBias& ebias,
-                                          const Dropout& drop, float scale_log2, float* acc_o,
-                                          float* row_max, float* row_sum) {
+__device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk, int kb, int wkb_begin, int wkb_end,
+                                         const uint16_t* sQ, uint16_t* sK, uint16_t* sV, int tid, int wg, int wi, int g,
+                                         int t, int wq0, float* acc_o, float* row_max, float* row_sum) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
-    const int buf = (kb - kb_begin) & 1;
+    const int buf = (kb - blk.kb_begin) & 1;
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    if (kb + 1 < kb_end) {
-        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * HDIM_Q, kg, k_ss,
-                                                      (kb + 1) * BLOCK_N, seqlen_k, hdim_q, tid);
-        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * HDIM_V, vg, v_ss,
-                                                      (kb + 1) * BLOCK_N, seqlen_k, hdim_v, tid);
+    if (kb + 1 < blk.kb_end) {
+        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * HDIM_Q, blk.kg, p.k.ss,
+                                                      (kb + 1) * BLOCK_N, blk.seqlen_k, p.hdim_q, tid);
+        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV + (buf ^ 1) * BLOCK_N * HDIM_V, blk.vg, p.v.ss,
+                                                      (kb + 1) * BLOCK_N, blk.seqlen_k, p.hdim_v, tid);
     }
     cp_async_commit();
     const uint16_t* sKb = sK + buf * BLOCK_N * HDIM_Q;
@@ -70,15 +66,15 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
     const int k0 = kb * BLOCK_N;
     KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
     if constexpr (DROPOUT != 0) {
-        keep = fwd_keep_bits<NS>(drop, wq0 + wi * 16, k0, g, t);
+        keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, g, t);
         fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
     }
     wgmma_wait0();
     fence_operand<NS * 4>(s);
 
-    const bool edge = win.tile_needs_test(wq0, 64, k0, BLOCK_N, seqlen_q, seqlen_k);
-    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, scale_log2, edge, win, alibi, ebias, wq0 + wi * 16, k0, g, t,
-                           seqlen_k, keep);
+    const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, g, t,
+                           blk.seqlen_k, keep);
     uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
@@ -93,17 +89,7 @@ __device__ __forceinline__ void fwd_block(int kb, int kb_begin, int kb_end, int 
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-              uint16_t* __restrict__ o, float* __restrict__ lse,
-              index_t q_sb, index_t q_sh, index_t q_ss, index_t k_sb, index_t k_sh, index_t k_ss,
-              index_t v_sb, index_t v_sh, index_t v_ss, index_t o_sb, index_t o_sh, index_t o_ss,
-              int seqlen_q, int seqlen_k, int hdim_q, int hdim_v, int group, float scale_log2,
-              int win_y, int win_x, const float* __restrict__ alibi_slopes, index_t alibi_sb,
-              const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int win_bottom_right,
-              const void* __restrict__ bias, int bias_kind, index_t bias_sb, index_t bias_sh, index_t bias_sq,
-              index_t bias_sk,
-              // dropout (used when DROPOUT=1)
-              unsigned int keep_threshold, float rp_keep, unsigned long long seed, unsigned long long offset) {
+fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
@@ -112,42 +98,24 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+    const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
-    // group mode (varlen.cuh): this sequence's tokens and lengths; seqlen_q stays the LSE pitch
-    const int lse_pitch = seqlen_q;
-    if (cu_seqlens_q) {
-        const int tq = varlen_start(cu_seqlens_q, b, seqlen_q), tk = varlen_start(cu_seqlens_k, b, seqlen_k);
-        q += tq * q_ss;
-        k += tk * k_ss;
-        v += tk * v_ss;
-        lse_fill_tail(lse + ((index_t)b * gridDim.y + h) * lse_pitch, q0, BLOCK_M, seqlen_q, lse_pitch, tid, NTHREADS);
-        if (q0 >= seqlen_q) return;  // past this sequence's end
-    }
-    window_for_sequence(win_y, win_x, win_bottom_right, seqlen_q, seqlen_k);
-    const uint16_t* qg = q + b * q_sb + h * q_sh;
-    const uint16_t* kg = k + b * k_sb + hk * k_sh;
-    const uint16_t* vg = v + b * v_sb + hk * v_sh;
-    const Window win{win_y, win_x};
-    const Alibi alibi = make_alibi(alibi_slopes, alibi_sb, b, h, seqlen_q, seqlen_k);
-    const ElemBias ebias = make_bias(bias, bias_kind, bias_sb, bias_sh, bias_sq, bias_sk, b, h, seqlen_q, seqlen_k);
-    const Dropout drop = make_dropout(seed, offset, b, gridDim.y, h, keep_threshold, rp_keep);
+    FwdBlock blk;
+    if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, tid, blk)) return;
 
-    int kb_begin, kb_end;
-    key_block_range(win, q0, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, kb_begin, kb_end);
     // This warpgroup's own key blocks: on the causal diagonal, and in the last row block of a
     // sequence, some warpgroups have nothing to do for a key block; they skip its GEMMs (but still
     // load and meet the barriers), leaving the tensor cores to the others.
     const int wq0 = q0 + wg * 64;
     int wkb_begin, wkb_end;
-    key_block_range(win, wq0, 64, BLOCK_N, seqlen_q, seqlen_k, wkb_begin, wkb_end);
-    if (wq0 >= seqlen_q) wkb_end = wkb_begin;
+    key_block_range(blk.win, wq0, 64, BLOCK_N, blk.seqlen_q, blk.seqlen_k, wkb_begin, wkb_end);
+    if (wq0 >= blk.seqlen_q) wkb_end = wkb_begin;
 
-    load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, qg, q_ss, q0, seqlen_q, hdim_q, tid);
-    if (kb_begin < kb_end) {
-        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, kg, k_ss, kb_begin * BLOCK_N, seqlen_k, hdim_q, tid);
-        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, vg, v_ss, kb_begin * BLOCK_N, seqlen_k, hdim_v, tid);
+    load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ, blk.qg, p.q.ss, q0, blk.seqlen_q, p.hdim_q, tid);
+    if (blk.kb_begin < blk.kb_end) {
+        load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, blk.kg, p.k.ss, blk.kb_begin * BLOCK_N, blk.seqlen_k, p.hdim_q, tid);
+        load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, blk.vg, p.v.ss, blk.kb_begin * BLOCK_N, blk.seqlen_k, p.hdim_v, tid);
     }
     cp_async_commit();
 
@@ -157,54 +125,50 @@ fmha_fwd_sm90(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, co
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
     const int my_row = wg * 64 + wi * 16 + g;  // this thread's rows: my_row, my_row + 8
 
-    // Three phases: [kb_begin, all_begin) and [all_end, kb_end), where the warpgroups' key ranges
+    // Three phases: [blk.kb_begin, all_begin) and [all_end, blk.kb_end), where the warpgroups' key ranges
     // differ (causal diagonal, window edges, a last row block with warpgroups past the end), run
     // the skipping block; [all_begin, all_end), where every warpgroup works, the plain one.
-    int all_begin = kb_begin, all_end = kb_end;
+    int all_begin = blk.kb_begin, all_end = blk.kb_end;
     for (int w = 0; w < NWG; ++w) {
         int wb, we;
-        key_block_range(win, q0 + w * 64, 64, BLOCK_N, seqlen_q, seqlen_k, wb, we);
-        if (q0 + w * 64 >= seqlen_q) we = wb;
+        key_block_range(blk.win, q0 + w * 64, 64, BLOCK_N, blk.seqlen_q, blk.seqlen_k, wb, we);
+        if (q0 + w * 64 >= blk.seqlen_q) we = wb;
         all_begin = max(all_begin, wb);
         all_end = min(all_end, we);
     }
-    all_begin = min(all_begin, kb_end);
+    all_begin = min(all_begin, blk.kb_end);
     all_end = max(all_end, all_begin);
-#define FMHA_FWD_BLOCK(SKIP, kb)                                                                                    \
-    fwd_block<SKIP>(kb, kb_begin, kb_end, wkb_begin, wkb_end, sQ, sK, sV, kg, vg, k_ss, v_ss, seqlen_q, seqlen_k,      \
-                    hdim_q, hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, drop, scale_log2, acc_o, row_max, row_sum)
-    if (!WG_SKIP && wq0 >= seqlen_q) {
+#define FMHA_FWD_BLOCK(SKIP, kb) \
+    fwd_step<SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum)
+    if (!WG_SKIP && wq0 >= blk.seqlen_q) {
         // All rows of this warpgroup are past the end (the last row block of a sequence that is
         // not a multiple of BLOCK_M): it only loads and meets the barriers, so the CTA's other
-        // warpgroups get the tensor cores. (fwd_block<true> with an empty range: the GEMMs are
+        // warpgroups get the tensor cores. (fwd_step<true> with an empty range: the GEMMs are
         // compiled out of this copy.)
-        for (int kb = kb_begin; kb < kb_end; ++kb)
-            fwd_block<true>(kb, kb_begin, kb_end, 0, 0, sQ, sK, sV, kg, vg, k_ss, v_ss, seqlen_q, seqlen_k, hdim_q,
-                            hdim_v, tid, wg, wi, g, t, wq0, win, alibi, ebias, drop, scale_log2, acc_o, row_max,
-                            row_sum);
+        for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb)
+            fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
     } else {
-        if (!WG_SKIP) all_begin = kb_begin, all_end = kb_end;
-        for (int kb = kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+        if (!WG_SKIP) all_begin = blk.kb_begin, all_end = blk.kb_end;
+        for (int kb = blk.kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
         for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
-        for (int kb = all_end; kb < kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+        for (int kb = all_end; kb < blk.kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
     }
 #undef FMHA_FWD_BLOCK
 
-    float* lse_g = lse + ((index_t)b * gridDim.y + h) * lse_pitch;
-    uint16_t* og = o + b * o_sb + h * o_sh;
-    if (cu_seqlens_q) og += (index_t)cu_seqlens_q[b] * o_ss;  // group mode: not kept live through the loop
+    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
+    uint16_t* og = fwd_out_rows(p, b, h);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = q0 + my_row + r * 8;
-        if (i < seqlen_q) {
+        if (i < blk.seqlen_q) {
             if (t == 0) lse_g[i] = row_lse[r];
-            uint16_t* orow = og + (index_t)i * o_ss;
+            uint16_t* orow = og + (index_t)i * p.o.ss;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                if (col < hdim_v)
+                if (col < p.hdim_v)
                     *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
             }
         }

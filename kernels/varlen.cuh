@@ -2,7 +2,7 @@
 // [cu_seqlens[b], cu_seqlens[b + 1]) of its tensor. A null cu_seqlens pointer means batch mode.
 //
 // Conventions shared by every kernel (cupy_fmha/api.py sets the arguments accordingly):
-//   * the seqlen_q / seqlen_k kernel arguments carry max_seqlen_q / max_seqlen_k: the pitch of
+//   * the seqlen_q / seqlen_k fields of SeqArg (params.cuh) carry max_seqlen_q / max_seqlen_k: the pitch of
 //     the [batch, nhead_q, max_seqlen_q] rows of LSE, D and the dQ workspace, and the grid size;
 //   * batch strides of token-indexed tensors are 0; the kernel moves each such pointer by
 //     cu_seqlens[b] rows (token offset = cu[b] * seq stride);

@@ -1,0 +1,164 @@
+// Per-block state: what every mainloop needs, built once per CTA from the kernel's parameter
+// struct (params.cuh), for the mma.sync and the wgmma kernels alike: this sequence's lengths
+// (group mode: varlen.cuh), the pointers of this batch / head (moved by cu_seqlens in group
+// mode), the resolved mask window and the block range it lets this CTA see, the ALiBi, bias and
+// dropout state, and the row pitch of LSE / D / the dQ workspace. The kernels keep only their
+// mainloops and epilogues. No architecture-specific code here.
+#pragma once
+#include "common.cuh"
+#include "params.cuh"
+#include "varlen.cuh"
+#include "attention.cuh"
+#include "philox.cuh"
+
+namespace fmha {
+
+// Forward: the CTA of query rows [q0, q0 + M) of head h of sequence b (M = BLOCK_M, N = BLOCK_N,
+// NT threads).
+struct FwdBlock {
+    const uint16_t* qg;  // Q rows of (b, h), K and V rows of (b, h / group)
+    const uint16_t* kg;
+    const uint16_t* vg;
+    int seqlen_q, seqlen_k;  // this sequence's lengths
+    int lse_pitch;           // row pitch of LSE (group mode: the max length)
+    Window win;
+    Alibi alibi;
+    ElemBias bias;
+    Dropout drop;
+    int kb_begin, kb_end;  // key blocks these rows can see (none: O = 0, LSE = -inf)
+};
+
+// False when the CTA has nothing to do (group mode: its rows lie past its sequence; it has
+// written their LSE rows, -inf, and must exit before any barrier).
+template <int M, int N, int NT>
+__device__ __forceinline__ bool fwd_block_state(const FwdParams& p, int b, int h, int q0, int tid, FwdBlock& s) {
+    const int hk = h / p.group;
+    const uint16_t* q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* v = static_cast<const uint16_t*>(p.v.ptr);
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    s.lse_pitch = seqlen_q;
+    if (p.seq.cu_seqlens_q) {
+        const int tq = varlen_start(p.seq.cu_seqlens_q, b, seqlen_q), tk = varlen_start(p.seq.cu_seqlens_k, b, seqlen_k);
+        q += tq * p.q.ss;
+        k += tk * p.k.ss;
+        v += tk * p.v.ss;
+        lse_fill_tail(p.lse + ((index_t)b * gridDim.y + h) * s.lse_pitch, q0, M, seqlen_q, s.lse_pitch, tid, NT);
+        if (q0 >= seqlen_q) return false;
+    }
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
+    s.qg = q + b * p.q.sb + h * p.q.sh;
+    s.kg = k + b * p.k.sb + hk * p.k.sh;
+    s.vg = v + b * p.v.sb + hk * p.v.sh;
+    s.seqlen_q = seqlen_q;
+    s.seqlen_k = seqlen_k;
+    s.win = Window{win_y, win_x};
+    s.alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    s.bias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    s.drop = make_dropout(p.dropout.seed, p.dropout.offset, b, gridDim.y, h, p.dropout.keep_threshold,
+                          p.dropout.rp_keep);
+    key_block_range(s.win, q0, M, N, seqlen_q, seqlen_k, s.kb_begin, s.kb_end);
+    return true;
+}
+
+// Forward epilogue: the LSE row of (b, h) and the O rows of (b, h). Group mode moves O by the
+// sequence's first token only here, so the offset is not kept live through the mainloop.
+__device__ __forceinline__ float* fwd_lse_row(const FwdParams& p, int b, int h, int lse_pitch) {
+    return p.lse + ((index_t)b * gridDim.y + h) * lse_pitch;
+}
+__device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int h) {
+    uint16_t* og = static_cast<uint16_t*>(p.o.ptr) + b * p.o.sb + h * p.o.sh;
+    if (p.seq.cu_seqlens_q) og += (index_t)p.seq.cu_seqlens_q[b] * p.o.ss;
+    return og;
+}
+
+// Backward (dq_dk_dv): the CTA of keys [k0, k0 + N) (key block kb) of query head h of sequence b
+// (query blocks of M rows).
+struct BwdBlock {
+    const uint16_t* qg;   // Q and dO rows of (b, h)
+    const uint16_t* dog;
+    const uint16_t* kg;   // K and V rows of (b, h / group)
+    const uint16_t* vg;
+    void* dk;             // dK / dV outputs, moved by the sequence's first key (group mode)
+    void* dv;
+    const float* lse_g;   // LSE and D rows of (b, h)
+    const float* d_g;
+    float* dq_g;          // dQ workspace rows of (b, h) (deterministic mode: in slab kb)
+    index_t bh;           // b * nhead_q + h
+    int hk;               // K/V head (h / group)
+    int seqlen_q, seqlen_k;  // this sequence's lengths
+    int pitch_q, pitch_k;    // row pitches of LSE, D, dQ and the dS workspace (the max lengths)
+    Window win;
+    Alibi alibi;
+    ElemBias bias;
+    Dropout drop;
+    int qb_begin, qb_end;  // query blocks that can see this key block
+};
+
+// False when the CTA has nothing to do (group mode: its keys lie past its sequence).
+template <int M, int N>
+__device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h, int kb, int k0, BwdBlock& s) {
+    const int hk = h / p.group, nhead_q = gridDim.y;
+    const uint16_t* q = static_cast<const uint16_t*>(p.q.ptr);
+    const uint16_t* dout = static_cast<const uint16_t*>(p.dout.ptr);
+    const uint16_t* k = static_cast<const uint16_t*>(p.k.ptr);
+    const uint16_t* v = static_cast<const uint16_t*>(p.v.ptr);
+    void* dk = p.dk.ptr;
+    void* dv = p.dv.ptr;
+    int seqlen_q = p.seq.seqlen_q, seqlen_k = p.seq.seqlen_k;
+    s.pitch_q = seqlen_q;
+    s.pitch_k = seqlen_k;
+    if (p.seq.cu_seqlens_q) {
+        const int tq = varlen_start(p.seq.cu_seqlens_q, b, seqlen_q), tk = varlen_start(p.seq.cu_seqlens_k, b, seqlen_k);
+        if (k0 >= seqlen_k) return false;
+        q += tq * p.q.ss;
+        dout += tq * p.dout.ss;
+        k += tk * p.k.ss;
+        v += tk * p.v.ss;
+        dk = advance_elems(dk, p.dkdv_fp32, tk * p.dk.ss);
+        dv = advance_elems(dv, p.dkdv_fp32, tk * p.dv.ss);
+    }
+    int win_y = p.mask.win_y, win_x = p.mask.win_x;
+    window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen_q, seqlen_k);
+    s.win = Window{win_y, win_x};
+    s.alibi = make_alibi(p.alibi.slopes, p.alibi.sb, b, h, seqlen_q, seqlen_k);
+    s.bias = make_bias(p.bias.ptr, p.bias.kind, p.bias.sb, p.bias.sh, p.bias.sq, p.bias.sk, b, h, seqlen_q, seqlen_k);
+    s.drop = make_dropout(p.dropout.seed, p.dropout.offset, b, nhead_q, h, p.dropout.keep_threshold,
+                          p.dropout.rp_keep);
+    s.qg = q + b * p.q.sb + h * p.q.sh;
+    s.dog = dout + b * p.dout.sb + h * p.dout.sh;
+    s.kg = k + b * p.k.sb + hk * p.k.sh;
+    s.vg = v + b * p.v.sb + hk * p.v.sh;
+    s.hk = hk;
+    s.dk = dk;
+    s.dv = dv;
+    s.bh = (index_t)b * nhead_q + h;
+    s.lse_g = p.lse + s.bh * s.pitch_q;
+    s.d_g = p.delta + s.bh * s.pitch_q;
+    s.dq_g = p.dq_acc + kb * p.dq_split_stride + s.bh * s.pitch_q * p.hdim_q;  // slab kb (deterministic)
+    s.seqlen_q = seqlen_q;
+    s.seqlen_k = seqlen_k;
+    query_block_range(s.win, k0, N, M, seqlen_q, seqlen_k, s.qb_begin, s.qb_end);
+    return true;
+}
+
+// Backward with dBias: dS^T (fp32) of keys key0.. x query rows q0.. into the dS workspace of (b, h).
+template <int NQ>
+__device__ __forceinline__ void bwd_store_ds(const BwdParams& p, const BwdBlock& s, const float* ds, int key0, int q0,
+                                             int g, int t) {
+    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, g, t, s.seqlen_q, s.seqlen_k);
+}
+
+// Backward epilogue: dK (times softmax_scale) and dV of this thread's keys key, key + 8 into the
+// outputs (input dtype, K/V head h / group) or, for GQA, the fp32 workspaces of query head h.
+template <int NDK, int NDV>
+__device__ __forceinline__ void bwd_store_dk_dv(const BwdParams& p, const BwdBlock& s, int b, int h,
+                                                const float* acc_dk, const float* acc_dv, int key, int t, int dk_col0,
+                                                int dv_col0) {
+    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key, t, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
+                          p.dkdv_fp32, s.dk, s.dv, b, p.dkdv_fp32 ? h : s.hk, p.dk.sb, p.dk.sh, p.dk.ss,
+                          p.dv.sb, p.dv.sh, p.dv.ss);
+}
+
+}  // namespace fmha
