@@ -73,6 +73,17 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
     return og;
 }
 
+// The dropout keep bits of the backward kernels' shared-memory layouts (fill_keep_bits): a base of
+// the layout struct, empty (no bytes) when N == 0.
+template <int N> struct KeepBitsSmem { unsigned char keep[N]; };
+template <> struct KeepBitsSmem<0> {};
+// Their address (where the layout has none, the address they would have).
+template <class S>
+__device__ __forceinline__ unsigned char* keep_bits_smem(S& s) {
+    if constexpr (DROPOUT != 0) return s.keep;
+    else return reinterpret_cast<unsigned char*>(&s) + sizeof(S);
+}
+
 // Backward (dq_dk_dv): the CTA of keys [k0, k0 + N) (key block kb) of query head h of sequence b
 // (query blocks of M rows).
 struct BwdBlock {

@@ -14,7 +14,7 @@
 // DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
 // which the default path's convert should not pay.
 //
-// Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
+// Grid (ceil(seqlen / ROWS), nhead_out, batch), block NTHREADS (256). Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time. Parameters: ConvertParams (params.cuh;
 // seq.seqlen_q is `seqlen`, seq.cu_seqlens_q `cu_seqlens`). Group mode (cu_seqlens non-null, see
 // varlen.cuh): seqlen is the max length (acc's row pitch), output rows are packed tokens (batch
@@ -34,7 +34,7 @@
 
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(NTHREADS)
 fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     const float* __restrict__ acc = p.acc;
     uint16_t* __restrict__ out = static_cast<uint16_t*>(p.out.ptr);
@@ -54,7 +54,7 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     }
     const int ch_per_row = hdim / 8;
     const Window win{win_y, win_x};
-    for (int c = threadIdx.x; c < ROWS * ch_per_row; c += 256) {
+    for (int c = threadIdx.x; c < ROWS * ch_per_row; c += NTHREADS) {
         const int i = blockIdx.x * ROWS + c / ch_per_row, col = (c % ch_per_row) * 8;
         if (i >= seqlen) continue;
         float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};

@@ -17,7 +17,9 @@
 
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(ROWS * 32)
+static_assert(NTHREADS == ROWS * 32, "fmha_bwd_dot_do_o: one warp per row (spec.py)");
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
 fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
     const uint16_t* __restrict__ dout = static_cast<const uint16_t*>(p.dout.ptr);
     const uint16_t* __restrict__ o = static_cast<const uint16_t*>(p.o.ptr);

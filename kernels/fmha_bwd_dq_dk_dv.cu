@@ -46,8 +46,7 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-#define NTHREADS (NWARPS * 32)
-#define BLOCK_N (NWARPS * 16)
+static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
 #ifndef NSPLIT
 #define NSPLIT 1
 #endif
@@ -56,6 +55,21 @@
 #endif
 
 using namespace fmha;
+
+// Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T ([BLOCK_N][BLOCK_M], for GEMM4);
+// row-major tiles with pitch smem_pitch(D). DROPOUT: the keep bits of the Q block being processed
+// and of the next one.
+struct SmemTiles {
+    uint16_t k[BLOCK_N * smem_pitch(HDIM_Q)];
+    uint16_t v[BLOCK_N * smem_pitch(HDIM_V)];
+    uint16_t q[2][BLOCK_M * smem_pitch(HDIM_Q)];
+    uint16_t dout[2][BLOCK_M * smem_pitch(HDIM_V)];
+    uint16_t ds[BLOCK_N * smem_pitch(BLOCK_M)];
+    float lse[2][BLOCK_M];
+    float d[2][BLOCK_M];
+};
+struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0> {};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
@@ -71,15 +85,15 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     static_assert(DQ_OUT % 16 == 0 && DV_OUT % 16 == 0, "split head dims must be multiples of 16");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);
-    uint16_t* sV = sK + BLOCK_N * PQ;
-    uint16_t* sQ = sV + BLOCK_N * PV;             // [2][BLOCK_M][PQ]
-    uint16_t* sdO = sQ + 2 * BLOCK_M * PQ;        // [2][BLOCK_M][PV]
-    uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
-    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
-    float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
-    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
-    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sK = sm.k;
+    uint16_t* sV = sm.v;
+    uint16_t* sQ = &sm.q[0][0];
+    uint16_t* sdO = &sm.dout[0][0];
+    uint16_t* sdS = sm.ds;
+    float* sLse = &sm.lse[0][0];
+    float* sD = &sm.d[0][0];
+    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;

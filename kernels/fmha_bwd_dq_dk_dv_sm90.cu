@@ -33,9 +33,8 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-#define NTHREADS 256
-#define BLOCK_N 128
-#define BLOCK_M 64
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * NWG && BLOCK_M == 64,
+              "fmha_bwd_dq_dk_dv_sm90: two warpgroups of 64 keys, 64 query rows per step (spec.py)");
 #ifndef OVERLAP
 #define OVERLAP 1  // issue GEMM4 while GEMM1/3 still run (their register operands stay pinned)
 #endif
@@ -45,6 +44,34 @@
 
 using namespace fmha;
 
+// DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks apart,
+// so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
+constexpr int DQ_PITCH = HDIM_Q + 8;
+template <int N> struct DqStageSmem { float dq[N]; };
+template <> struct DqStageSmem<0> {};
+
+// Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T (for GEMM4); blocked tiles
+// (tile_blocked.cuh). DROPOUT: the keep bits of the Q block being processed and of the next one;
+// DQ_BULK: the dQ staging block.
+struct SmemTiles {
+    uint16_t k[BLOCK_N * HDIM_Q];
+    uint16_t v[BLOCK_N * HDIM_V];
+    uint16_t q[2][BLOCK_M * HDIM_Q];
+    uint16_t dout[2][BLOCK_M * HDIM_V];
+    uint16_t ds[BLOCK_N * BLOCK_M];
+    float lse[2][BLOCK_M];
+    float d[2][BLOCK_M];
+};
+struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0>,
+              DqStageSmem<DQ_BULK ? BLOCK_M * DQ_PITCH : 0> {};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// The staging block's address (where the layout has none, the address it would have).
+template <class S>
+__device__ __forceinline__ float* dq_stage_smem(S& s) {
+    if constexpr (DQ_BULK != 0) return s.dq;
+    else return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&s) + sizeof(S));
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
@@ -52,20 +79,17 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_N][HDIM_Q] blocked
-    uint16_t* sV = sK + BLOCK_N * HDIM_Q;                    // [BLOCK_N][HDIM_V]
-    uint16_t* sQ = sV + BLOCK_N * HDIM_V;                    // [2][BLOCK_M][HDIM_Q]
-    uint16_t* sdO = sQ + 2 * BLOCK_M * HDIM_Q;               // [2][BLOCK_M][HDIM_V]
-    uint16_t* sdS = sdO + 2 * BLOCK_M * HDIM_V;              // [BLOCK_N][BLOCK_M] (dS^T)
-    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * BLOCK_M);
-    float* sD = sLse + 2 * BLOCK_M;
-    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
-    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sK = sm.k;
+    uint16_t* sV = sm.v;
+    uint16_t* sQ = &sm.q[0][0];
+    uint16_t* sdO = &sm.dout[0][0];
+    uint16_t* sdS = sm.ds;  // dS^T, [BLOCK_N][BLOCK_M] blocked
+    float* sLse = &sm.lse[0][0];
+    float* sD = &sm.d[0][0];
+    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
-    // DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks
-    // apart, so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
-    constexpr int DQ_PITCH = HDIM_Q + 8;
-    float* sdQ = reinterpret_cast<float*>(sKeep + (DROPOUT != 0 ? 2 * KEEP_BYTES : 0));
+    float* sdQ = dq_stage_smem(sm);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it

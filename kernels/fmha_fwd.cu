@@ -8,7 +8,7 @@
 //            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
-// given by cupy_fmha/launch.py (fwd_smem_bytes).
+// SMEM_BYTES (spec.py; the Smem struct below).
 // Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):
 // p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
 // and LSE rows past a sequence are -inf.
@@ -24,19 +24,28 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
-#define NTHREADS (NWARPS * 32)
-#define BLOCK_M (NWARPS * 16)
+static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
 
 using namespace fmha;
+
+// Shared memory: Q (O's staging area in the epilogue), then K and V, double-buffered; row-major
+// tiles with pitch smem_pitch(D).
+struct Smem {
+    uint16_t q[BLOCK_M * (HDIM_Q > HDIM_V ? smem_pitch(HDIM_Q) : smem_pitch(HDIM_V))];
+    uint16_t k[2][BLOCK_N * smem_pitch(HDIM_Q)];
+    uint16_t v[2][BLOCK_N * smem_pitch(HDIM_V)];
+};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd(const __grid_constant__ FwdParams p) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
-    uint16_t* sK = sQ + BLOCK_M * (PQ > PV ? PQ : PV);  // sQ doubles as O's staging area
-    uint16_t* sV = sK + 2 * BLOCK_N * PQ;
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sQ = sm.q;  // doubles as O's staging area
+    uint16_t* sK = &sm.k[0][0];
+    uint16_t* sV = &sm.v[0][0];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.y, b = blockIdx.z;

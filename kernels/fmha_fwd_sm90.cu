@@ -28,10 +28,17 @@
 // copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi instance spills.
 #define WG_SKIP (NWG == 2 && !ALIBI)
 #endif
-#define NTHREADS (NWG * 128)
-#define BLOCK_M (NWG * 64)
+static_assert(BLOCK_M == 64 * NWG && NTHREADS == 128 * NWG, "fmha_fwd_sm90: one warpgroup per 64 query rows (spec.py)");
 
 using namespace fmha;
+
+// Shared memory: Q, then K and V, double-buffered; blocked tiles (tile_blocked.cuh).
+struct Smem {
+    uint16_t q[BLOCK_M * HDIM_Q];
+    uint16_t k[2][BLOCK_N * HDIM_Q];
+    uint16_t v[2][BLOCK_N * HDIM_V];
+};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 // One key block kb: wait for its K/V, start loading the next, S = Q K^T, online softmax,
 // O += P V. SKIP: this warpgroup skips the block when none of its rows sees a key of it
@@ -92,9 +99,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
-    uint16_t* sK = sQ + BLOCK_M * HDIM_Q;                    // [2][BLOCK_N][HDIM_Q]
-    uint16_t* sV = sK + 2 * BLOCK_N * HDIM_Q;                // [2][BLOCK_N][HDIM_V]
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sQ = sm.q;
+    uint16_t* sK = &sm.k[0][0];
+    uint16_t* sV = &sm.v[0][0];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;

@@ -11,18 +11,18 @@
 
 namespace fmha {
 
-// Asynchronously copy rows [row0, row0 + ROWS) x cols [0, D) of a global matrix (row stride
+// Asynchronously copy rows [row0, row0 + R) x cols [0, D) of a global matrix (row stride
 // `stride` elements, unit column stride) into shared memory. Rows >= nrows and columns >= ncols
 // are zero-filled. D is a multiple of 8; ncols a multiple of 8.
-template <int ROWS, int D, int NTHREADS>
+template <int R, int D, int NT>
 __device__ __forceinline__ void load_tile_async(uint16_t* smem, const uint16_t* gmem, index_t stride,
                                                 int row0, int nrows, int ncols, int tid) {
     constexpr int CH = D / 8;
-    constexpr int TOTAL = ROWS * CH;
+    constexpr int TOTAL = R * CH;
 #pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
-        int c = tid + i * NTHREADS;
-        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+    for (int i = 0; i < (TOTAL + NT - 1) / NT; ++i) {
+        int c = tid + i * NT;
+        if (TOTAL % NT == 0 || c < TOTAL) {
             int r = c / CH, ch = c % CH;
             int row = row0 + r;
             bool ok = row < nrows && ch * 8 < ncols;
@@ -33,9 +33,9 @@ __device__ __forceinline__ void load_tile_async(uint16_t* smem, const uint16_t* 
 }
 
 // Asynchronously copy `n` floats v[row0 .. row0 + n) into shared memory, zero past nrows.
-template <int N, int NTHREADS>
+template <int N, int NT>
 __device__ __forceinline__ void load_vec_async(float* smem, const float* gmem, int row0, int nrows, int tid) {
-    for (int r = tid; r < N; r += NTHREADS) {
+    for (int r = tid; r < N; r += NT) {
         bool ok = row0 + r < nrows;
         cp_async_4(smem_u32(smem + r), ok ? gmem + row0 + r : gmem, ok);
     }
