@@ -8,16 +8,9 @@
 #include "arch_sm80.cuh"
 #include "philox.cuh"
 
-// DROPOUT=1 builds the dropout instances (Philox keep test in the forward's softmax and the
-// backward's P / dS step); DROPOUT=0 (default) compiles none of it, so those instances are
-// unchanged in code and cost and ignore the dropout kernel arguments.
-#ifndef DROPOUT
-#define DROPOUT 0
-#endif
-
-#ifndef ALIBI
-#define ALIBI 0  // 1: the instance adds ALiBi (compile-time, so plain attention pays nothing)
-#endif
+// DROPOUT (config.cuh) builds the dropout instances (Philox keep test in the forward's softmax and
+// the backward's P / dS step); without it none of that code is compiled, so those instances are
+// unchanged in code and cost and ignore the dropout parameters. ALIBI and BIAS likewise.
 
 namespace fmha {
 
@@ -51,12 +44,9 @@ struct Alibi {
 
 __device__ __forceinline__ Alibi make_alibi(const float* slopes, index_t batch_stride, int b, int h, int seqlen_q,
                                             int seqlen_k) {
-    return Alibi{ALIBI ? slopes[b * batch_stride + h] * FMHA_LOG2E : 0.f, seqlen_k - seqlen_q};
+    if constexpr (ALIBI) return Alibi{slopes[b * batch_stride + h] * FMHA_LOG2E, seqlen_k - seqlen_q};
+    else return Alibi{0.f, seqlen_k - seqlen_q};
 }
-
-#ifndef BIAS
-#define BIAS 0  // 1: the instance takes an elementwise bias (and, in the backward, can write dS)
-#endif
 
 // Elementwise bias: any tensor broadcastable to [batch, nhead_q, seqlen_q, seqlen_k], read
 // through strides (0 along broadcast dimensions), added after scaling like ALiBi. Its dtype is
@@ -83,7 +73,8 @@ struct ElemBias {
 // The bias of (batch b, query head h); i and j are positions local to the sequence.
 __device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_t sb, index_t sh, index_t sq,
                                               index_t sk, int b, int h, int seqlen_q, int seqlen_k) {
-    if (!BIAS || bias == nullptr || kind == 0) return ElemBias{nullptr, 0, 0, 0, 0, 0};
+    if constexpr (!BIAS) return ElemBias{nullptr, 0, 0, 0, 0, 0};
+    if (bias == nullptr || kind == 0) return ElemBias{nullptr, 0, 0, 0, 0, 0};
     const index_t off = b * sb + h * sh;
     const void* p = kind == 3 ? static_cast<const void*>(static_cast<const float*>(bias) + off)
                               : static_cast<const void*>(static_cast<const uint16_t*>(bias) + off);
@@ -147,8 +138,9 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * n + e] *= scale_log2;
-            if (BIAS && bias.kind) s[4 * n + e] += bias(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
-            if (ALIBI) s[4 * n + e] += alibi(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
+            if constexpr (BIAS)
+                if (bias.kind) s[4 * n + e] += bias(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
+            if constexpr (ALIBI) s[4 * n + e] += alibi(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
         }
     if (edge) {
 #pragma unroll
@@ -183,7 +175,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
             acc_o[4 * n + 2 * r + 1] *= corr;
         }
     }
-    if constexpr (DROPOUT != 0) {
+    if constexpr (DROPOUT) {
         // groups of four n8 tiles; with BLOCK_N = 16 (NS = 2) half of the one group's bits go unused
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -210,7 +202,7 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
         float l = row_sum[r];
         l += shfl_xor(l, 1);
         l += shfl_xor(l, 2);
-        if constexpr (DROPOUT != 0) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
+        if constexpr (DROPOUT) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
         else inv[r] = l > 0.f ? 1.f / l : 0.f;
         lse[r] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
     }
@@ -238,12 +230,12 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             float l = lse[c];
             l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
             float x;
-            if (BIAS && bias.kind) x = (s[4 * n + e] * scale_log2 + bias(i, j)) - l;
+            if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
             else x = s[4 * n + e] * scale_log2 - l;
-            if (ALIBI) x += alibi(i, j);
+            if constexpr (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);
             if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
-            if constexpr (DROPOUT != 0) {
+            if constexpr (DROPOUT) {
                 // bytes of query rows c & ~1 and c | 1 of key group (e >> 1): bit g (+ 8)
                 const uint32_t pair = *reinterpret_cast<const uint16_t*>(keep_bits + (e >> 1) * (8 * NQ) + n * 8 + 2 * t);
                 const float z = (pair >> ((e & 1) * 8 + g)) & 1u ? drop.rp_keep : 0.f;

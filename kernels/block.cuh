@@ -80,7 +80,7 @@ template <> struct KeepBitsSmem<0> {};
 // Their address (where the layout has none, the address they would have).
 template <class S>
 __device__ __forceinline__ unsigned char* keep_bits_smem(S& s) {
-    if constexpr (DROPOUT != 0) return s.keep;
+    if constexpr (DROPOUT) return s.keep;
     else return reinterpret_cast<unsigned char*>(&s) + sizeof(S);
 }
 

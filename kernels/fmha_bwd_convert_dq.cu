@@ -25,12 +25,6 @@
 #include "varlen.cuh"
 #include "params.cuh"
 
-#ifndef ROWS
-#define ROWS 16
-#endif
-#ifndef DQ_SPLIT
-#define DQ_SPLIT 0
-#endif
 
 using namespace fmha;
 
@@ -48,9 +42,11 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
     const int pitch = seqlen;  // group mode: the max sequence length, the row pitch of acc
     if (cu_seqlens) out += (index_t)varlen_start(cu_seqlens, b, seqlen) * o_ss;
-    if (DQ_SPLIT && cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
-        varlen_start(cu_seqlens_k, b, seqlen_k);
-        window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen, seqlen_k);
+    if constexpr (DQ_SPLIT) {
+        if (cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
+            varlen_start(cu_seqlens_k, b, seqlen_k);
+            window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen, seqlen_k);
+        }
     }
     const int ch_per_row = hdim / 8;
     const Window win{win_y, win_x};
@@ -60,7 +56,7 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
         float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         const int qb = DQ_SPLIT ? i / block_m : 0;
         for (int kb = 0; kb < (DQ_SPLIT ? nsplit : 1); ++kb) {
-            if (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
+            if constexpr (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
                 if (kb * block_n >= seqlen_k) break;  // key blocks past the sequence exit early
                 int qb_begin, qb_end;
                 query_block_range(win, kb * block_n, block_n, block_m, seqlen, seqlen_k, qb_begin, qb_end);

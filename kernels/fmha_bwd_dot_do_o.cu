@@ -11,10 +11,6 @@
 #include "varlen.cuh"
 #include "params.cuh"
 
-#ifndef ROWS
-#define ROWS 8
-#endif
-
 using namespace fmha;
 
 static_assert(NTHREADS == ROWS * 32, "fmha_bwd_dot_do_o: one warp per row (spec.py)");

@@ -19,7 +19,7 @@
 // splits the output columns (dK/dQ over hdim_q, dV over hdim_v) across NSPLIT CTAs; each CTA
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias),
 //            DROPOUT (0/1).
 // Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
@@ -46,15 +46,9 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
-#ifndef NSPLIT
-#define NSPLIT 1
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-
 using namespace fmha;
+
+static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
 
 // Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T ([BLOCK_N][BLOCK_M], for GEMM4);
 // row-major tiles with pitch smem_pitch(D). DROPOUT: the keep bits of the Q block being processed
@@ -111,7 +105,7 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -160,10 +154,9 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, g, t,
                             blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
-#if BIAS
-        if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
-            bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, g, t);
-#endif
+        if constexpr (BIAS)
+            if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
+                bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, g, t);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll
@@ -215,7 +208,7 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
         // the next block's keep bits (read after the next iteration's barrier; the buffer's last
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
-        if constexpr (DROPOUT != 0)
+        if constexpr (DROPOUT)
             if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }

@@ -23,7 +23,7 @@
 // queues to the loads.
 // Parameters: BwdParams (params.cuh), as fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
 //            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
 #include "arch_sm80.cuh"
@@ -33,16 +33,13 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * NWG && BLOCK_M == 64,
-              "fmha_bwd_dq_dk_dv_sm90: two warpgroups of 64 keys, 64 query rows per step (spec.py)");
-#ifndef OVERLAP
-#define OVERLAP 1  // issue GEMM4 while GEMM1/3 still run (their register operands stay pinned)
-#endif
-#ifndef DQ_BULK
-#define DQ_BULK 1  // dQ through shared memory and bulk reduce-adds (see above)
-#endif
 
 using namespace fmha;
+
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * NWG && BLOCK_M == 64,
+              "fmha_bwd_dq_dk_dv_sm90: two warpgroups of 64 keys, 64 query rows per step (spec.py)");
+// OVERLAP (config.cuh, default on): issue GEMM4 while GEMM1/3 still run (their register operands
+// stay pinned). DQ_BULK (default on): dQ through shared memory and bulk reduce-adds (see above).
 
 // DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks apart,
 // so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
@@ -65,6 +62,9 @@ struct SmemTiles {
 struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0>,
               DqStageSmem<DQ_BULK ? BLOCK_M * DQ_PITCH : 0> {};
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt (recomputed
+// where used: kept live across the loop, this pushed hdim 128 past 255 registers)
+__device__ __forceinline__ bool dq_issuer() { return DQ_BULK && (threadIdx.x & 127) < BLOCK_M; }
 // The staging block's address (where the layout has none, the address it would have).
 template <class S>
 __device__ __forceinline__ float* dq_stage_smem(S& s) {
@@ -93,9 +93,6 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
-    // DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt
-    // (recomputed where used: kept live across the loop, these pushed hdim 128 past 255 registers)
-#define DQ_ISSUER (DQ_BULK != 0 && (threadIdx.x & 127) < BLOCK_M)
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
@@ -109,7 +106,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
         load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -158,10 +155,9 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + key_row0 + wi * 16, q0, g, t,
                           blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
-#if BIAS
-        if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
-            bwd_store_ds<NQ>(p, blk, dp, k0 + key_row0 + wi * 16, q0, g, t);
-#endif
+        if constexpr (BIAS)
+            if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
+                bwd_store_ds<NQ>(p, blk, dp, k0 + key_row0 + wi * 16, q0, g, t);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
@@ -182,15 +178,15 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
             wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mnmajor<HDIM_Q>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
-#if !OVERLAP
-        wgmma_wait0();
-        fence_operand<NDV * 4>(acc_dv);
-        fence_operand<NDQ * 4>(acc_dk);
-#endif
+        if constexpr (!OVERLAP) {
+            wgmma_wait0();
+            fence_operand<NDV * 4>(acc_dv);
+            fence_operand<NDQ * 4>(acc_dk);
+        }
         fence_proxy_async();
         // the previous block's dQ rows have left sdQ (a no-op in threads that issued no bulk
         // copies; executed by all: the predicated form spilled at hdim 128)
-        if (DQ_BULK) bulk_wait_read<0>();
+        if constexpr (DQ_BULK) bulk_wait_read<0>();
         __syncthreads();  // dS^T visible to both warpgroups; sdQ free
 
         // GEMM4: dQ[q0 .. q0 + 64, wg half of the columns] = dS K
@@ -206,14 +202,13 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
             wgmma_commit();
             wgmma_wait0();
             fence_operand<DQ_HALF / 2>(acc_dq);
-#if OVERLAP
-            fence_operand<NDV * 4>(acc_dv);
-            fence_operand<NDQ * 4>(acc_dk);
-            fence_operand<BLOCK_M / 4>(&pa[0][0]);
-            fence_operand<BLOCK_M / 4>(&dsa[0][0]);
-#endif
-#if DQ_BULK
-            {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
+            if constexpr (OVERLAP) {
+                fence_operand<NDV * 4>(acc_dv);
+                fence_operand<NDQ * 4>(acc_dk);
+                fence_operand<BLOCK_M / 4>(&pa[0][0]);
+                fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+            }
+            if constexpr (DQ_BULK) {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
                 float* sdq_t = sdQ + (wi * 16 + g) * DQ_PITCH + wg * DQ_HALF + 2 * t;
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
@@ -223,7 +218,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                             make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
                 fence_proxy_async();
                 named_barrier_sync(1 + wg, 128);
-                if (DQ_ISSUER) {
+                if (dq_issuer()) {
                     const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
                     if (i < blk.seqlen_q && ncol > 0) {
                         float* dst = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF;
@@ -233,39 +228,37 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                     }
                     bulk_commit();
                 }
-            }
-#else
+            } else {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = q0 + wi * 16 + g + r * 8;
-                if (i < blk.seqlen_q) {
-                    float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + 2 * t;
-                    const int ncol = p.hdim_q - wg * DQ_HALF - 2 * t;
-                    if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
+                for (int r = 0; r < 2; ++r) {
+                    const int i = q0 + wi * 16 + g + r * 8;
+                    if (i < blk.seqlen_q) {
+                        float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + 2 * t;
+                        const int ncol = p.hdim_q - wg * DQ_HALF - 2 * t;
+                        if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
-                        for (int n = 0; n < DQ_HALF / 8; ++n)
-                            if (n * 8 < ncol)
-                                *reinterpret_cast<float2*>(row + n * 8) =
-                                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                    } else {
+                            for (int n = 0; n < DQ_HALF / 8; ++n)
+                                if (n * 8 < ncol)
+                                    *reinterpret_cast<float2*>(row + n * 8) =
+                                        make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        } else {
 #pragma unroll
-                        for (int n = 0; n < DQ_HALF / 8; ++n)
-                            if (n * 8 < ncol) red_add_f32x2(row + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                            for (int n = 0; n < DQ_HALF / 8; ++n)
+                                if (n * 8 < ncol) red_add_f32x2(row + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        }
                     }
                 }
             }
-#endif
         }
         // the next block's keep bits (read after the next iteration's barrier; the buffer's last
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
-        if constexpr (DROPOUT != 0)
+        if constexpr (DROPOUT)
             if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
-    if (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
+    if constexpr (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
-#undef DQ_ISSUER
     bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + my_key, t, 0, 0);
 }

@@ -3,7 +3,7 @@
 // streams K/V blocks of BLOCK_N keys through double-buffered shared memory (cp.async), keeps the
 // running row max and sum in registers and rescales O once at the end.
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
 //            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
@@ -18,15 +18,9 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-#ifndef Q_IN_REGS
-#define Q_IN_REGS 1
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
-
 using namespace fmha;
+
+static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
 
 // Shared memory: Q (O's staging area in the epilogue), then K and V, double-buffered; row-major
 // tiles with pitch smem_pitch(D).
@@ -64,21 +58,19 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     float acc_o[NT_O][4];
     zero<NT_O>(acc_o);
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-#if Q_IN_REGS
-    uint32_t qf[KQ][4];
-#endif
+    uint32_t qf[KQ][4];  // Q_IN_REGS: Q's fragments, loaded once
     const int m0 = warp * 16;
 
     for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb) {
         const int buf = (kb - blk.kb_begin) & 1;
         cp_async_wait<0>();
         __syncthreads();
-#if Q_IN_REGS
-        if (kb == blk.kb_begin) {
+        if constexpr (Q_IN_REGS) {
+            if (kb == blk.kb_begin) {
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
+                for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
+            }
         }
-#endif
         if (kb + 1 < blk.kb_end) {  // prefetch the next K/V block into the other buffer
             load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * PQ, blk.kg, p.k.ss, (kb + 1) * BLOCK_N,
                                                        blk.seqlen_k, p.hdim_q, tid);
@@ -94,19 +86,19 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
         zero<NT_S>(s);
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
-#if Q_IN_REGS
-            mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
-#else
-            uint32_t a[4];
-            load_a(a, sQ, PQ, m0, kk * 16, lane);
-            mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
-#endif
+            if constexpr (Q_IN_REGS) {
+                mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
+            } else {
+                uint32_t a[4];
+                load_a(a, sQ, PQ, m0, kk * 16, lane);
+                mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
+            }
         }
 
         const int k0 = kb * BLOCK_N;
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         KeepBits<NT_S> keep;
-        if constexpr (DROPOUT != 0) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, g, t);
+        if constexpr (DROPOUT) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, g, t);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                                    q0 + m0, k0,
                                    g, t, blk.seqlen_k, keep);

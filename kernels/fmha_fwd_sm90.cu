@@ -5,7 +5,7 @@
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
 // Parameters: FwdParams (params.cuh), as fmha_fwd (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
 //            fmha_fwd.cu).
 #include "common.cuh"
@@ -16,21 +16,13 @@
 #include "attention.cuh"
 #include "block.cuh"
 
-#ifndef NWG
-#define NWG 2
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-#ifndef WG_SKIP
-// Warpgroups skip key blocks none of their rows see (see fwd_step). Measured on the H200: +2-8%
-// at 2 warpgroups (hdim 64); at 3 warpgroups (hdim 128, at the 168-register cap) the extra loop
-// copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi instance spills.
-#define WG_SKIP (NWG == 2 && !ALIBI)
-#endif
-static_assert(BLOCK_M == 64 * NWG && NTHREADS == 128 * NWG, "fmha_fwd_sm90: one warpgroup per 64 query rows (spec.py)");
-
 using namespace fmha;
+
+// WG_SKIP (config.cuh): warpgroups skip key blocks none of their rows see (see fwd_step). Measured
+// on the H200: +2-8% at 2 warpgroups (hdim 64); at 3 warpgroups (hdim 128, at the 168-register
+// cap) the extra loop copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi
+// instance spills; the default is on at 2 warpgroups without ALiBi.
+static_assert(BLOCK_M == 64 * NWG && NTHREADS == 128 * NWG, "fmha_fwd_sm90: one warpgroup per 64 query rows (spec.py)");
 
 // Shared memory: Q, then K and V, double-buffered; blocked tiles (tile_blocked.cuh).
 struct Smem {
@@ -72,7 +64,7 @@ __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk
     wgmma_commit();
     const int k0 = kb * BLOCK_N;
     KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
-    if constexpr (DROPOUT != 0) {
+    if constexpr (DROPOUT) {
         keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, g, t);
         fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
     }
@@ -146,8 +138,6 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     }
     all_begin = min(all_begin, blk.kb_end);
     all_end = max(all_end, all_begin);
-#define FMHA_FWD_BLOCK(SKIP, kb) \
-    fwd_step<SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum)
     if (!WG_SKIP && wq0 >= blk.seqlen_q) {
         // All rows of this warpgroup are past the end (the last row block of a sequence that is
         // not a multiple of BLOCK_M): it only loads and meets the barriers, so the CTA's other
@@ -157,11 +147,13 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
             fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
     } else {
         if (!WG_SKIP) all_begin = blk.kb_begin, all_end = blk.kb_end;
-        for (int kb = blk.kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
-        for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
-        for (int kb = all_end; kb < blk.kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+        for (int kb = blk.kb_begin; kb < all_begin; ++kb)
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+        for (int kb = all_begin; kb < all_end; ++kb)
+            fwd_step<false>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+        for (int kb = all_end; kb < blk.kb_end; ++kb)
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
     }
-#undef FMHA_FWD_BLOCK
 
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     uint16_t* og = fwd_out_rows(p, b, h);

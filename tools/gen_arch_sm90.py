@@ -18,12 +18,6 @@ HEAD = '''// Architecture layer for sm_90a (Hopper): warpgroup MMA (wgmma) and t
 #pragma once
 #include "common.cuh"
 
-#if FMHA_BF16
-#define FMHA_WGMMA_TYPE "bf16"
-#else
-#define FMHA_WGMMA_TYPE "f16"
-#endif
-
 namespace fmha {
 
 __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, int lbo_bytes, int sbo_bytes) {
@@ -60,7 +54,7 @@ template <int TA, int TB>
 __device__ __forceinline__ void wgmma_ss_n{n}(float* d, unsigned long long da, unsigned long long db, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." FMHA_WGMMA_TYPE "." FMHA_WGMMA_TYPE " "
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." FMHA_PTX_ELEM "." FMHA_PTX_ELEM " "
         "{{{regs}}}, %{r}, %{r + 1}, p, 1, 1, %{r + 3}, %{r + 4};\\n}}\\n"
         : {outs}
         : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
@@ -78,7 +72,7 @@ template <int TB>
 __device__ __forceinline__ void wgmma_rs_n{n}(float* d, const uint32_t* a, unsigned long long db, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." FMHA_WGMMA_TYPE "." FMHA_WGMMA_TYPE " "
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." FMHA_PTX_ELEM "." FMHA_PTX_ELEM " "
         "{{{regs}}}, {{%{r},%{r + 1},%{r + 2},%{r + 3}}}, %{r + 4}, p, 1, 1, %{r + 6};\\n}}\\n"
         : {outs}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
