@@ -5,7 +5,7 @@
 // the architecture layer's helpers.
 #pragma once
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "philox.cuh"
 
 // DROPOUT (config.cuh) builds the dropout instances (Philox keep test in the forward's softmax and

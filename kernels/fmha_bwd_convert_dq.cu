@@ -20,7 +20,7 @@
 // varlen.cuh): seqlen is the max length (acc's row pitch), output rows are packed tokens (batch
 // stride 0) and only each sequence's own rows are written.
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
 #include "params.cuh"

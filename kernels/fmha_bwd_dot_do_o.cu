@@ -7,7 +7,7 @@
 // of row i also zero-fills dQ row i, so the workspace needs no separate memset (one pass less
 // over memory; FlashAttention-2's preprocessing kernel clears its dQ accumulator the same way).
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "varlen.cuh"
 #include "params.cuh"
 

@@ -41,8 +41,7 @@
 //        lengths), zeroed by the caller; receives dS (before any 16-bit rounding), reduced to
 //        dBias's shape by the caller.
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "tile.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 

@@ -26,10 +26,7 @@
 // Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
 //            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
-#include "tile.cuh"
-#include "tile_blocked.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 

@@ -13,8 +13,7 @@
 // p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
 // and LSE rows past a sequence are -inf.
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "tile.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 

@@ -9,10 +9,7 @@
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
 //            fmha_fwd.cu).
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
-#include "tile.cuh"
-#include "tile_blocked.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 

@@ -1,5 +1,4 @@
-// Architecture layer for NVIDIA sm_80+ (Ampere, Hopper): every piece of inline PTX lives here.
-// A HIP port replaces this file (MFMA builtins, LDS reads, plain global loads) and keeps the rest.
+// Architecture layer, sm80 (NVIDIA sm_80 and newer): the mma.sync-family instructions, as inline PTX.
 //
 //   mma_16816        mma.sync m16n8k16, fp16/bf16 in, fp32 accumulate (row.col)
 //   ldsm_x4/x2(_t)   ldmatrix 8x8 b16 fragments from shared memory (optionally transposed)
@@ -7,7 +6,7 @@
 //   red_add_f32x2    fp32 pair atomically added to global memory (vector red on sm_90)
 //   pack2 / to_float element conversions (input dtype); f16/bf16_bits_to_float (run-time dtype)
 #pragma once
-#include "common.cuh"
+#include "../../common.cuh"
 
 namespace fmha {
 

@@ -1,13 +1,13 @@
-// The "blocked" shared-memory tile layout read by wgmma (no swizzle): a R x C tile (C a
+// Architecture layer, sm90: the "blocked" shared-memory tile layout read by wgmma (no swizzle): a R x C tile (C a
 // multiple of 8) is stored as 8x8 core matrices of 128 contiguous bytes, core (r/8, c/8) at
 // element offset ((r/8) * (C/8) + c/8) * 64, row r%8 of a core at +8*(r%8).
 //
 // As a K-major operand (rows = M or N, columns = K): LBO = 128 B, SBO = (C/8) * 128 B.
 // As an MN-major operand (rows = K, columns = M or N): LBO = (C/8) * 128 B, SBO = 128 B.
 #pragma once
-#include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
+#include "../../common.cuh"
+#include "../sm80/instr.cuh"
+#include "wgmma.cuh"
 
 namespace fmha {
 

@@ -1,4 +1,5 @@
-// Tile movement and mma fragment addressing, built only on the architecture layer.
+// Architecture layer, sm80: tile movement (cp.async into row-major shared-memory tiles) and the
+// ldmatrix-based mma fragment loaders.
 //
 // Shared-memory tiles are row-major with pitch smem_pitch(D) elements (see common.cuh).
 // Fragment naming follows mma.m16n8k16: g = lane / 4, t = lane % 4;
@@ -6,8 +7,8 @@
 //   B (16x8):  b[0] (k rows 2t..2t+1, col g), b[1] (k rows 2t+8.., col g)
 //   C (16x8):  c[0..1] (row g, cols 2t..2t+1), c[2..3] (row g+8, cols 2t..2t+1)
 #pragma once
-#include "common.cuh"
-#include "arch_sm80.cuh"
+#include "../../common.cuh"
+#include "instr.cuh"
 
 namespace fmha {
 

@@ -6,7 +6,7 @@
 // K-major and MN-major operands, LBO is the byte stride between core matrices along K and SBO
 // the stride along M/N (checked on an H200 with bench/probe).
 #pragma once
-#include "common.cuh"
+#include "../../common.cuh"
 
 namespace fmha {
 
@@ -21,29 +21,6 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Bulk (TMA-engine) reduction: global[dst .. dst + bytes) += shared[src .. src + bytes), fp32,
-// element-wise atomic; bytes a multiple of 16, both addresses 16-byte aligned. The shared source
-// must have been written before a fence_proxy_async() by its writers. bulk_commit() closes a
-// group; bulk_wait_read<0>() waits until this thread's groups have read their sources (the
-// buffer may then be rewritten), bulk_wait<0>() until they have completed.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-// Bulk copy: global[dst .. dst + bytes) = shared[src .. src + bytes) (same rules as above).
-__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
-// Barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
-}
 // Pin accumulator registers: the compiler may not move or reuse them across this point.
 template <int N>
 __device__ __forceinline__ void fence_operand(float* d) {
