@@ -157,17 +157,17 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
 // Backward with dBias: dS^T (fp32) of keys key0.. x query rows q0.. into the dS workspace of (b, h).
 template <int NQ>
 __device__ __forceinline__ void bwd_store_ds(const BwdParams& p, const BwdBlock& s, const float* ds, int key0, int q0,
-                                             int g, int t) {
-    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, g, t, s.seqlen_q, s.seqlen_k);
+                                             const AccFrag& f) {
+    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, f, s.seqlen_q, s.seqlen_k);
 }
 
-// Backward epilogue: dK (times softmax_scale) and dV of this thread's keys key, key + 8 into the
+// Backward epilogue: dK (times softmax_scale) and dV of this thread's keys (key0 + f.row(e)) into the
 // outputs (input dtype, K/V head h / group) or, for GQA, the fp32 workspaces of query head h.
 template <int NDK, int NDV>
 __device__ __forceinline__ void bwd_store_dk_dv(const BwdParams& p, const BwdBlock& s, int b, int h,
-                                                const float* acc_dk, const float* acc_dv, int key, int t, int dk_col0,
-                                                int dv_col0) {
-    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key, t, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
+                                                const float* acc_dk, const float* acc_dv, int key0, const AccFrag& f,
+                                                int dk_col0, int dv_col0) {
+    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key0, f, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
                           p.dkdv_fp32, s.dk, s.dv, b, p.dkdv_fp32 ? h : s.hk, p.dk.sb, p.dk.sh, p.dk.ss,
                           p.dv.sb, p.dv.sh, p.dv.ss);
 }

@@ -89,7 +89,8 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
@@ -151,11 +152,11 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, g, t,
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, frag,
                             blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
         if constexpr (BIAS)
             if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
-                bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, g, t);
+                bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, frag);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll
@@ -169,10 +170,11 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
             uint32_t a[4];
             c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
             mma_row_kmajor<NT_DQ>(acc_dk, a, sQb, PQ, split * DQ_OUT, kk * 16, lane);
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 2 * t) = a[0];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 2 * t) = a[1];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 8 + 2 * t) = a[2];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 8 + 2 * t) = a[3];
+            // a = C elements (0, 1) and (2, 3) of n8 tiles 2kk (a[0], a[1]) and 2kk + 1 (a[2], a[3])
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(0, 0)) = a[0];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(0, 0)) = a[1];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(1, 0)) = a[2];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(1, 0)) = a[3];
         }
         __syncthreads();
 
@@ -191,12 +193,12 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int i = q0 + mt4 * 16 + g + r * 8;
+                const int i = q0 + mt4 * 16 + frag.row(2 * r);
                 if (i < blk.seqlen_q) {
                     float* row = blk.dq_g + (index_t)i * p.hdim_q;
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
-                        const int col = c0 + n * 8 + 2 * t;
+                        const int col = c0 + frag.col(n, 0);
                         if (col >= c_end) continue;
                         if (p.dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                         else red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
@@ -213,6 +215,6 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
-    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0 + g, t, split * DQ_OUT,
+    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0, frag, split * DQ_OUT,
                                   split * DV_OUT);
 }

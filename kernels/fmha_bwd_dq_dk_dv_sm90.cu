@@ -88,8 +88,9 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
     float* sdQ = dq_stage_smem(sm);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
+    const int tid = threadIdx.x, warp = warp_of(tid);
+    const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it (16 keys each)
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
@@ -113,7 +114,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 #pragma unroll
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     const int key_row0 = wg * 64;                  // this warpgroup's keys inside the block
-    const int my_key = key_row0 + wi * 16 + g;     // this thread's keys: my_key, my_key + 8
+    const int warp_key0 = key_row0 + wi * 16;     // this warp's keys inside the block
 
     for (int qb = blk.qb_begin; qb < blk.qb_end; ++qb) {
         const int buf = (qb - blk.qb_begin) & 1;
@@ -150,21 +151,21 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 
         // P^T and dS^T
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + key_row0 + wi * 16, q0, g, t,
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + warp_key0, q0, frag,
                           blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
         if constexpr (BIAS)
             if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
-                bwd_store_ds<NQ>(p, blk, dp, k0 + key_row0 + wi * 16, q0, g, t);
+                bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
             c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
             c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
             // dS^T to shared memory (blocked [key][q]) for GEMM4
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][0];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][1];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][2];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][3];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][0];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][1];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][2];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][3];
         }
 
         // GEMM1 and GEMM3 (A from registers)
@@ -206,7 +207,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                 fence_operand<BLOCK_M / 4>(&dsa[0][0]);
             }
             if constexpr (DQ_BULK) {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
-                float* sdq_t = sdQ + (wi * 16 + g) * DQ_PITCH + wg * DQ_HALF + 2 * t;
+                float* sdq_t = sdQ + (wi * 16 + frag.row(0)) * DQ_PITCH + wg * DQ_HALF + frag.col(0, 0);
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -228,10 +229,10 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
             } else {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int i = q0 + wi * 16 + g + r * 8;
+                    const int i = q0 + wi * 16 + frag.row(2 * r);
                     if (i < blk.seqlen_q) {
-                        float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + 2 * t;
-                        const int ncol = p.hdim_q - wg * DQ_HALF - 2 * t;
+                        float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + frag.col(0, 0);
+                        const int ncol = p.hdim_q - wg * DQ_HALF - frag.col(0, 0);
                         if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
                             for (int n = 0; n < DQ_HALF / 8; ++n)
@@ -257,5 +258,5 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 
     if constexpr (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
-    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + my_key, t, 0, 0);
+    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
 }

@@ -40,7 +40,8 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     uint16_t* sK = &sm.k[0][0];
     uint16_t* sV = &sm.v[0][0];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
@@ -97,10 +98,10 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
         const int k0 = kb * BLOCK_N;
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         KeepBits<NT_S> keep;
-        if constexpr (DROPOUT) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, g, t);
+        if constexpr (DROPOUT) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, frag);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                                    q0 + m0, k0,
-                                   g, t, blk.seqlen_k, keep);
+                                   frag, blk.seqlen_k, keep);
 
         // O += P V
 #pragma unroll
@@ -114,11 +115,11 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = q0 + m0 + g + r * 8;
-        if (t == 0 && i < blk.seqlen_q) lse_g[i] = row_lse[r];
+        const int i = q0 + m0 + frag.row(2 * r);
+        if (frag.row_leader() && i < blk.seqlen_q) lse_g[i] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NT_O; ++n) {
             acc_o[n][2 * r] *= inv[r];
@@ -130,13 +131,13 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     uint16_t* sO = sQ;
 #pragma unroll
     for (int n = 0; n < NT_O; ++n) {
-        *reinterpret_cast<uint32_t*>(sO + (m0 + g) * PV + n * 8 + 2 * t) = pack2(acc_o[n][0], acc_o[n][1]);
-        *reinterpret_cast<uint32_t*>(sO + (m0 + g + 8) * PV + n * 8 + 2 * t) = pack2(acc_o[n][2], acc_o[n][3]);
+        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(0)) * PV + frag.col(n, 0)) = pack2(acc_o[n][0], acc_o[n][1]);
+        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(2)) * PV + frag.col(n, 0)) = pack2(acc_o[n][2], acc_o[n][3]);
     }
     __syncwarp();
     uint16_t* og = fwd_out_rows(p, b, h);
     constexpr int CH = HDIM_V / 8;
-    for (int c = lane; c < 16 * CH; c += 32) {
+    for (int c = lane; c < 16 * CH; c += WARP_LANES) {
         const int r = c / CH, ch = c % CH, i = q0 + m0 + r;
         if (i < blk.seqlen_q && ch * 8 < p.hdim_v)
             *reinterpret_cast<uint4*>(og + (index_t)i * p.o.ss + ch * 8) =

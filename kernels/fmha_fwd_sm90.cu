@@ -35,8 +35,8 @@ static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd_sm90: shared-memory layout a
 // warpgroups differ, because the branch slows every block of a loop that contains it.
 template <bool SKIP>
 __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk, int kb, int wkb_begin, int wkb_end,
-                                         const uint16_t* sQ, uint16_t* sK, uint16_t* sV, int tid, int wg, int wi, int g,
-                                         int t, int wq0, float* acc_o, float* row_max, float* row_sum) {
+                                         const uint16_t* sQ, uint16_t* sK, uint16_t* sV, int tid, int wg, int wi,
+                                         const AccFrag& f, int wq0, float* acc_o, float* row_max, float* row_sum) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     const int buf = (kb - blk.kb_begin) & 1;
     cp_async_wait<0>();
@@ -62,14 +62,14 @@ __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk
     const int k0 = kb * BLOCK_N;
     KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
     if constexpr (DROPOUT) {
-        keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, g, t);
+        keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, f);
         fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
     }
     wgmma_wait0();
     fence_operand<NS * 4>(s);
 
     const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, g, t,
+    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, f,
                            blk.seqlen_k, keep);
     uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
@@ -93,8 +93,9 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     uint16_t* sK = &sm.k[0][0];
     uint16_t* sV = &sm.v[0][0];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2, wi = warp & 3;
+    const int tid = threadIdx.x, warp = warp_of(tid);
+    const int wg = warp >> 2, wi = warp & 3;  // warpgroup, warp inside it (16 rows each)
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
@@ -120,7 +121,7 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
 #pragma unroll
     for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-    const int my_row = wg * 64 + wi * 16 + g;  // this thread's rows: my_row, my_row + 8
+    const int warp_row0 = wg * 64 + wi * 16;  // this warp's rows in the block
 
     // Three phases: [blk.kb_begin, all_begin) and [all_end, blk.kb_end), where the warpgroups' key ranges
     // differ (causal diagonal, window edges, a last row block with warpgroups past the end), run
@@ -141,30 +142,30 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
         // warpgroups get the tensor cores. (fwd_step<true> with an empty range: the GEMMs are
         // compiled out of this copy.)
         for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb)
-            fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+            fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
     } else {
         if (!WG_SKIP) all_begin = blk.kb_begin, all_end = blk.kb_end;
         for (int kb = blk.kb_begin; kb < all_begin; ++kb)
-            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
         for (int kb = all_begin; kb < all_end; ++kb)
-            fwd_step<false>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+            fwd_step<false>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
         for (int kb = all_end; kb < blk.kb_end; ++kb)
-            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
     }
 
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     uint16_t* og = fwd_out_rows(p, b, h);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = q0 + my_row + r * 8;
+        const int i = q0 + warp_row0 + frag.row(2 * r);
         if (i < blk.seqlen_q) {
-            if (t == 0) lse_g[i] = row_lse[r];
+            if (frag.row_leader()) lse_g[i] = row_lse[r];
             uint16_t* orow = og + (index_t)i * p.o.ss;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
+                const int col = frag.col(n, 0);
                 if (col < p.hdim_v)
                     *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
             }

@@ -10,6 +10,12 @@ namespace fmha {
 inline constexpr int WARP_LANES = 32;  // threads per warp
 __device__ __forceinline__ int lane_of(int tid) { return tid & 31; }
 __device__ __forceinline__ int warp_of(int tid) { return tid >> 5; }
+// x summed over the warp's lanes (every lane gets the sum).
+__device__ __forceinline__ float warp_reduce_sum(float x) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) x += shfl_xor(x, m);
+    return x;
+}
 
 // The accumulator (C) fragment one thread holds of a 16-row tile of n8 tiles: element e (0..3) of
 // n8 tile n (flattened: [4n + e]) sits at row row(e) and column col(n, e). Rows fall in two groups
