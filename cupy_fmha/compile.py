@@ -47,19 +47,21 @@ def kernel_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def load_source(stem: str) -> str:
-    """Source of ``kernels/<stem>.cu`` with local includes expanded (each header once)."""
-    kdir = kernel_dir()
-    done: set[str] = set()
+    """Source of ``kernels/<stem>.cu`` with local includes expanded (each header once), so the text
+    is self-contained. An include names a path relative to the including file's folder
+    (``arch/arch.cuh`` from ``kernels/``, ``../../common.cuh`` from ``kernels/arch/sm80/``)."""
+    kdir = kernel_dir().resolve()
+    done: set[Path] = set()
 
-    def expand(name: str) -> str:
-        if name in done:
+    def expand(path: Path) -> str:
+        path = path.resolve()
+        if path in done:
             return ""
-        done.add(name)
-        text = (kdir / name).read_text()
-        text = text.replace("#pragma once", "")
-        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+        done.add(path)
+        text = path.read_text().replace("#pragma once", "")
+        return _INCLUDE.sub(lambda m: expand(path.parent / m.group(1)), text)
 
-    return expand(f"{stem}.cu")
+    return expand(kdir / f"{stem}.cu")
 
 
 def nvrtc_options(spec: KernelSpec, arch: str | None = None) -> tuple[str, ...]:

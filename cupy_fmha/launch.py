@@ -10,22 +10,15 @@ at once), and the window travels in top-left form plus a bottom-right flag
 
 from __future__ import annotations
 
-from .backends.cuda import SMEM_LIMIT  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
-from .spec import KernelSpec
+from .backends.cuda import SMEM_LIMIT, smem_pitch  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
+from .spec import KernelSpec, dropout_mask_spec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
            "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace",
-           "kernel_window_spec", "sequence_window", "empty_grid", "keep_bits_bytes", "dropout_mask_launch"]
+           "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
-
-
-
-def smem_pitch(d: int) -> int:
-    """Row pitch in elements of a shared-memory tile (mirrors ``smem_pitch`` in common.cuh)."""
-    return d + 8
-
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -93,44 +86,19 @@ def empty_grid(launch: "Launch") -> bool:
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
-    bn, dq, dv = spec.macro("BLOCK_N"), spec.macro("HDIM_Q"), spec.macro("HDIM_V")
-    if spec.target == "sm90a":  # fmha_fwd_sm90: NWG warpgroups of 64 rows, blocked tiles
-        nwg = spec.macro("NWG")
-        bm = 64 * nwg
-        smem = 2 * (bm * dq + 2 * bn * dq + 2 * bn * dv)
-        return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (128 * nwg, 1, 1), smem)
-    nw = spec.macro("NWARPS")
-    bm = 16 * nw
-    pq, pv = smem_pitch(dq), smem_pitch(dv)
-    smem = 2 * (bm * max(pq, pv) + 2 * bn * pq + 2 * bn * pv)
-    return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (32 * nw, 1, 1), smem)
+    """fmha_fwd / fmha_fwd_sm90: one block of BLOCK_M query rows; sizes from the spec's macros."""
+    bm = spec.macro("BLOCK_M")
+    return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
 
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:
-    dq, dv = spec.macro("HDIM_Q"), spec.macro("HDIM_V")
-    if spec.target == "sm90a":  # fmha_bwd_dq_dk_dv_sm90: 2 warpgroups, 128 keys, 64 query rows
-        bn, bm = 128, 64
-        smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm
-        smem += keep_bits_bytes(spec, bm, bn)
-        if spec.macro("DQ_BULK", 1):  # the fp32 dQ staging block, rows padded by 8 floats
-            smem += 4 * bm * (dq + 8)
-        return Launch((cdiv(seqlen_k, bn), nhead_q, batch), (256, 1, 1), smem)
-    nw, bm, ns = spec.macro("NWARPS"), spec.macro("BLOCK_M"), spec.macro("NSPLIT")
-    bn = 16 * nw
-    pq, pv, ps = smem_pitch(dq), smem_pitch(dv), smem_pitch(bm)
-    smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm
-    smem += keep_bits_bytes(spec, bm, bn)
-    return Launch((cdiv(seqlen_k, bn) * ns, nhead_q, batch), (32 * nw, 1, 1), smem)
+    """fmha_bwd_dq_dk_dv(_sm90): NSPLIT blocks per BLOCK_N keys; sizes from the spec's macros."""
+    bn, ns = spec.macro("BLOCK_N"), spec.macro("NSPLIT", 1)
+    return Launch((cdiv(seqlen_k, bn) * ns, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
 
 
-def keep_bits_bytes(spec: KernelSpec, block_m: int, block_n: int) -> int:
-    """Shared memory of the dq_dk_dv kernels' dropout keep bits: two [block_n / 8][block_m] byte
-    tiles (the current Q block's and the next one's); 0 without ``DROPOUT``."""
-    return 2 * (block_n // 8) * block_m if spec.macro("DROPOUT", 0) else 0
-
-
-#: threads per block of the keep-mask kernel (NTHREADS in fmha_dropout_mask.cu)
-DROPOUT_MASK_THREADS = 256
+#: threads per block of the keep-mask kernel (its NTHREADS macro)
+DROPOUT_MASK_THREADS = dropout_mask_spec().macro("NTHREADS")
 
 
 def dropout_mask_launch(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int) -> Launch:
@@ -141,12 +109,12 @@ def dropout_mask_launch(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int) 
 
 def dot_do_o_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
     rows = spec.macro("ROWS")
-    return Launch((cdiv(seqlen_q, rows), nhead_q, batch), (32 * rows, 1, 1), 0)
+    return Launch((cdiv(seqlen_q, rows), nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), 0)
 
 
 def convert_launch(spec: KernelSpec, batch: int, nhead_out: int, seqlen: int) -> Launch:
     rows = spec.macro("ROWS")
-    return Launch((cdiv(seqlen, rows), nhead_out, batch), (256, 1, 1), 0)
+    return Launch((cdiv(seqlen, rows), nhead_out, batch), (spec.macro("NTHREADS"), 1, 1), 0)
 
 
 # --------------------------------------------------------------------------- deterministic dQ
@@ -154,9 +122,7 @@ def convert_launch(spec: KernelSpec, batch: int, nhead_out: int, seqlen: int) ->
 
 def dq_dk_dv_blocks(spec: KernelSpec) -> tuple[int, int]:
     """(BLOCK_N keys per CTA, BLOCK_M query rows per step) of a dq_dk_dv instance."""
-    if spec.target == "sm90a":
-        return 128, 64
-    return 16 * spec.macro("NWARPS"), spec.macro("BLOCK_M")
+    return spec.macro("BLOCK_N"), spec.macro("BLOCK_M")
 
 
 def query_block_range(win_y: int, win_x: int, k0: int, n: int, m: int, seqlen_q: int,

@@ -37,18 +37,21 @@ class KernelSpec:
     #: architectures the instance builds for: "sm80" (sm_80 and newer, mma.sync) or "sm90a"
     #: (Hopper only: wgmma)
     target: str = "sm80"
+    #: macros that follow from ``macros`` (the backend's ``derived_macros``: block sizes, threads
+    #: per block, dynamic shared memory): passed to the kernel like the others, left out of the name
+    derived: tuple[tuple[str, int], ...] = field(default_factory=tuple)
 
     @property
     def entry(self) -> str:
         return self.source
 
     def macro(self, name: str, default: int | None = None) -> int | None:
-        return dict(self.macros).get(name, default)
+        return dict(self.macros + self.derived).get(name, default)
 
     def defines(self) -> list[str]:
         """NVRTC options ``-DNAME=VALUE`` for this instance."""
         out = [f"-DFMHA_BF16={1 if self.dtype == 'bf16' else 0}"]
-        out += [f"-D{k}={v}" for k, v in self.macros]
+        out += [f"-D{k}={v}" for k, v in self.macros + self.derived]
         return out
 
     @property
@@ -58,10 +61,16 @@ class KernelSpec:
 
 
 def _mk(source: str, dtype: str, target: str = "sm80", **macros: int) -> KernelSpec:
+    """An instance of ``source`` with these table macros; what follows from them (block sizes,
+    threads, shared memory) is added by the target's backend (``derived_macros``), computed once
+    there for the kernel (``-D``) and the launcher alike."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
-    return KernelSpec(source, dtype, tuple(sorted(macros.items())), target)
+    from .backends import cuda  # the only family today; a target names its backend
 
+    derived = cuda.derived_macros(source, macros)
+    macros = {k: v for k, v in macros.items() if k not in derived}  # recomputed, never the caller's
+    return KernelSpec(source, dtype, tuple(sorted(macros.items())), target, tuple(sorted(derived.items())))
 
 
 #: Environment variables the tile table and the kernel choice read (tuning only); callers that

@@ -1,23 +1,16 @@
 // Attention maths shared by the mma.sync and the wgmma kernels: block ranges under a mask,
 // the forward's online softmax, the backward's P / dS step and its dK/dV store. Everything works
-// on accumulators in the m16n8 C-fragment layout, flattened: element e of n8-tile n is [4n + e],
-// rows (g, g + 8) for e < 2 / e >= 2, columns 2t + (e & 1) inside the tile. No PTX here beyond
-// the architecture layer's helpers.
+// on accumulators of n8 tiles, flattened (element e of n8-tile n is [4n + e]), addressed through
+// the architecture layer's fragment type (AccFrag: row(e), col(n, e), row reductions). No PTX here
+// beyond the architecture layer's helpers.
 #pragma once
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "philox.cuh"
 
-// DROPOUT=1 builds the dropout instances (Philox keep test in the forward's softmax and the
-// backward's P / dS step); DROPOUT=0 (default) compiles none of it, so those instances are
-// unchanged in code and cost and ignore the dropout kernel arguments.
-#ifndef DROPOUT
-#define DROPOUT 0
-#endif
-
-#ifndef ALIBI
-#define ALIBI 0  // 1: the instance adds ALiBi (compile-time, so plain attention pays nothing)
-#endif
+// DROPOUT (config.cuh) builds the dropout instances (Philox keep test in the forward's softmax and
+// the backward's P / dS step); without it none of that code is compiled, so those instances are
+// unchanged in code and cost and ignore the dropout parameters. ALIBI and BIAS likewise.
 
 namespace fmha {
 
@@ -51,12 +44,9 @@ struct Alibi {
 
 __device__ __forceinline__ Alibi make_alibi(const float* slopes, index_t batch_stride, int b, int h, int seqlen_q,
                                             int seqlen_k) {
-    return Alibi{ALIBI ? slopes[b * batch_stride + h] * FMHA_LOG2E : 0.f, seqlen_k - seqlen_q};
+    if constexpr (ALIBI) return Alibi{slopes[b * batch_stride + h] * FMHA_LOG2E, seqlen_k - seqlen_q};
+    else return Alibi{0.f, seqlen_k - seqlen_q};
 }
-
-#ifndef BIAS
-#define BIAS 0  // 1: the instance takes an elementwise bias (and, in the backward, can write dS)
-#endif
 
 // Elementwise bias: any tensor broadcastable to [batch, nhead_q, seqlen_q, seqlen_k], read
 // through strides (0 along broadcast dimensions), added after scaling like ALiBi. Its dtype is
@@ -83,34 +73,16 @@ struct ElemBias {
 // The bias of (batch b, query head h); i and j are positions local to the sequence.
 __device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_t sb, index_t sh, index_t sq,
                                               index_t sk, int b, int h, int seqlen_q, int seqlen_k) {
-    if (!BIAS || bias == nullptr || kind == 0) return ElemBias{nullptr, 0, 0, 0, 0, 0};
+    if constexpr (!BIAS) return ElemBias{nullptr, 0, 0, 0, 0, 0};
+    if (bias == nullptr || kind == 0) return ElemBias{nullptr, 0, 0, 0, 0, 0};
     const index_t off = b * sb + h * sh;
     const void* p = kind == 3 ? static_cast<const void*>(static_cast<const float*>(bias) + off)
                               : static_cast<const void*>(static_cast<const uint16_t*>(bias) + off);
     return ElemBias{p, sq, sk, kind, seqlen_q, seqlen_k};
 }
 
-// Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: columns 2t, 2t + 1
-// of tile m) in row i, for the m16n8 C fragment's thread t = lane & 3. The four threads of a quad
-// hold the same row, so each makes one Philox call (tile jg0 + t) and four word exchanges give
-// every thread word t of all four calls: lane t sends word (t - d) & 3 to lane (t - d) & 3 while
-// receiving word t from lane (t + d) & 3.
-__device__ __forceinline__ uint32_t quad_keep_bits(const Dropout& drop, int i, int jg0, int lane) {
-    const int t = lane & 3;
-    const uint4 r = drop.random8(i, jg0 + t);
-    uint32_t bits = 0;
-#pragma unroll
-    for (int d = 0; d < 4; ++d) {
-        const int idx = (t - d) & 3, src = (t + d) & 3;
-        const uint32_t send = idx == 0 ? r.x : idx == 1 ? r.y : idx == 2 ? r.z : r.w;
-        const uint32_t x = d == 0 ? send : shfl_idx(send, (lane & ~3) | src);
-        bits |= drop.keep_word(x) << (2 * src);
-    }
-    return bits;
-}
-
 // The forward's keep bits of one key block for this thread: word [r][a] holds tiles 4a .. 4a + 3
-// of row row0 + g + 8r (quad_keep_bits). They depend only on coordinates, so the sm90 kernel
+// of row row0 + f.row(2r) (AccFrag::row_keep_bits). They depend only on coordinates, so the sm90 kernel
 // computes them while the S = Q K^T wgmma runs (the Philox ALU work then hides under the tensor
 // cores); the mma.sync kernel right before online_softmax.
 template <int NS>
@@ -119,16 +91,16 @@ struct KeepBits {
 };
 
 template <int NS>
-__device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, int g, int t) {
+__device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, const AccFrag& f) {
     KeepBits<NS> kb;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int a = 0; a < (NS + 3) / 4; ++a) kb.w[r][a] = quad_keep_bits(drop, row0 + g + r * 8, (k0 >> 3) + 4 * a, 4 * g + t);
+        for (int a = 0; a < (NS + 3) / 4; ++a) kb.w[r][a] = f.row_keep_bits(drop, row0 + f.row(2 * r), (k0 >> 3) + 4 * a);
     return kb;
 }
 
-// Forward: S (NS n8-tiles; rows row0 + g (+8), columns k0 + 8n + 2t (+1)) -> P in place, with
+// Forward: S (NS n8-tiles; rows row0 + f.row(e), columns k0 + f.col(n, e)) -> P in place, with
 // the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
 // units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
 // (the tile crosses a mask or sequence edge). With DROPOUT, the row sums take the undropped P and
@@ -138,7 +110,7 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                               const ElemBias& bias, int row0, int k0, int g, int t, int seqlen_k,
+                                               const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
                                                const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
@@ -147,15 +119,16 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * n + e] *= scale_log2;
-            if (BIAS && bias.kind) s[4 * n + e] += bias(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
-            if (ALIBI) s[4 * n + e] += alibi(row0 + g + (e >> 1) * 8, k0 + n * 8 + 2 * t + (e & 1));
+            if constexpr (BIAS)
+                if (bias.kind) s[4 * n + e] += bias(row0 + f.row(e), k0 + f.col(n, e));
+            if constexpr (ALIBI) s[4 * n + e] += alibi(row0 + f.row(e), k0 + f.col(n, e));
         }
     if (edge) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = row0 + g + (e >> 1) * 8, j = k0 + n * 8 + 2 * t + (e & 1);
+                const int i = row0 + f.row(e), j = k0 + f.col(n, e);
                 s[4 * n + e] = win.visible(i, j, seqlen_k) ? s[4 * n + e] : -FMHA_INF;
             }
     }
@@ -164,8 +137,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
         float mx = row_max[r];
 #pragma unroll
         for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-        mx = fmaxf(mx, shfl_xor(mx, 1));
-        mx = fmaxf(mx, shfl_xor(mx, 2));
+        mx = f.reduce_max(mx);
         const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
         const float corr = fast_exp2(row_max[r] - m_use);
         row_max[r] = mx;
@@ -183,7 +155,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
             acc_o[4 * n + 2 * r + 1] *= corr;
         }
     }
-    if constexpr (DROPOUT != 0) {
+    if constexpr (DROPOUT) {
         // groups of four n8 tiles; with BLOCK_N = 16 (NS = 2) half of the one group's bits go unused
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -204,20 +176,18 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
 // Forward epilogue per row r: 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with
 // DROPOUT) and the natural-log LSE (of the undropped softmax).
 __device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2],
-                                            const Dropout& drop) {
+                                            const Dropout& drop, const AccFrag& f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        if constexpr (DROPOUT != 0) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
+        const float l = f.reduce_sum(row_sum[r]);
+        if constexpr (DROPOUT) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
         else inv[r] = l > 0.f ? 1.f / l : 0.f;
         lse[r] = l > 0.f ? (row_max[r] + __log2f(l)) * 0.6931471805599453f : -FMHA_INF;
     }
 }
 
-// Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + g (+8), columns = query rows q0 + 8n + 2t
-// (+1)) -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
+// Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
+// -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
 // With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = 8 NQ),
@@ -227,26 +197,26 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 template <int NQ>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
-                                              int key0, int q0, int g, int t, int seqlen_q, int seqlen_k,
+                                              int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
                                               const Dropout& drop, const unsigned char* keep_bits) {
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int c = n * 8 + 2 * t + (e & 1);  // query row inside the block
-            const int j = key0 + g + (e >> 1) * 8, i = q0 + c;
+            const int c = f.col(n, e);  // query row inside the block
+            const int j = key0 + f.row(e), i = q0 + c;
             float l = lse[c];
             l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
             float x;
-            if (BIAS && bias.kind) x = (s[4 * n + e] * scale_log2 + bias(i, j)) - l;
+            if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
             else x = s[4 * n + e] * scale_log2 - l;
-            if (ALIBI) x += alibi(i, j);
+            if constexpr (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);
             if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
-            if constexpr (DROPOUT != 0) {
-                // bytes of query rows c & ~1 and c | 1 of key group (e >> 1): bit g (+ 8)
-                const uint32_t pair = *reinterpret_cast<const uint16_t*>(keep_bits + (e >> 1) * (8 * NQ) + n * 8 + 2 * t);
-                const float z = (pair >> ((e & 1) * 8 + g)) & 1u ? drop.rp_keep : 0.f;
+            if constexpr (DROPOUT) {
+                // bytes of query rows c & ~1 and c | 1 of key group row_group(e): bit row_in_group (+ 8)
+                const uint32_t pair = *reinterpret_cast<const uint16_t*>(keep_bits + f.row_group(e) * (8 * NQ) + f.col(n, 0));
+                const float z = (pair >> ((e & 1) * 8 + f.row_in_group())) & 1u ? drop.rp_keep : 0.f;
                 s[4 * n + e] = p * z;
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
             } else {
@@ -259,35 +229,35 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
 // Backward with dBias: dS^T (fp32, layout as in backward_p_ds) into ds_g, the row-major
 // [seqlen_q][ld] plane of one (batch, query head); plain stores, each element written once.
 template <int NQ>
-__device__ __forceinline__ void store_ds(const float* ds, float* ds_g, index_t ld, int key0, int q0, int g, int t,
+__device__ __forceinline__ void store_ds(const float* ds, float* ds_g, index_t ld, int key0, int q0, const AccFrag& f,
                                          int seqlen_q, int seqlen_k) {
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int i = q0 + n * 8 + 2 * t + (e & 1), j = key0 + g + (e >> 1) * 8;
+            const int i = q0 + f.col(n, e), j = key0 + f.row(e);
             if (i < seqlen_q && j < seqlen_k) ds_g[(index_t)i * ld + j] = ds[4 * n + e];
         }
 }
 
-// Backward epilogue: rows key (e < 2) and key + 8 of dK (scaled) and dV, columns
-// [dk_col0, dk_col0 + 8 * NDK) and [dv_col0, ...), into the outputs (input dtype, K/V head hk) or,
+// Backward epilogue: this thread's rows key0 + f.row(e) of dK (scaled) and dV, columns from dk_col0
+// (NDK n8 tiles) and dv_col0 (NDV), into the outputs (input dtype, K/V head hk) or,
 // for GQA, into fp32 workspaces per query head h.
 template <int NDK, int NDV>
-__device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* acc_dv, float scale, int key, int t,
+__device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* acc_dv, float scale, int key0, const AccFrag& f,
                                             int seqlen_k, int hdim_q, int hdim_v, int dk_col0, int dv_col0,
                                             bool fp32, void* dk, void* dv, int b, int head,
                                             index_t dk_sb, index_t dk_sh, index_t dk_ss,
                                             index_t dv_sb, index_t dv_sh, index_t dv_ss) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int j = key + r * 8;
+        const int j = key0 + f.row(2 * r);
         if (j >= seqlen_k) continue;
         const index_t dk_off = b * dk_sb + head * dk_sh + (index_t)j * dk_ss;
         const index_t dv_off = b * dv_sb + head * dv_sh + (index_t)j * dv_ss;
 #pragma unroll
         for (int n = 0; n < NDK; ++n) {
-            const int col = dk_col0 + n * 8 + 2 * t;
+            const int col = dk_col0 + f.col(n, 0);
             if (col >= hdim_q) continue;
             const float x = acc_dk[4 * n + 2 * r] * scale, y = acc_dk[4 * n + 2 * r + 1] * scale;
             if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dk) + dk_off + col) = make_float2(x, y);
@@ -295,7 +265,7 @@ __device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* ac
         }
 #pragma unroll
         for (int n = 0; n < NDV; ++n) {
-            const int col = dv_col0 + n * 8 + 2 * t;
+            const int col = dv_col0 + f.col(n, 0);
             if (col >= hdim_v) continue;
             const float x = acc_dv[4 * n + 2 * r], y = acc_dv[4 * n + 2 * r + 1];
             if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dv) + dv_off + col) = make_float2(x, y);

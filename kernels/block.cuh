@@ -73,6 +73,17 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
     return og;
 }
 
+// The dropout keep bits of the backward kernels' shared-memory layouts (fill_keep_bits): a base of
+// the layout struct, empty (no bytes) when N == 0.
+template <int N> struct KeepBitsSmem { unsigned char keep[N]; };
+template <> struct KeepBitsSmem<0> {};
+// Their address (where the layout has none, the address they would have).
+template <class S>
+__device__ __forceinline__ unsigned char* keep_bits_smem(S& s) {
+    if constexpr (DROPOUT) return s.keep;
+    else return reinterpret_cast<unsigned char*>(&s) + sizeof(S);
+}
+
 // Backward (dq_dk_dv): the CTA of keys [k0, k0 + N) (key block kb) of query head h of sequence b
 // (query blocks of M rows).
 struct BwdBlock {
@@ -146,17 +157,17 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
 // Backward with dBias: dS^T (fp32) of keys key0.. x query rows q0.. into the dS workspace of (b, h).
 template <int NQ>
 __device__ __forceinline__ void bwd_store_ds(const BwdParams& p, const BwdBlock& s, const float* ds, int key0, int q0,
-                                             int g, int t) {
-    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, g, t, s.seqlen_q, s.seqlen_k);
+                                             const AccFrag& f) {
+    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, f, s.seqlen_q, s.seqlen_k);
 }
 
-// Backward epilogue: dK (times softmax_scale) and dV of this thread's keys key, key + 8 into the
+// Backward epilogue: dK (times softmax_scale) and dV of this thread's keys (key0 + f.row(e)) into the
 // outputs (input dtype, K/V head h / group) or, for GQA, the fp32 workspaces of query head h.
 template <int NDK, int NDV>
 __device__ __forceinline__ void bwd_store_dk_dv(const BwdParams& p, const BwdBlock& s, int b, int h,
-                                                const float* acc_dk, const float* acc_dv, int key, int t, int dk_col0,
-                                                int dv_col0) {
-    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key, t, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
+                                                const float* acc_dk, const float* acc_dv, int key0, const AccFrag& f,
+                                                int dk_col0, int dv_col0) {
+    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key0, f, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
                           p.dkdv_fp32, s.dk, s.dv, b, p.dkdv_fp32 ? h : s.hk, p.dk.sb, p.dk.sh, p.dk.ss,
                           p.dv.sb, p.dv.sh, p.dv.ss);
 }

@@ -1,14 +1,11 @@
 // Types and constants shared by every cupy-fmha kernel. No architecture-specific code here.
 //
 // Elements travel as raw 16-bit patterns (uint16_t): FMHA_BF16=1 means bfloat16, 0 means float16.
-// Sizes that shape register arrays (padded head dims, tile sizes, warps) are -D macros; lengths,
-// strides and the mask window are run-time arguments.
+// Sizes that shape register arrays (padded head dims, tile sizes, warps) are compile-time constants
+// (config.cuh); lengths, strides and the mask window are run-time parameters (params.cuh).
 #pragma once
+#include "config.cuh"
 #include "types.cuh"
-
-#ifndef FMHA_BF16
-#define FMHA_BF16 0
-#endif
 
 #define FMHA_LOG2E 1.4426950408889634f
 #define FMHA_INF __int_as_float(0x7f800000)

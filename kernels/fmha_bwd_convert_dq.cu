@@ -14,27 +14,21 @@
 // DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
 // which the default path's convert should not pay.
 //
-// Grid (ceil(seqlen / ROWS), nhead_out, batch), block 256. Output rows are strided (unit last
+// Grid (ceil(seqlen / ROWS), nhead_out, batch), block NTHREADS (256). Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time. Parameters: ConvertParams (params.cuh;
 // seq.seqlen_q is `seqlen`, seq.cu_seqlens_q `cu_seqlens`). Group mode (cu_seqlens non-null, see
 // varlen.cuh): seqlen is the max length (acc's row pitch), output rows are packed tokens (batch
 // stride 0) and only each sequence's own rows are written.
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "varlen.cuh"
 #include "params.cuh"
 
-#ifndef ROWS
-#define ROWS 16
-#endif
-#ifndef DQ_SPLIT
-#define DQ_SPLIT 0
-#endif
 
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(NTHREADS)
 fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     const float* __restrict__ acc = p.acc;
     uint16_t* __restrict__ out = static_cast<uint16_t*>(p.out.ptr);
@@ -48,19 +42,21 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
     const int pitch = seqlen;  // group mode: the max sequence length, the row pitch of acc
     if (cu_seqlens) out += (index_t)varlen_start(cu_seqlens, b, seqlen) * o_ss;
-    if (DQ_SPLIT && cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
-        varlen_start(cu_seqlens_k, b, seqlen_k);
-        window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen, seqlen_k);
+    if constexpr (DQ_SPLIT) {
+        if (cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
+            varlen_start(cu_seqlens_k, b, seqlen_k);
+            window_for_sequence(win_y, win_x, p.mask.bottom_right, seqlen, seqlen_k);
+        }
     }
     const int ch_per_row = hdim / 8;
     const Window win{win_y, win_x};
-    for (int c = threadIdx.x; c < ROWS * ch_per_row; c += 256) {
+    for (int c = threadIdx.x; c < ROWS * ch_per_row; c += NTHREADS) {
         const int i = blockIdx.x * ROWS + c / ch_per_row, col = (c % ch_per_row) * 8;
         if (i >= seqlen) continue;
         float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         const int qb = DQ_SPLIT ? i / block_m : 0;
         for (int kb = 0; kb < (DQ_SPLIT ? nsplit : 1); ++kb) {
-            if (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
+            if constexpr (DQ_SPLIT) {  // deterministic dQ: only slabs whose key block wrote this row
                 if (kb * block_n >= seqlen_k) break;  // key blocks past the sequence exit early
                 int qb_begin, qb_end;
                 query_block_range(win, kb * block_n, block_n, block_m, seqlen, seqlen_k, qb_begin, qb_end);

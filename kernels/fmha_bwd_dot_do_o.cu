@@ -7,17 +7,15 @@
 // of row i also zero-fills dQ row i, so the workspace needs no separate memset (one pass less
 // over memory; FlashAttention-2's preprocessing kernel clears its dQ accumulator the same way).
 #include "common.cuh"
-#include "arch_sm80.cuh"
+#include "arch/arch.cuh"
 #include "varlen.cuh"
 #include "params.cuh"
 
-#ifndef ROWS
-#define ROWS 8
-#endif
-
 using namespace fmha;
 
-extern "C" __global__ void __launch_bounds__(ROWS * 32)
+static_assert(NTHREADS == ROWS * WARP_LANES, "fmha_bwd_dot_do_o: one warp per row (spec.py)");
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
 fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
     const uint16_t* __restrict__ dout = static_cast<const uint16_t*>(p.dout.ptr);
     const uint16_t* __restrict__ o = static_cast<const uint16_t*>(p.o.ptr);
@@ -27,7 +25,7 @@ fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
     const int hdim_q = p.hdim_q, hdim_v = p.hdim_v;
     const int* __restrict__ cu_seqlens_q = p.seq.cu_seqlens_q;
     float* __restrict__ dq_acc = p.dq_acc;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = lane_of(threadIdx.x), warp = warp_of(threadIdx.x);
     const int i = blockIdx.x * ROWS + warp, h = blockIdx.y, b = blockIdx.z;
     const int pitch = seqlen_q;  // group mode: max_seqlen_q, the row pitch of D
     if (cu_seqlens_q) {
@@ -39,7 +37,7 @@ fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
     const uint16_t* dr = dout + b * do_sb + h * do_sh + (index_t)i * do_ss;
     const uint16_t* orow = o + b * o_sb + h * o_sh + (index_t)i * o_ss;
     float acc = 0.f;
-    for (int c = lane * 8; c < hdim_v; c += 256) {
+    for (int c = lane * 8; c < hdim_v; c += 8 * WARP_LANES) {
         const uint4 x = *reinterpret_cast<const uint4*>(dr + c);
         const uint4 y = *reinterpret_cast<const uint4*>(orow + c);
         const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
@@ -49,13 +47,12 @@ fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
             acc += to_float(xs[e] >> 16) * to_float(ys[e] >> 16);
         }
     }
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) acc += shfl_xor(acc, m);
+    acc = warp_reduce_sum(acc);
     const index_t row = ((index_t)b * gridDim.y + h) * pitch + i;
     if (lane == 0) delta[row] = acc;
     if (dq_acc) {
         float* dq_row = dq_acc + row * hdim_q;
-        for (int c = lane * 4; c < hdim_q; c += 128)  // hdim_q is a multiple of 8: 16-byte stores
+        for (int c = lane * 4; c < hdim_q; c += 4 * WARP_LANES)  // hdim_q is a multiple of 8: 16-byte stores
             *reinterpret_cast<float4*>(dq_row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }

@@ -19,7 +19,7 @@
 // splits the output columns (dK/dQ over hdim_q, dV over hdim_v) across NSPLIT CTAs; each CTA
 // recomputes S and dP in full (GEMM0/GEMM2) and does its share of GEMM1/3/4.
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded, multiples of 16), BLOCK_M, NWARPS, NSPLIT,
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias),
 //            DROPOUT (0/1).
 // Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
@@ -41,21 +41,28 @@
 //        lengths), zeroed by the caller; receives dS (before any 16-bit rounding), reduced to
 //        dBias's shape by the caller.
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "tile.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 
-#define NTHREADS (NWARPS * 32)
-#define BLOCK_N (NWARPS * 16)
-#ifndef NSPLIT
-#define NSPLIT 1
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-
 using namespace fmha;
+
+static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
+
+// Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T ([BLOCK_N][BLOCK_M], for GEMM4);
+// row-major tiles with pitch smem_pitch(D). DROPOUT: the keep bits of the Q block being processed
+// and of the next one.
+struct SmemTiles {
+    uint16_t k[BLOCK_N * smem_pitch(HDIM_Q)];
+    uint16_t v[BLOCK_N * smem_pitch(HDIM_V)];
+    uint16_t q[2][BLOCK_M * smem_pitch(HDIM_Q)];
+    uint16_t dout[2][BLOCK_M * smem_pitch(HDIM_V)];
+    uint16_t ds[BLOCK_N * smem_pitch(BLOCK_M)];
+    float lse[2][BLOCK_M];
+    float d[2][BLOCK_M];
+};
+struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0> {};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
@@ -71,18 +78,19 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     static_assert(DQ_OUT % 16 == 0 && DV_OUT % 16 == 0, "split head dims must be multiples of 16");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);
-    uint16_t* sV = sK + BLOCK_N * PQ;
-    uint16_t* sQ = sV + BLOCK_N * PV;             // [2][BLOCK_M][PQ]
-    uint16_t* sdO = sQ + 2 * BLOCK_M * PQ;        // [2][BLOCK_M][PV]
-    uint16_t* sdS = sdO + 2 * BLOCK_M * PV;       // [BLOCK_N][PS], dS^T
-    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PS);  // [2][BLOCK_M]
-    float* sD = sLse + 2 * BLOCK_M;                               // [2][BLOCK_M]
-    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
-    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sK = sm.k;
+    uint16_t* sV = sm.v;
+    uint16_t* sQ = &sm.q[0][0];
+    uint16_t* sdO = &sm.dout[0][0];
+    uint16_t* sdS = sm.ds;
+    float* sLse = &sm.lse[0][0];
+    float* sD = &sm.d[0][0];
+    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int kb = blockIdx.x / NSPLIT, split = blockIdx.x % NSPLIT;
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
@@ -97,7 +105,7 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -144,12 +152,11 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
 
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, g, t,
+        backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, frag,
                             blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
-#if BIAS
-        if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
-            bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, g, t);
-#endif
+        if constexpr (BIAS)
+            if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
+                bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, frag);
 
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll
@@ -163,10 +170,11 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
             uint32_t a[4];
             c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
             mma_row_kmajor<NT_DQ>(acc_dk, a, sQb, PQ, split * DQ_OUT, kk * 16, lane);
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 2 * t) = a[0];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 2 * t) = a[1];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * PS + kk * 16 + 8 + 2 * t) = a[2];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * PS + kk * 16 + 8 + 2 * t) = a[3];
+            // a = C elements (0, 1) and (2, 3) of n8 tiles 2kk (a[0], a[1]) and 2kk + 1 (a[2], a[3])
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(0, 0)) = a[0];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(0, 0)) = a[1];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(1, 0)) = a[2];
+            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(1, 0)) = a[3];
         }
         __syncthreads();
 
@@ -185,12 +193,12 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int i = q0 + mt4 * 16 + g + r * 8;
+                const int i = q0 + mt4 * 16 + frag.row(2 * r);
                 if (i < blk.seqlen_q) {
                     float* row = blk.dq_g + (index_t)i * p.hdim_q;
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
-                        const int col = c0 + n * 8 + 2 * t;
+                        const int col = c0 + frag.col(n, 0);
                         if (col >= c_end) continue;
                         if (p.dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
                         else red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
@@ -201,12 +209,12 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
         // the next block's keep bits (read after the next iteration's barrier; the buffer's last
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
-        if constexpr (DROPOUT != 0)
+        if constexpr (DROPOUT)
             if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
-    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0 + g, t, split * DQ_OUT,
+    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0, frag, split * DQ_OUT,
                                   split * DV_OUT);
 }

@@ -23,27 +23,51 @@
 // queues to the loads.
 // Parameters: BwdParams (params.cuh), as fmha_bwd_dq_dk_dv (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BIAS (elementwise bias; dS for dBias
 //            into dbias_acc, as in fmha_bwd_dq_dk_dv.cu), DROPOUT (0/1: see fmha_bwd_dq_dk_dv.cu).
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
-#include "tile.cuh"
-#include "tile_blocked.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 
-#define NTHREADS 256
-#define BLOCK_N 128
-#define BLOCK_M 64
-#ifndef OVERLAP
-#define OVERLAP 1  // issue GEMM4 while GEMM1/3 still run (their register operands stay pinned)
-#endif
-#ifndef DQ_BULK
-#define DQ_BULK 1  // dQ through shared memory and bulk reduce-adds (see above)
-#endif
 
 using namespace fmha;
+
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * NWG && BLOCK_M == 64,
+              "fmha_bwd_dq_dk_dv_sm90: two warpgroups of 64 keys, 64 query rows per step (spec.py)");
+// OVERLAP (config.cuh, default on): issue GEMM4 while GEMM1/3 still run (their register operands
+// stay pinned). DQ_BULK (default on): dQ through shared memory and bulk reduce-adds (see above).
+
+// DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks apart,
+// so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
+constexpr int DQ_PITCH = HDIM_Q + 8;
+template <int N> struct DqStageSmem { float dq[N]; };
+template <> struct DqStageSmem<0> {};
+
+// Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T (for GEMM4); blocked tiles
+// (tile_blocked.cuh). DROPOUT: the keep bits of the Q block being processed and of the next one;
+// DQ_BULK: the dQ staging block.
+struct SmemTiles {
+    uint16_t k[BLOCK_N * HDIM_Q];
+    uint16_t v[BLOCK_N * HDIM_V];
+    uint16_t q[2][BLOCK_M * HDIM_Q];
+    uint16_t dout[2][BLOCK_M * HDIM_V];
+    uint16_t ds[BLOCK_N * BLOCK_M];
+    float lse[2][BLOCK_M];
+    float d[2][BLOCK_M];
+};
+struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0>,
+              DqStageSmem<DQ_BULK ? BLOCK_M * DQ_PITCH : 0> {};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt (recomputed
+// where used: kept live across the loop, this pushed hdim 128 past 255 registers)
+__device__ __forceinline__ bool dq_issuer() { return DQ_BULK && (threadIdx.x & 127) < BLOCK_M; }
+// The staging block's address (where the layout has none, the address it would have).
+template <class S>
+__device__ __forceinline__ float* dq_stage_smem(S& s) {
+    if constexpr (DQ_BULK != 0) return s.dq;
+    else return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&s) + sizeof(S));
+}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
@@ -52,26 +76,21 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_N][HDIM_Q] blocked
-    uint16_t* sV = sK + BLOCK_N * HDIM_Q;                    // [BLOCK_N][HDIM_V]
-    uint16_t* sQ = sV + BLOCK_N * HDIM_V;                    // [2][BLOCK_M][HDIM_Q]
-    uint16_t* sdO = sQ + 2 * BLOCK_M * HDIM_Q;               // [2][BLOCK_M][HDIM_V]
-    uint16_t* sdS = sdO + 2 * BLOCK_M * HDIM_V;              // [BLOCK_N][BLOCK_M] (dS^T)
-    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * BLOCK_M);
-    float* sD = sLse + 2 * BLOCK_M;
-    // DROPOUT: keep bits of the Q block being processed and of the next one, [2][BLOCK_N / 8][BLOCK_M]
-    unsigned char* sKeep = reinterpret_cast<unsigned char*>(sD + 2 * BLOCK_M);
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sK = sm.k;
+    uint16_t* sV = sm.v;
+    uint16_t* sQ = &sm.q[0][0];
+    uint16_t* sdO = &sm.dout[0][0];
+    uint16_t* sdS = sm.ds;  // dS^T, [BLOCK_N][BLOCK_M] blocked
+    float* sLse = &sm.lse[0][0];
+    float* sD = &sm.d[0][0];
+    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
-    // DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks
-    // apart, so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
-    constexpr int DQ_PITCH = HDIM_Q + 8;
-    float* sdQ = reinterpret_cast<float*>(sKeep + (DROPOUT != 0 ? 2 * KEEP_BYTES : 0));
+    float* sdQ = dq_stage_smem(sm);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it
-    // DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt
-    // (recomputed where used: kept live across the loop, these pushed hdim 128 past 255 registers)
-#define DQ_ISSUER (DQ_BULK != 0 && (threadIdx.x & 127) < BLOCK_M)
+    const int tid = threadIdx.x, warp = warp_of(tid);
+    const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it (16 keys each)
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
@@ -85,7 +104,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
         load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT != 0) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -95,7 +114,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 #pragma unroll
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     const int key_row0 = wg * 64;                  // this warpgroup's keys inside the block
-    const int my_key = key_row0 + wi * 16 + g;     // this thread's keys: my_key, my_key + 8
+    const int warp_key0 = key_row0 + wi * 16;     // this warp's keys inside the block
 
     for (int qb = blk.qb_begin; qb < blk.qb_end; ++qb) {
         const int buf = (qb - blk.qb_begin) & 1;
@@ -132,22 +151,21 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 
         // P^T and dS^T
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + key_row0 + wi * 16, q0, g, t,
+        backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + warp_key0, q0, frag,
                           blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
-#if BIAS
-        if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
-            bwd_store_ds<NQ>(p, blk, dp, k0 + key_row0 + wi * 16, q0, g, t);
-#endif
+        if constexpr (BIAS)
+            if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
+                bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
             c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
             c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
             // dS^T to shared memory (blocked [key][q]) for GEMM4
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][0];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 2 * t, BLOCK_M)) = dsa[kk][1];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][2];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(my_key + 8, kk * 16 + 8 + 2 * t, BLOCK_M)) = dsa[kk][3];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][0];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][1];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][2];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][3];
         }
 
         // GEMM1 and GEMM3 (A from registers)
@@ -158,15 +176,15 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
             wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mnmajor<HDIM_Q>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
-#if !OVERLAP
-        wgmma_wait0();
-        fence_operand<NDV * 4>(acc_dv);
-        fence_operand<NDQ * 4>(acc_dk);
-#endif
+        if constexpr (!OVERLAP) {
+            wgmma_wait0();
+            fence_operand<NDV * 4>(acc_dv);
+            fence_operand<NDQ * 4>(acc_dk);
+        }
         fence_proxy_async();
         // the previous block's dQ rows have left sdQ (a no-op in threads that issued no bulk
         // copies; executed by all: the predicated form spilled at hdim 128)
-        if (DQ_BULK) bulk_wait_read<0>();
+        if constexpr (DQ_BULK) bulk_wait_read<0>();
         __syncthreads();  // dS^T visible to both warpgroups; sdQ free
 
         // GEMM4: dQ[q0 .. q0 + 64, wg half of the columns] = dS K
@@ -182,15 +200,14 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
             wgmma_commit();
             wgmma_wait0();
             fence_operand<DQ_HALF / 2>(acc_dq);
-#if OVERLAP
-            fence_operand<NDV * 4>(acc_dv);
-            fence_operand<NDQ * 4>(acc_dk);
-            fence_operand<BLOCK_M / 4>(&pa[0][0]);
-            fence_operand<BLOCK_M / 4>(&dsa[0][0]);
-#endif
-#if DQ_BULK
-            {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
-                float* sdq_t = sdQ + (wi * 16 + g) * DQ_PITCH + wg * DQ_HALF + 2 * t;
+            if constexpr (OVERLAP) {
+                fence_operand<NDV * 4>(acc_dv);
+                fence_operand<NDQ * 4>(acc_dk);
+                fence_operand<BLOCK_M / 4>(&pa[0][0]);
+                fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+            }
+            if constexpr (DQ_BULK) {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
+                float* sdq_t = sdQ + (wi * 16 + frag.row(0)) * DQ_PITCH + wg * DQ_HALF + frag.col(0, 0);
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -199,7 +216,7 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                             make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
                 fence_proxy_async();
                 named_barrier_sync(1 + wg, 128);
-                if (DQ_ISSUER) {
+                if (dq_issuer()) {
                     const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
                     if (i < blk.seqlen_q && ncol > 0) {
                         float* dst = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF;
@@ -209,39 +226,37 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                     }
                     bulk_commit();
                 }
-            }
-#else
+            } else {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = q0 + wi * 16 + g + r * 8;
-                if (i < blk.seqlen_q) {
-                    float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + 2 * t;
-                    const int ncol = p.hdim_q - wg * DQ_HALF - 2 * t;
-                    if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
+                for (int r = 0; r < 2; ++r) {
+                    const int i = q0 + wi * 16 + frag.row(2 * r);
+                    if (i < blk.seqlen_q) {
+                        float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + frag.col(0, 0);
+                        const int ncol = p.hdim_q - wg * DQ_HALF - frag.col(0, 0);
+                        if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
-                        for (int n = 0; n < DQ_HALF / 8; ++n)
-                            if (n * 8 < ncol)
-                                *reinterpret_cast<float2*>(row + n * 8) =
-                                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                    } else {
+                            for (int n = 0; n < DQ_HALF / 8; ++n)
+                                if (n * 8 < ncol)
+                                    *reinterpret_cast<float2*>(row + n * 8) =
+                                        make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        } else {
 #pragma unroll
-                        for (int n = 0; n < DQ_HALF / 8; ++n)
-                            if (n * 8 < ncol) red_add_f32x2(row + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                            for (int n = 0; n < DQ_HALF / 8; ++n)
+                                if (n * 8 < ncol) red_add_f32x2(row + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        }
                     }
                 }
             }
-#endif
         }
         // the next block's keep bits (read after the next iteration's barrier; the buffer's last
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
-        if constexpr (DROPOUT != 0)
+        if constexpr (DROPOUT)
             if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 
-    if (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
+    if constexpr (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
-#undef DQ_ISSUER
-    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + my_key, t, 0, 0);
+    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
 }

@@ -4,13 +4,11 @@
 // and backward kernels, so the mask is exactly the one they apply.
 //
 // One thread per (query row, group of 8 keys): one Philox call, up to 8 bytes written.
-// Grid (ceil(seqlen_q * ceil(seqlen_k / 8) / 256), nhead_q, batch), block 256.
+// Grid (ceil(seqlen_q * ceil(seqlen_k / 8) / NTHREADS), nhead_q, batch), block NTHREADS (256).
 // keep: uint8 (0/1; a bool array) [batch, nhead_q, seqlen_q, seqlen_k], contiguous.
 #include "common.cuh"
 #include "philox.cuh"
 #include "params.cuh"
-
-#define NTHREADS 256
 
 using namespace fmha;
 

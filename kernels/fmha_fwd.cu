@@ -3,42 +3,45 @@
 // streams K/V blocks of BLOCK_N keys through double-buffered shared memory (cp.async), keeps the
 // running row max and sum in registers and rescales O once at the end.
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
 //            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
-// given by cupy_fmha/launch.py (fwd_smem_bytes).
+// SMEM_BYTES (spec.py; the Smem struct below).
 // Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):
 // p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
 // and LSE rows past a sequence are -inf.
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "tile.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 
-#ifndef Q_IN_REGS
-#define Q_IN_REGS 1
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-#define NTHREADS (NWARPS * 32)
-#define BLOCK_M (NWARPS * 16)
-
 using namespace fmha;
+
+static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
+
+// Shared memory: Q (O's staging area in the epilogue), then K and V, double-buffered; row-major
+// tiles with pitch smem_pitch(D).
+struct Smem {
+    uint16_t q[BLOCK_M * (HDIM_Q > HDIM_V ? smem_pitch(HDIM_Q) : smem_pitch(HDIM_V))];
+    uint16_t k[2][BLOCK_N * smem_pitch(HDIM_Q)];
+    uint16_t v[2][BLOCK_N * smem_pitch(HDIM_V)];
+};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd(const __grid_constant__ FwdParams p) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
     constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
-    uint16_t* sK = sQ + BLOCK_M * (PQ > PV ? PQ : PV);  // sQ doubles as O's staging area
-    uint16_t* sV = sK + 2 * BLOCK_N * PQ;
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sQ = sm.q;  // doubles as O's staging area
+    uint16_t* sK = &sm.k[0][0];
+    uint16_t* sV = &sm.v[0][0];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
@@ -55,21 +58,19 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     float acc_o[NT_O][4];
     zero<NT_O>(acc_o);
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-#if Q_IN_REGS
-    uint32_t qf[KQ][4];
-#endif
+    uint32_t qf[KQ][4];  // Q_IN_REGS: Q's fragments, loaded once
     const int m0 = warp * 16;
 
     for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb) {
         const int buf = (kb - blk.kb_begin) & 1;
         cp_async_wait<0>();
         __syncthreads();
-#if Q_IN_REGS
-        if (kb == blk.kb_begin) {
+        if constexpr (Q_IN_REGS) {
+            if (kb == blk.kb_begin) {
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
+                for (int kk = 0; kk < KQ; ++kk) load_a(qf[kk], sQ, PQ, m0, kk * 16, lane);
+            }
         }
-#endif
         if (kb + 1 < blk.kb_end) {  // prefetch the next K/V block into the other buffer
             load_tile_async<BLOCK_N, HDIM_Q, NTHREADS>(sK + (buf ^ 1) * BLOCK_N * PQ, blk.kg, p.k.ss, (kb + 1) * BLOCK_N,
                                                        blk.seqlen_k, p.hdim_q, tid);
@@ -85,22 +86,22 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
         zero<NT_S>(s);
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
-#if Q_IN_REGS
-            mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
-#else
-            uint32_t a[4];
-            load_a(a, sQ, PQ, m0, kk * 16, lane);
-            mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
-#endif
+            if constexpr (Q_IN_REGS) {
+                mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
+            } else {
+                uint32_t a[4];
+                load_a(a, sQ, PQ, m0, kk * 16, lane);
+                mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
+            }
         }
 
         const int k0 = kb * BLOCK_N;
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         KeepBits<NT_S> keep;
-        if constexpr (DROPOUT != 0) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, g, t);
+        if constexpr (DROPOUT) keep = fwd_keep_bits<NT_S>(blk.drop, q0 + m0, k0, frag);
         online_softmax<NT_S, NT_O>(&s[0][0], &acc_o[0][0], row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                                    q0 + m0, k0,
-                                   g, t, blk.seqlen_k, keep);
+                                   frag, blk.seqlen_k, keep);
 
         // O += P V
 #pragma unroll
@@ -114,11 +115,11 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = q0 + m0 + g + r * 8;
-        if (t == 0 && i < blk.seqlen_q) lse_g[i] = row_lse[r];
+        const int i = q0 + m0 + frag.row(2 * r);
+        if (frag.row_leader() && i < blk.seqlen_q) lse_g[i] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NT_O; ++n) {
             acc_o[n][2 * r] *= inv[r];
@@ -130,13 +131,13 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
     uint16_t* sO = sQ;
 #pragma unroll
     for (int n = 0; n < NT_O; ++n) {
-        *reinterpret_cast<uint32_t*>(sO + (m0 + g) * PV + n * 8 + 2 * t) = pack2(acc_o[n][0], acc_o[n][1]);
-        *reinterpret_cast<uint32_t*>(sO + (m0 + g + 8) * PV + n * 8 + 2 * t) = pack2(acc_o[n][2], acc_o[n][3]);
+        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(0)) * PV + frag.col(n, 0)) = pack2(acc_o[n][0], acc_o[n][1]);
+        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(2)) * PV + frag.col(n, 0)) = pack2(acc_o[n][2], acc_o[n][3]);
     }
     __syncwarp();
     uint16_t* og = fwd_out_rows(p, b, h);
     constexpr int CH = HDIM_V / 8;
-    for (int c = lane; c < 16 * CH; c += 32) {
+    for (int c = lane; c < 16 * CH; c += WARP_LANES) {
         const int r = c / CH, ch = c % CH, i = q0 + m0 + r;
         if (i < blk.seqlen_q && ch * 8 < p.hdim_v)
             *reinterpret_cast<uint4*>(og + (index_t)i * p.o.ss + ch * 8) =

@@ -5,33 +5,29 @@
 //   O += P V      wgmma A = P (registers),     B = V (smem, MN-major)
 // Parameters: FwdParams (params.cuh), as fmha_fwd (one launch path for both).
 //
-// -D macros: FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
+// Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded: 64 or 128), BLOCK_N (64 or 128), NWG (warpgroups),
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias), DROPOUT (0/1, as
 //            fmha_fwd.cu).
 #include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
-#include "tile.cuh"
-#include "tile_blocked.cuh"
+#include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
 
-#ifndef NWG
-#define NWG 2
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-#ifndef WG_SKIP
-// Warpgroups skip key blocks none of their rows see (see fwd_step). Measured on the H200: +2-8%
-// at 2 warpgroups (hdim 64); at 3 warpgroups (hdim 128, at the 168-register cap) the extra loop
-// copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi instance spills.
-#define WG_SKIP (NWG == 2 && !ALIBI)
-#endif
-#define NTHREADS (NWG * 128)
-#define BLOCK_M (NWG * 64)
-
 using namespace fmha;
+
+// WG_SKIP (config.cuh): warpgroups skip key blocks none of their rows see (see fwd_step). Measured
+// on the H200: +2-8% at 2 warpgroups (hdim 64); at 3 warpgroups (hdim 128, at the 168-register
+// cap) the extra loop copies made every block slower (-6 to -9% at seqlen 2048-8192), and the ALiBi
+// instance spills; the default is on at 2 warpgroups without ALiBi.
+static_assert(BLOCK_M == 64 * NWG && NTHREADS == 128 * NWG, "fmha_fwd_sm90: one warpgroup per 64 query rows (spec.py)");
+
+// Shared memory: Q, then K and V, double-buffered; blocked tiles (tile_blocked.cuh).
+struct Smem {
+    uint16_t q[BLOCK_M * HDIM_Q];
+    uint16_t k[2][BLOCK_N * HDIM_Q];
+    uint16_t v[2][BLOCK_N * HDIM_V];
+};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 // One key block kb: wait for its K/V, start loading the next, S = Q K^T, online softmax,
 // O += P V. SKIP: this warpgroup skips the block when none of its rows sees a key of it
@@ -39,8 +35,8 @@ using namespace fmha;
 // warpgroups differ, because the branch slows every block of a loop that contains it.
 template <bool SKIP>
 __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk, int kb, int wkb_begin, int wkb_end,
-                                         const uint16_t* sQ, uint16_t* sK, uint16_t* sV, int tid, int wg, int wi, int g,
-                                         int t, int wq0, float* acc_o, float* row_max, float* row_sum) {
+                                         const uint16_t* sQ, uint16_t* sK, uint16_t* sV, int tid, int wg, int wi,
+                                         const AccFrag& f, int wq0, float* acc_o, float* row_max, float* row_sum) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     const int buf = (kb - blk.kb_begin) & 1;
     cp_async_wait<0>();
@@ -65,15 +61,15 @@ __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk
     wgmma_commit();
     const int k0 = kb * BLOCK_N;
     KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
-    if constexpr (DROPOUT != 0) {
-        keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, g, t);
+    if constexpr (DROPOUT) {
+        keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, f);
         fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
     }
     wgmma_wait0();
     fence_operand<NS * 4>(s);
 
     const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, g, t,
+    online_softmax<NS, NO>(s, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, f,
                            blk.seqlen_k, keep);
     uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
@@ -92,12 +88,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     constexpr int NO = HDIM_V / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);   // [BLOCK_M][HDIM_Q] blocked
-    uint16_t* sK = sQ + BLOCK_M * HDIM_Q;                    // [2][BLOCK_N][HDIM_Q]
-    uint16_t* sV = sK + 2 * BLOCK_N * HDIM_Q;                // [2][BLOCK_N][HDIM_V]
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    uint16_t* sQ = sm.q;
+    uint16_t* sK = &sm.k[0][0];
+    uint16_t* sV = &sm.v[0][0];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2, wi = warp & 3;
+    const int tid = threadIdx.x, warp = warp_of(tid);
+    const int wg = warp >> 2, wi = warp & 3;  // warpgroup, warp inside it (16 rows each)
+    const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
     const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
@@ -123,7 +121,7 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
 #pragma unroll
     for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-    const int my_row = wg * 64 + wi * 16 + g;  // this thread's rows: my_row, my_row + 8
+    const int warp_row0 = wg * 64 + wi * 16;  // this warp's rows in the block
 
     // Three phases: [blk.kb_begin, all_begin) and [all_end, blk.kb_end), where the warpgroups' key ranges
     // differ (causal diagonal, window edges, a last row block with warpgroups past the end), run
@@ -138,36 +136,36 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
     }
     all_begin = min(all_begin, blk.kb_end);
     all_end = max(all_end, all_begin);
-#define FMHA_FWD_BLOCK(SKIP, kb) \
-    fwd_step<SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum)
     if (!WG_SKIP && wq0 >= blk.seqlen_q) {
         // All rows of this warpgroup are past the end (the last row block of a sequence that is
         // not a multiple of BLOCK_M): it only loads and meets the barriers, so the CTA's other
         // warpgroups get the tensor cores. (fwd_step<true> with an empty range: the GEMMs are
         // compiled out of this copy.)
         for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb)
-            fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, g, t, wq0, acc_o, row_max, row_sum);
+            fwd_step<true>(p, blk, kb, 0, 0, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
     } else {
         if (!WG_SKIP) all_begin = blk.kb_begin, all_end = blk.kb_end;
-        for (int kb = blk.kb_begin; kb < all_begin; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
-        for (int kb = all_begin; kb < all_end; ++kb) FMHA_FWD_BLOCK(false, kb);
-        for (int kb = all_end; kb < blk.kb_end; ++kb) FMHA_FWD_BLOCK(WG_SKIP, kb);
+        for (int kb = blk.kb_begin; kb < all_begin; ++kb)
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
+        for (int kb = all_begin; kb < all_end; ++kb)
+            fwd_step<false>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
+        for (int kb = all_end; kb < blk.kb_end; ++kb)
+            fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
     }
-#undef FMHA_FWD_BLOCK
 
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
     uint16_t* og = fwd_out_rows(p, b, h);
     float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, blk.drop);
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = q0 + my_row + r * 8;
+        const int i = q0 + warp_row0 + frag.row(2 * r);
         if (i < blk.seqlen_q) {
-            if (t == 0) lse_g[i] = row_lse[r];
+            if (frag.row_leader()) lse_g[i] = row_lse[r];
             uint16_t* orow = og + (index_t)i * p.o.ss;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
+                const int col = frag.col(n, 0);
                 if (col < p.hdim_v)
                     *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
             }

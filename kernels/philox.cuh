@@ -75,15 +75,15 @@ __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigne
 }
 
 // Keep bits of the tile [q0, q0 + M) x [k0, k0 + N) (k0 a multiple of 8), computed cooperatively
-// by the CTA's NTHREADS threads, one Philox call per (row, key group): byte [jg * M + il] holds the
+// by the CTA's NT threads, one Philox call per (row, key group): byte [jg * M + il] holds the
 // keep bits of keys k0 + 8 jg + 0..7 for query row q0 + il.
-template <int M, int N, int NTHREADS>
+template <int M, int N, int NT>
 __device__ __forceinline__ void fill_keep_bits(unsigned char* bits, const Dropout& d, int q0, int k0, int tid) {
     constexpr int CALLS = M * (N / 8);
 #pragma unroll 1  // one Philox chain at a time: the callers run at their register limit
-    for (int s = 0; s < (CALLS + NTHREADS - 1) / NTHREADS; ++s) {
-        const int c = tid + s * NTHREADS;
-        if (CALLS % NTHREADS == 0 || c < CALLS) {
+    for (int s = 0; s < (CALLS + NT - 1) / NT; ++s) {
+        const int c = tid + s * NT;
+        if (CALLS % NT == 0 || c < CALLS) {
             const int il = c % M, jg = c / M;
             bits[c] = (unsigned char)d.keep8(q0 + il, (k0 >> 3) + jg);
         }

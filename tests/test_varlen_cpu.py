@@ -76,19 +76,14 @@ def _signature(stem: str) -> str:
     return " ".join(src[start:src.index("{", start)].split())
 
 
-@pytest.mark.parametrize("stem", ["fmha_fwd", "fmha_fwd_sm90", "fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90"])
-def test_group_mode_arguments_follow_alibi(stem):
-    sig = _signature(stem)
-    group = ("const float* __restrict__ alibi_slopes, index_t alibi_sb, const int* __restrict__ cu_seqlens_q, "
-             "const int* __restrict__ cu_seqlens_k, int win_bottom_right")
-    assert group in sig, sig
-
-
-def test_small_kernels_signature_tails():
-    assert _signature("fmha_bwd_dot_do_o").endswith(
-        "int hdim_v, const int* __restrict__ cu_seqlens_q, float* __restrict__ dq_acc, int hdim_q)")
-    assert _signature("fmha_bwd_convert_dq").endswith(
-        "const int* __restrict__ cu_seqlens, const int* __restrict__ cu_seqlens_k, int win_bottom_right)")
+@pytest.mark.parametrize("stem, struct", [
+    ("fmha_fwd", "FwdParams"), ("fmha_fwd_sm90", "FwdParams"), ("fmha_bwd_dq_dk_dv", "BwdParams"),
+    ("fmha_bwd_dq_dk_dv_sm90", "BwdParams"), ("fmha_bwd_dot_do_o", "DotDoOParams"),
+    ("fmha_bwd_convert_dq", "ConvertParams"), ("fmha_dropout_mask", "DropoutMaskParams")])
+def test_every_kernel_takes_its_one_params_struct(stem, struct):
+    # the launch ABI: one struct by value, laid out as cupy_fmha.params mirrors it (the group-mode
+    # fields live in SeqArg / MaskArg; tests/test_params_layout.py checks the layouts)
+    assert _signature(stem) == f"{stem}(const __grid_constant__ {struct} p)"
 
 
 def test_empty_grid():

@@ -20,7 +20,7 @@ import os
 
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
-__all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "compile_arch", "compile_options", "fwd_spec",
+__all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
            "bwd_specs", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
@@ -32,6 +32,45 @@ WARP_SIZE = 32
 SMEM_LIMIT = 227 * 1024
 #: targets the offline compile check builds every instance for (CI, no GPU)
 OFFLINE_ARCHS = ("sm_80", "sm_90a")
+
+
+def smem_pitch(d: int) -> int:
+    """Row pitch in elements of an mma.sync shared-memory tile (``smem_pitch`` in the sm80 arch layer)."""
+    return d + 8
+
+
+def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
+    """The macros that follow from an instance's table entries: BLOCK_M / BLOCK_N (where the table
+    gives warps), NTHREADS, and SMEM_BYTES, the dynamic shared memory of the kernel's layout
+    struct (each kernel ``static_assert``s that its struct has exactly this size; the launcher
+    passes it)."""
+    if source == "fmha_fwd":  # NWARPS warps of 16 query rows; Q (also O's staging), K, V x 2
+        bm, bn, pq, pv = 16 * m["NWARPS"], m["BLOCK_N"], smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"])
+        return dict(BLOCK_M=bm, NTHREADS=32 * m["NWARPS"],
+                    SMEM_BYTES=2 * (bm * max(pq, pv) + 2 * bn * pq + 2 * bn * pv))
+    if source == "fmha_fwd_sm90":  # NWG warpgroups of 64 query rows; blocked Q, K, V x 2
+        bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
+        return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
+    if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
+        bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
+        pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
+        smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm
+        return dict(BLOCK_N=bn, NTHREADS=32 * m["NWARPS"], SMEM_BYTES=smem + _keep_bits_bytes(m, bm, bn))
+    if source == "fmha_bwd_dq_dk_dv_sm90":  # the same, blocked, (+ the fp32 dQ staging block, DQ_BULK)
+        bn, bm, dq, dv = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"]
+        smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm + _keep_bits_bytes(m, bm, bn)
+        if m.get("DQ_BULK", 1):  # rows padded by 8 floats
+            smem += 4 * bm * (dq + 8)
+        return dict(NTHREADS=128 * m["NWG"], SMEM_BYTES=smem)
+    if source == "fmha_bwd_dot_do_o":  # one warp per row
+        return dict(NTHREADS=32 * m["ROWS"])
+    return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
+
+
+def _keep_bits_bytes(m: dict[str, int], block_m: int, block_n: int) -> int:
+    """The dq_dk_dv kernels' dropout keep bits: two [block_n / 8][block_m] byte tiles (the current
+    Q block's and the next one's); 0 without ``DROPOUT``."""
+    return 2 * (block_n // 8) * block_m if m.get("DROPOUT", 0) else 0
 
 
 def compile_arch(spec: KernelSpec) -> str | None:
@@ -180,7 +219,11 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         # hdim-128 spill past 64 bytes; and for the deterministic slabs, where bulk stores
         # measured 12% slower than plain ones (5.90 against 5.26 ms, bench/features.py).
         bulk = pad_hdim(hdim_q) > 64 and not dropout and not deterministic
-        tiles = _override("CUPY_FMHA_BWD_SM90_TILES", {} if bulk else {"DQ_BULK": 0})
+        # two warpgroups of 64 keys; 64 query rows per step (GEMM4 splits dQ's columns in halves)
+        tiles = dict(NWG=2, BLOCK_N=128, BLOCK_M=64)
+        if not bulk:
+            tiles["DQ_BULK"] = 0
+        tiles = _override("CUPY_FMHA_BWD_SM90_TILES", tiles)
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
     else:

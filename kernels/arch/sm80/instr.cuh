@@ -1,5 +1,4 @@
-// Architecture layer for NVIDIA sm_80+ (Ampere, Hopper): every piece of inline PTX lives here.
-// A HIP port replaces this file (MFMA builtins, LDS reads, plain global loads) and keeps the rest.
+// Architecture layer, sm80 (NVIDIA sm_80 and newer): the mma.sync-family instructions, as inline PTX.
 //
 //   mma_16816        mma.sync m16n8k16, fp16/bf16 in, fp32 accumulate (row.col)
 //   ldsm_x4/x2(_t)   ldmatrix 8x8 b16 fragments from shared memory (optionally transposed)
@@ -7,7 +6,7 @@
 //   red_add_f32x2    fp32 pair atomically added to global memory (vector red on sm_90)
 //   pack2 / to_float element conversions (input dtype); f16/bf16_bits_to_float (run-time dtype)
 #pragma once
-#include "common.cuh"
+#include "../../common.cuh"
 
 namespace fmha {
 
@@ -17,19 +16,11 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
 
 // D += A * B for one 16x8x16 tile. a: 4 regs (A fragment), b: 2 regs, d: 4 fp32.
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-#if FMHA_BF16
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "mma.sync.aligned.m16n8k16.row.col.f32." FMHA_PTX_ELEM "." FMHA_PTX_ELEM ".f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], unsigned addr) {
@@ -70,22 +61,18 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // Two floats -> one register holding two 16-bit elements (round to nearest even); lo in bits 0..15.
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     uint32_t r;
-#if FMHA_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
+    asm("cvt.rn." FMHA_PTX_ELEM "x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
 __device__ __forceinline__ float to_float(uint16_t x) {
-#if FMHA_BF16
-    return __uint_as_float(static_cast<uint32_t>(x) << 16);
-#else
-    float f;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
-    return f;
-#endif
+    if constexpr (FMHA_BF16) {
+        return __uint_as_float(static_cast<uint32_t>(x) << 16);
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+        return f;
+    }
 }
 
 // Conversions of a stored element whose type is chosen at run time (the elementwise bias has its

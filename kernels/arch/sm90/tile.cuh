@@ -1,13 +1,13 @@
-// The "blocked" shared-memory tile layout read by wgmma (no swizzle): a ROWS x C tile (C a
+// Architecture layer, sm90: the "blocked" shared-memory tile layout read by wgmma (no swizzle): a R x C tile (C a
 // multiple of 8) is stored as 8x8 core matrices of 128 contiguous bytes, core (r/8, c/8) at
 // element offset ((r/8) * (C/8) + c/8) * 64, row r%8 of a core at +8*(r%8).
 //
 // As a K-major operand (rows = M or N, columns = K): LBO = 128 B, SBO = (C/8) * 128 B.
 // As an MN-major operand (rows = K, columns = M or N): LBO = (C/8) * 128 B, SBO = 128 B.
 #pragma once
-#include "common.cuh"
-#include "arch_sm80.cuh"
-#include "arch_sm90.cuh"
+#include "../../common.cuh"
+#include "../sm80/instr.cuh"
+#include "wgmma.cuh"
 
 namespace fmha {
 
@@ -15,17 +15,17 @@ __device__ __forceinline__ int blk_offset(int r, int c, int C) {
     return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
 }
 
-// Asynchronously copy rows [row0, row0 + ROWS) x cols [0, C) of a global matrix into a blocked
+// Asynchronously copy rows [row0, row0 + R) x cols [0, C) of a global matrix into a blocked
 // tile; rows >= nrows and cols >= ncols are zero-filled. Consecutive threads fill consecutive
 // 16-byte rows of one core matrix, so a warp writes 512 contiguous bytes (no bank conflicts).
-template <int ROWS, int C, int NTHREADS>
+template <int R, int C, int NT>
 __device__ __forceinline__ void load_blocked_async(uint16_t* smem, const uint16_t* gmem, index_t stride,
                                                    int row0, int nrows, int ncols, int tid) {
-    constexpr int CB = C / 8, TOTAL = ROWS * CB;
+    constexpr int CB = C / 8, TOTAL = R * CB;
 #pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
-        const int idx = tid + i * NTHREADS;
-        if (TOTAL % NTHREADS == 0 || idx < TOTAL) {
+    for (int i = 0; i < (TOTAL + NT - 1) / NT; ++i) {
+        const int idx = tid + i * NT;
+        if (TOTAL % NT == 0 || idx < TOTAL) {
             const int rr = idx & 7, cb = (idx >> 3) % CB, rb = (idx >> 3) / CB;
             const int r = rb * 8 + rr, row = row0 + r;
             const bool ok = row < nrows && cb * 8 < ncols;

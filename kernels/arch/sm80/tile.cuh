@@ -1,4 +1,5 @@
-// Tile movement and mma fragment addressing, built only on the architecture layer.
+// Architecture layer, sm80: tile movement (cp.async into row-major shared-memory tiles) and the
+// ldmatrix-based mma fragment loaders.
 //
 // Shared-memory tiles are row-major with pitch smem_pitch(D) elements (see common.cuh).
 // Fragment naming follows mma.m16n8k16: g = lane / 4, t = lane % 4;
@@ -6,23 +7,23 @@
 //   B (16x8):  b[0] (k rows 2t..2t+1, col g), b[1] (k rows 2t+8.., col g)
 //   C (16x8):  c[0..1] (row g, cols 2t..2t+1), c[2..3] (row g+8, cols 2t..2t+1)
 #pragma once
-#include "common.cuh"
-#include "arch_sm80.cuh"
+#include "../../common.cuh"
+#include "instr.cuh"
 
 namespace fmha {
 
-// Asynchronously copy rows [row0, row0 + ROWS) x cols [0, D) of a global matrix (row stride
+// Asynchronously copy rows [row0, row0 + R) x cols [0, D) of a global matrix (row stride
 // `stride` elements, unit column stride) into shared memory. Rows >= nrows and columns >= ncols
 // are zero-filled. D is a multiple of 8; ncols a multiple of 8.
-template <int ROWS, int D, int NTHREADS>
+template <int R, int D, int NT>
 __device__ __forceinline__ void load_tile_async(uint16_t* smem, const uint16_t* gmem, index_t stride,
                                                 int row0, int nrows, int ncols, int tid) {
     constexpr int CH = D / 8;
-    constexpr int TOTAL = ROWS * CH;
+    constexpr int TOTAL = R * CH;
 #pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
-        int c = tid + i * NTHREADS;
-        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+    for (int i = 0; i < (TOTAL + NT - 1) / NT; ++i) {
+        int c = tid + i * NT;
+        if (TOTAL % NT == 0 || c < TOTAL) {
             int r = c / CH, ch = c % CH;
             int row = row0 + r;
             bool ok = row < nrows && ch * 8 < ncols;
@@ -33,9 +34,9 @@ __device__ __forceinline__ void load_tile_async(uint16_t* smem, const uint16_t* 
 }
 
 // Asynchronously copy `n` floats v[row0 .. row0 + n) into shared memory, zero past nrows.
-template <int N, int NTHREADS>
+template <int N, int NT>
 __device__ __forceinline__ void load_vec_async(float* smem, const float* gmem, int row0, int nrows, int tid) {
-    for (int r = tid; r < N; r += NTHREADS) {
+    for (int r = tid; r < N; r += NT) {
         bool ok = row0 + r < nrows;
         cp_async_4(smem_u32(smem + r), ok ? gmem + row0 + r : gmem, ok);
     }

@@ -1,0 +1,66 @@
+// Architecture layer, sm80: the register fragment layout of mma.sync's m16n8 tiles (which wgmma
+// keeps per warp), lanes per warp, and the exchanges across the threads that share a row. The
+// attention maths (attention.cuh) and the kernels address accumulators only through AccFrag.
+#pragma once
+#include "../../common.cuh"
+#include "instr.cuh"
+
+namespace fmha {
+
+inline constexpr int WARP_LANES = 32;  // threads per warp
+__device__ __forceinline__ int lane_of(int tid) { return tid & 31; }
+__device__ __forceinline__ int warp_of(int tid) { return tid >> 5; }
+// x summed over the warp's lanes (every lane gets the sum).
+__device__ __forceinline__ float warp_reduce_sum(float x) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) x += shfl_xor(x, m);
+    return x;
+}
+
+// The accumulator (C) fragment one thread holds of a 16-row tile of n8 tiles: element e (0..3) of
+// n8 tile n (flattened: [4n + e]) sits at row row(e) and column col(n, e). Rows fall in two groups
+// of 8 (row_group(e)), at row_in_group() inside the group. The threads holding one row (a quad of
+// lanes here) combine their values with reduce_max / reduce_sum.
+struct AccFrag {
+    int g, t;  // lane / 4: the row in each group of 8; lane % 4: the column pair in each n8 tile
+
+    __device__ __forceinline__ explicit AccFrag(int tid) : g(lane_of(tid) >> 2), t(lane_of(tid) & 3) {}
+
+    __device__ __forceinline__ int row(int e) const { return g + (e >> 1) * 8; }
+    __device__ __forceinline__ int col(int n, int e) const { return n * 8 + 2 * t + (e & 1); }
+    __device__ __forceinline__ int row_group(int e) const { return e >> 1; }
+    __device__ __forceinline__ int row_in_group() const { return g; }
+    // One thread per row, for per-row stores (LSE).
+    __device__ __forceinline__ bool row_leader() const { return t == 0; }
+
+    __device__ __forceinline__ float reduce_max(float x) const {
+        x = fmaxf(x, shfl_xor(x, 1));
+        return fmaxf(x, shfl_xor(x, 2));
+    }
+    __device__ __forceinline__ float reduce_sum(float x) const {
+        x += shfl_xor(x, 1);
+        return x + shfl_xor(x, 2);
+    }
+
+    // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
+    // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
+    // jg0 + t; drop.random8 / keep_word, philox.cuh) and four word exchanges give every thread word
+    // t of all four calls: thread t sends word (t - d) & 3 to thread (t - d) & 3 while receiving
+    // word t from thread (t + d) & 3.
+    template <class Drop>
+    __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0) const {
+        const int lane = 4 * g + t;
+        const uint4 r = drop.random8(i, jg0 + t);
+        uint32_t bits = 0;
+#pragma unroll
+        for (int d = 0; d < 4; ++d) {
+            const int idx = (t - d) & 3, src = (t + d) & 3;
+            const uint32_t send = idx == 0 ? r.x : idx == 1 ? r.y : idx == 2 ? r.z : r.w;
+            const uint32_t x = d == 0 ? send : shfl_idx(send, (lane & ~3) | src);
+            bits |= drop.keep_word(x) << (2 * src);
+        }
+        return bits;
+    }
+};
+
+}  // namespace fmha

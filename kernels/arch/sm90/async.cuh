@@ -1,0 +1,32 @@
+// Architecture layer, sm90 (sm_90a): bulk copies from shared to global memory (the TMA engine) and
+// named barriers. Hand-written (the wgmma wrappers beside it are generated).
+#pragma once
+#include "../../common.cuh"
+
+namespace fmha {
+
+// Bulk (TMA-engine) reduction: global[dst .. dst + bytes) += shared[src .. src + bytes), fp32,
+// element-wise atomic; bytes a multiple of 16, both addresses 16-byte aligned. The shared source
+// must have been written before a fence_proxy_async() by its writers. bulk_commit() closes a
+// group; bulk_wait_read<0>() waits until this thread's groups have read their sources (the
+// buffer may then be rewritten), bulk_wait<0>() until they have completed.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+// Bulk copy: global[dst .. dst + bytes) = shared[src .. src + bytes) (same rules as above).
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
+// Barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+
+}  // namespace fmha

@@ -1,0 +1,142 @@
+// Compile-time configuration of one kernel instance: the only place that reads the -D macros
+// cupy_fmha/spec.py passes (KernelSpec.defines). Each macro becomes a constexpr constant of the
+// same name in namespace fmha, with its default when the instance does not set it, and the macro
+// is then undefined, so kernels and headers switch on constants only (`if constexpr (BIAS)`,
+// never `#if BIAS` or `if (ALIBI)` on a macro).
+//
+//   FMHA_BF16    16-bit element type: 1 bfloat16, 0 float16
+//   HDIM_Q/V     padded head dims (register arrays are shaped by them)
+//   BLOCK_M/N    query rows / keys per block; NWARPS, NWG: warps / warpgroups; NTHREADS: threads
+//   SMEM_BYTES   dynamic shared memory the launcher passes (each kernel's Smem struct matches it)
+//   MIN_BLOCKS   CTAs per SM for __launch_bounds__
+//   ALIBI, BIAS, DROPOUT   features compiled in (0: none of their code)
+//   Q_IN_REGS    fmha_fwd: Q's fragments stay in registers for the whole loop
+//   WG_SKIP      fmha_fwd_sm90: warpgroups skip key blocks none of their rows sees
+//                (default: at 2 warpgroups without ALiBi; see fmha_fwd_sm90.cu)
+//   NSPLIT       fmha_bwd_dq_dk_dv: CTAs sharing one key block's output columns
+//   OVERLAP, DQ_BULK   fmha_bwd_dq_dk_dv_sm90: GEMM4 issued under GEMM1/3; dQ by bulk reduce-adds
+//   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
+//   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
+// Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
+#pragma once
+
+#ifndef FMHA_BF16
+#define FMHA_BF16 0
+#endif
+#ifndef HDIM_Q
+#define HDIM_Q 0
+#endif
+#ifndef HDIM_V
+#define HDIM_V 0
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 0
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 0
+#endif
+#ifndef NWARPS
+#define NWARPS 0
+#endif
+#ifndef NWG
+#define NWG 2
+#endif
+#ifndef NTHREADS
+#define NTHREADS 0
+#endif
+#ifndef SMEM_BYTES
+#define SMEM_BYTES 0
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef BIAS
+#define BIAS 0
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 1
+#endif
+#ifndef WG_SKIP
+#define WG_SKIP -1
+#endif
+#ifndef NSPLIT
+#define NSPLIT 1
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1
+#endif
+#ifndef DQ_BULK
+#define DQ_BULK 1
+#endif
+#ifndef ROWS
+#define ROWS 0
+#endif
+#ifndef DQ_SPLIT
+#define DQ_SPLIT 0
+#endif
+
+// The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
+#if FMHA_BF16
+#define FMHA_PTX_ELEM "bf16"
+#else
+#define FMHA_PTX_ELEM "f16"
+#endif
+
+namespace fmha {
+namespace config_detail {
+inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m = BLOCK_M, block_n = BLOCK_N;
+inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
+inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
+inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, rows = ROWS, dq_split = DQ_SPLIT;
+}  // namespace config_detail
+}  // namespace fmha
+
+#undef FMHA_BF16
+#undef HDIM_Q
+#undef HDIM_V
+#undef BLOCK_M
+#undef BLOCK_N
+#undef NWARPS
+#undef NWG
+#undef NTHREADS
+#undef SMEM_BYTES
+#undef MIN_BLOCKS
+#undef ALIBI
+#undef BIAS
+#undef DROPOUT
+#undef Q_IN_REGS
+#undef WG_SKIP
+#undef NSPLIT
+#undef OVERLAP
+#undef DQ_BULK
+#undef ROWS
+#undef DQ_SPLIT
+
+namespace fmha {
+inline constexpr bool FMHA_BF16 = config_detail::bf16 != 0;
+inline constexpr int HDIM_Q = config_detail::hdim_q;
+inline constexpr int HDIM_V = config_detail::hdim_v;
+inline constexpr int BLOCK_M = config_detail::block_m;
+inline constexpr int BLOCK_N = config_detail::block_n;
+inline constexpr int NWARPS = config_detail::nwarps;
+inline constexpr int NWG = config_detail::nwg;
+inline constexpr int NTHREADS = config_detail::nthreads;
+inline constexpr int SMEM_BYTES = config_detail::smem_bytes;
+inline constexpr int MIN_BLOCKS = config_detail::min_blocks;
+inline constexpr bool ALIBI = config_detail::alibi != 0;
+inline constexpr bool BIAS = config_detail::bias != 0;
+inline constexpr bool DROPOUT = config_detail::dropout != 0;
+inline constexpr bool Q_IN_REGS = config_detail::q_in_regs != 0;
+inline constexpr bool WG_SKIP = config_detail::wg_skip >= 0 ? config_detail::wg_skip != 0 : (NWG == 2 && !ALIBI);
+inline constexpr int NSPLIT = config_detail::nsplit;
+inline constexpr bool OVERLAP = config_detail::overlap != 0;
+inline constexpr bool DQ_BULK = config_detail::dq_bulk != 0;
+inline constexpr int ROWS = config_detail::rows;
+inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
+}  // namespace fmha
