@@ -63,6 +63,21 @@ def _assert_dtypes(o, lse, g, dtype):
         assert isinstance(x, cp.ndarray) and x.dtype == dtype, (name, x.dtype)
 
 
+def _both_ways(inp, dtype, ref_kw, call_kw=None, run_kw=None, checker=check):
+    """Forward and backward twice: as a user writes them (:func:`_call`, keywords ``call_kw``)
+    and through NaN-poisoned ``out=`` buffers (:func:`conftest.run`, ``run_kw``); both default
+    to ``ref_kw``, the keywords of the reference. Every output a CuPy array of ``dtype`` (lse
+    float32) that passes ``checker``. Returns the two (o, lse, grads)."""
+    results = []
+    for go in (lambda: _call(inp, ref_kw if call_kw is None else call_kw),
+               lambda: run(inp, ref_kw if run_kw is None else run_kw)):
+        o, lse, g = go()
+        _assert_dtypes(o, lse, g, dtype)
+        checker(inp, o, lse, g, ref_kw)
+        results.append((o, lse, g))
+    return results
+
+
 # --------------------------------------------------------------------------- (a) round trip
 
 # id: (layout, b, sq, sk, hq, hk, d, mask kwargs, how the bf16 arrays are made)
@@ -81,14 +96,7 @@ def test_native_bf16_round_trip(case):
     layout, b, sq, sk, hq, hk, d, mkw, via = ROUND_TRIP[case]
     inp = _native(Inputs(BF16, layout, b, sq, sk, hq, hk, d, d, seed_for("native", case), bf16_bits=False), via)
     before = {n: x.copy() for n, x in inp.dev.items()}
-    kw = dict(mkw, layout=layout)
-    o, lse, g = _call(inp, kw)
-    _assert_dtypes(o, lse, g, BF16)
-    check(inp, o, lse, g, kw)
-    # the same through NaN-poisoned out= buffers (native bf16 too)
-    o2, lse2, g2 = run(inp, kw)
-    _assert_dtypes(o2, lse2, g2, BF16)
-    check(inp, o2, lse2, g2, kw)
+    (o, lse, _), (o2, lse2, _) = _both_ways(inp, BF16, dict(mkw, layout=layout))
     assert bool((o2.view(cp.uint16) == o.view(cp.uint16)).all()) and bool((lse2 == lse).all())  # same kernel
     for n, x in inp.dev.items():  # inputs untouched
         assert bool((x.view(cp.uint16) == before[n].view(cp.uint16)).all()), n
@@ -97,13 +105,7 @@ def test_native_bf16_round_trip(case):
 @pytest.mark.parametrize("mkw", [{}, {"mask": "b"}], ids=["none", "causal-br"])
 def test_native_bf16_group_mode(mkw):
     inp = Packed(BF16, LQ, LK, 4, 2, 72, 72, seed_for("native thd", str(mkw)), bf16_bits=False)
-    kw = dict(mkw, layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck))
-    o, lse, g = _call(inp, kw)
-    _assert_dtypes(o, lse, g, BF16)
-    check_group(inp, o, lse, g, mkw)
-    o2, lse2, g2 = run(inp, mkw)
-    _assert_dtypes(o2, lse2, g2, BF16)
-    check_group(inp, o2, lse2, g2, mkw)
+    _both_ways(inp, BF16, mkw, call_kw=inp.api_kw(mkw), checker=check_group)
 
 
 def test_numpy_bf16_inputs_give_cupy_bf16():
@@ -251,12 +253,8 @@ def test_native_bf16_alibi(case):
     slopes = np.random.default_rng(seed_for("native slopes", case)).uniform(
         0.01, 0.5, (b, hq) if per_batch else (hq,)).astype(np.float32)
     kw = dict(mkw, layout=layout)
-    api_slopes = cp.asarray(slopes) if on_device else slopes
-    o, lse, g = _call(inp, dict(kw, alibi_slopes=api_slopes))
-    _assert_dtypes(o, lse, g, BF16)
-    check(inp, o, lse, g, dict(kw, alibi_slopes=slopes))
-    o2, lse2, g2 = run(inp, dict(kw, alibi_slopes=api_slopes))
-    check(inp, o2, lse2, g2, dict(kw, alibi_slopes=slopes))
+    api_kw = dict(kw, alibi_slopes=cp.asarray(slopes) if on_device else slopes)
+    _both_ways(inp, BF16, dict(kw, alibi_slopes=slopes), call_kw=api_kw, run_kw=api_kw)
 
 
 # --------------------------------------------------------------------------- (d) uint16 bits
@@ -268,12 +266,7 @@ def test_bf16_bits_still_work(d, mkw):
     inp = Inputs(BF16, "bshd", 2, 131, 77, 4, 2, d, d, seed_for("bits", d), bf16_bits=True)
     assert inp.dev["q"].dtype == U16 and inp.dtype_arg == "bfloat16"
     kw = dict(mkw, layout="bshd")
-    o, lse, g = _call(inp, dict(kw, dtype="bfloat16"))
-    _assert_dtypes(o, lse, g, U16)
-    check(inp, o, lse, g, kw)
-    o2, lse2, g2 = run(inp, kw)
-    _assert_dtypes(o2, lse2, g2, U16)
-    check(inp, o2, lse2, g2, kw)
+    _both_ways(inp, U16, kw, call_kw=dict(kw, dtype="bfloat16"))  # run() passes dtype="bfloat16" itself
 
 
 def test_bf16_bits_bias_gives_bits_dbias():
