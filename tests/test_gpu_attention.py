@@ -13,9 +13,6 @@ outputs are written into NaN-filled ``out=`` buffers, so elements a kernel fails
 
 from __future__ import annotations
 
-import zlib
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -24,125 +21,27 @@ try:  # the conftest hook skips these tests without a device; this keeps collect
 except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
+import cupy_fmha
+from conftest import BF16, F16, Inputs, assert_close, nan_block_in_pool, reference_outputs, run, seed_for
 from cupy_fmha import reference as R
-from cupy_fmha.verify import bf16_bits_to_float, compare, float_to_bf16_bits
+from cupy_fmha.verify import compare, float_to_bf16_bits
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
-
-# --------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def poison_pool():
-    """Returns ``nan_like(shape, dtype)``: a fresh device buffer filled with NaN bits (0xFFFF for
-    fp16/bf16 bits, NaN for float32). The tests hand these to the API as ``out=`` buffers, so any
-    element a kernel fails to write stays NaN and fails the comparison."""
-    pool = cp.get_default_memory_pool()
-
-    def nan_like(shape, dtype):
-        a = cp.empty(shape, dtype=dtype)
-        if a.dtype == cp.float32:
-            a.fill(cp.nan)
-        else:
-            a.view(cp.uint16).fill(0xFFFF)
-        return a
-
-    yield nan_like
-    pool.free_all_blocks()
-
-
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())
-
-
-def _shape(layout, b, s, h, d):
-    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
-
-
-class Inputs:
-    """Host (reference) and device copies of q, k, v, dO with the given dtype."""
-
-    def __init__(self, dtype, layout, b, sq, sk, hq, hk, d, dv, seed):
-        rng = np.random.default_rng(seed)
-        self.dtype, self.layout = dtype, layout
-        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
-        # scores ~ N(0, 1.5^2): softmax neither uniform nor one-hot
-        self.host = {
-            "q": self._host(1.5 * rng.standard_normal(_shape(layout, b, sq, hq, d))),
-            "k": self._host(rng.standard_normal(_shape(layout, b, sk, hk, d))),
-            "v": self._host(rng.standard_normal(_shape(layout, b, sk, hk, dv))),
-            "do": self._host(rng.standard_normal(_shape(layout, b, sq, hq, dv))),
-        }
-        self.dev = {n: self.to_device(x) for n, x in self.host.items()}
-
-    def _host(self, x):
-        return x.astype(np.float32).astype(self.dtype)
-
-    def to_device(self, x):
-        if self.dtype == BF16:
-            return cp.asarray(np.ascontiguousarray(x).view(np.uint16))
-        return cp.asarray(x)
-
-    def to_float(self, x):
-        """Device result -> float64 NumPy."""
-        if self.dtype == BF16:
-            return bf16_bits_to_float(x).astype(np.float64)
-        return cp.asnumpy(x).astype(np.float64)
-
-
-def _run(inp, nan_like, kw, dev=None, before_backward=None):
-    dev = dev or inp.dev
-    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
-    bshd = kw.get("layout", "bshd") == "bshd"
-    b, sq, hq = (q.shape[0], q.shape[1], q.shape[2]) if bshd else (q.shape[0], q.shape[2], q.shape[1])
-    o_out, lse_out = nan_like(do.shape, q.dtype), nan_like((b, hq, sq), cp.float32)
-    o, lse = cp_fmha().attention_forward(q, k, v, **kw, dtype=inp.dtype_arg, out=(o_out, lse_out))
-    assert o is o_out and lse is lse_out
-    grads_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
-    if before_backward is not None:
-        before_backward()
-    g = cp_fmha().attention_backward(do, q, k, v, o, lse, **kw, dtype=inp.dtype_arg, out=grads_out)
-    assert all(x is y for x, y in zip(g, grads_out))
-    cp.cuda.get_current_stream().synchronize()
-    return o, lse, g
-
-
-def cp_fmha():
-    import cupy_fmha
-
-    return cupy_fmha
-
-
-def _check_all(inp, o, lse, g, kw, d, dv):
+def _check_all(inp, o, lse, g, kw):
+    """The shapes and dtypes of every output, then :func:`conftest.assert_close`."""
+    outs = reference_outputs(inp, o, lse, g, kw)
+    assert lse.dtype == cp.float32 and lse.shape == outs["lse"][1].shape
+    assert o.shape == outs["o"][1].shape and o.dtype == inp.dev["q"].dtype
     h = inp.host
-    kw = dict(kw, layout=inp.layout)
-    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **kw)
-    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **kw)
-    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
-    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
-    assert lse.dtype == cp.float32 and lse.shape == ref_lse.shape
-    assert o.shape == ref_o.shape and o.dtype == inp.dev["q"].dtype
     assert g.dq.shape == h["q"].shape and g.dk.shape == h["k"].shape and g.dv.shape == h["v"].shape
-    outs = {
-        "o": (inp.to_float(o), ref_o, low_o),
-        "lse": (cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse),
-        "dq": (inp.to_float(g.dq), ref_g[0], low_g[0]),
-        "dk": (inp.to_float(g.dk), ref_g[1], low_g[1]),
-        "dv": (inp.to_float(g.dv), ref_g[2], low_g[2]),
-    }
-    checks = [compare(n, out, ref, low, dtype=inp.dtype, hdim_q=d, hdim_v=dv)
-              for n, (out, ref, low) in outs.items()]
-    bad = [str(c) for c in checks if not c.ok]
-    assert not bad, "\n".join(bad)
+    assert_close(inp, outs)
     return outs
 
 
 # --------------------------------------------------------------------------- cases
 
-F16 = np.dtype(np.float16)
 # id: (dtype, layout, b, sq, sk, hq, hk, d, dv, mask kwargs)
 CASES = {
     # fp16, hdim 64: masks, seqlens, GQA, layouts
@@ -210,13 +109,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_forward_backward_matches_reference(case, poison_pool):
+def test_forward_backward_matches_reference(case):
     dtype, layout, b, sq, sk, hq, hk, d, dv, mkw = CASES[case]
-    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, _seed(case))
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for(case))
     before = {n: x.copy() for n, x in inp.dev.items()}
     kw = dict(mkw, layout=layout)
-    o, lse, g = _run(inp, poison_pool, kw)
-    outs = _check_all(inp, o, lse, g, kw, d, dv)
+    o, lse, g = run(inp, kw)
+    outs = _check_all(inp, o, lse, g, kw)
     for n, x in inp.dev.items():  # inputs untouched
         assert bool((x == before[n]).all()), n
     ref_lse = outs["lse"][1]
@@ -230,11 +129,11 @@ def test_forward_backward_matches_reference(case, poison_pool):
         assert np.all(np.isneginf(outs["lse"][0][empty]))
 
 
-def test_rows_without_keys_are_zero(poison_pool):
+def test_rows_without_keys_are_zero():
     # bottom-right causal with sq > sk: the first sq - sk rows see nothing
     b, sq, sk, h, d = 2, 500, 253, 2, 64
-    inp = Inputs(F16, "bshd", b, sq, sk, h, h, d, d, _seed("empty"))
-    o, lse, g = _run(inp, poison_pool, {"mask": "b"})
+    inp = Inputs(F16, "bshd", b, sq, sk, h, h, d, d, seed_for("empty"))
+    o, lse, g = run(inp, {"mask": "b"})
     o, lse, dq = cp.asnumpy(o), cp.asnumpy(lse), cp.asnumpy(g.dq)
     n = sq - sk
     for x in (o, dq, cp.asnumpy(g.dk), cp.asnumpy(g.dv)):
@@ -251,9 +150,9 @@ STRIDED = {
 
 
 @pytest.mark.parametrize("case", list(STRIDED))
-def test_strided_inputs_match_contiguous(case, poison_pool):
+def test_strided_inputs_match_contiguous(case):
     dtype, layout, b, s, h, d, mkw = STRIDED[case]
-    inp = Inputs(dtype, layout, b, s, s, h, h, d, d, _seed(case))
+    inp = Inputs(dtype, layout, b, s, s, h, h, d, d, seed_for(case))
     # packed qkv: [b, s, 3, h, d] (bshd) or [b, 3, h, s, d] (bhsd); q, k, v are views into it
     axis = 2 if layout == "bshd" else 1
     packed = cp.stack([inp.dev["q"], inp.dev["k"], inp.dev["v"]], axis=axis)
@@ -265,21 +164,21 @@ def test_strided_inputs_match_contiguous(case, poison_pool):
     strided = {"q": take(0), "k": take(1), "v": take(2), "do": do_strided}
     assert not strided["q"].flags.c_contiguous and do_strided.strides != do.strides
     kw = dict(mkw, layout=layout)
-    o1, lse1, g1 = _run(inp, poison_pool, kw, dev=strided)
-    o2, lse2, g2 = _run(inp, poison_pool, kw)
+    o1, lse1, g1 = run(inp, kw, dev=strided)
+    o2, lse2, g2 = run(inp, kw)
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())  # -inf == -inf holds
     # dK, dV: written once per K block, deterministic; dQ: fp32 atomics may reorder additions
     assert bool((g1.dk == g2.dk).all()) and bool((g1.dv == g2.dv).all())
     dq1, dq2 = inp.to_float(g1.dq), inp.to_float(g2.dq)
     ulp = 2.0**-10 if dtype == F16 else 2.0**-7
     assert np.max(np.abs(dq1 - dq2)) <= 2 * ulp * np.max(np.abs(dq2))
-    _check_all(inp, o1, lse1, g1, kw, d, d)
+    _check_all(inp, o1, lse1, g1, kw)
 
 
 def test_numpy_inputs_are_copied():
-    inp = Inputs(F16, "bshd", 1, 64, 64, 2, 2, 64, 64, _seed("numpy"))
+    inp = Inputs(F16, "bshd", 1, 64, 64, 2, 2, 64, 64, seed_for("numpy"))
     h = inp.host
-    o, lse = cp_fmha().attention_forward(h["q"], h["k"], h["v"], causal=True)
+    o, lse = cupy_fmha.attention_forward(h["q"], h["k"], h["v"], causal=True)
     assert isinstance(o, cp.ndarray) and isinstance(lse, cp.ndarray)
     ref_o, _ = R.attention_forward(h["q"], h["k"], h["v"], causal=True)
     assert compare("o", cp.asnumpy(o), ref_o, dtype=F16, hdim_q=64, hdim_v=64).ok
@@ -310,21 +209,21 @@ def _bad_inputs():
 def test_bad_inputs_rejected(arg, exc, mutate):
     q, k, v, kw = mutate(*_bad_inputs())
     with pytest.raises(exc, match=arg):
-        cp_fmha().attention_forward(q, k, v, **kw)
+        cupy_fmha.attention_forward(q, k, v, **kw)
 
 
 def test_bad_backward_inputs_rejected():
     q, k, v = _bad_inputs()
-    o, lse = cp_fmha().attention_forward(q, k, v)
+    o, lse = cupy_fmha.attention_forward(q, k, v)
     do = cp.ones_like(o)
     with pytest.raises(TypeError, match="lse"):
-        cp_fmha().attention_backward(do, q, k, v, o, lse.astype(cp.float16))
+        cupy_fmha.attention_backward(do, q, k, v, o, lse.astype(cp.float16))
     with pytest.raises(ValueError, match="lse"):
-        cp_fmha().attention_backward(do, q, k, v, o, lse[:, :, :8])
+        cupy_fmha.attention_backward(do, q, k, v, o, lse[:, :, :8])
     with pytest.raises(ValueError, match="do"):
-        cp_fmha().attention_backward(do[:, :8], q, k, v, o, lse)
+        cupy_fmha.attention_backward(do[:, :8], q, k, v, o, lse)
     with pytest.raises(ValueError, match="o"):
-        cp_fmha().attention_backward(do, q, k, v, o[..., :32], lse)
+        cupy_fmha.attention_backward(do, q, k, v, o[..., :32], lse)
 
 
 def test_arrays_on_different_devices_rejected():
@@ -334,7 +233,7 @@ def test_arrays_on_different_devices_rejected():
     with cp.cuda.Device(1):
         v1 = cp.asarray(v)
     with pytest.raises(ValueError, match="v"):
-        cp_fmha().attention_forward(q, k, v1)
+        cupy_fmha.attention_forward(q, k, v1)
 
 
 def test_bf16_bits_need_dtype():
@@ -342,20 +241,20 @@ def test_bf16_bits_need_dtype():
     x = float_to_bf16_bits(rng.standard_normal((1, 16, 2, 64)))
     q = cp.asarray(x)
     with pytest.raises(TypeError, match="bfloat16"):
-        cp_fmha().attention_forward(q, q, q)
-    o, lse = cp_fmha().attention_forward(q, q, q, dtype="bfloat16")
+        cupy_fmha.attention_forward(q, q, q)
+    o, lse = cupy_fmha.attention_forward(q, q, q, dtype="bfloat16")
     assert o.dtype == cp.uint16
 
 
 def test_bad_out_buffers_rejected():
     q, k, v = _bad_inputs()
-    o, lse = cp_fmha().attention_forward(q, k, v)
+    o, lse = cupy_fmha.attention_forward(q, k, v)
     with pytest.raises(ValueError, match="out"):
-        cp_fmha().attention_forward(q, k, v, out=(cp.empty((1, 16, 2, 32), cp.float16), lse))
+        cupy_fmha.attention_forward(q, k, v, out=(cp.empty((1, 16, 2, 32), cp.float16), lse))
     with pytest.raises(TypeError, match="out"):
-        cp_fmha().attention_forward(q, k, v, out=(o, lse.astype(cp.float16)))
+        cupy_fmha.attention_forward(q, k, v, out=(o, lse.astype(cp.float16)))
     with pytest.raises(TypeError, match="out"):
-        cp_fmha().attention_backward(cp.ones_like(o), q, k, v, o, lse, out=(q, k))
+        cupy_fmha.attention_backward(cp.ones_like(o), q, k, v, o, lse, out=(q, k))
 
 
 # ALiBi: id -> (dtype, layout, b, sq, sk, hq, hk, d, slopes per batch?, mask kwargs)
@@ -369,44 +268,32 @@ ALIBI = {
 
 
 @pytest.mark.parametrize("case", list(ALIBI))
-def test_alibi_matches_reference(case, poison_pool):
+def test_alibi_matches_reference(case):
     dtype, layout, b, sq, sk, hq, hk, d, per_batch, mkw = ALIBI[case]
-    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, _seed("alibi", case))
-    rng = np.random.default_rng(_seed("slopes", case))
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, seed_for("alibi", case))
+    rng = np.random.default_rng(seed_for("slopes", case))
     slopes = rng.uniform(0.01, 0.5, (b, hq) if per_batch else (hq,)).astype(np.float32)
     kw = dict(mkw, layout=layout, alibi_slopes=slopes)
-    o, lse, g = _run(inp, poison_pool, kw)
-    _check_all(inp, o, lse, g, kw, d, d)
+    o, lse, g = run(inp, kw)
+    _check_all(inp, o, lse, g, kw)
 
 
 def test_alibi_bad_slopes_rejected():
     q, k, v = _bad_inputs()
     with pytest.raises(ValueError, match="alibi_slopes"):
-        cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((3,), np.float32))
+        cupy_fmha.attention_forward(q, k, v, alibi_slopes=np.ones((3,), np.float32))
     with pytest.raises(TypeError, match="alibi_slopes"):
-        cp_fmha().attention_forward(q, k, v, alibi_slopes=np.ones((2,), np.float16))
-
-
-def nan_block_in_pool(shape):
-    """Returns a function that fills a float32 block of ``shape`` with NaN and frees it back to
-    CuPy's memory pool, so the next allocation of that size (the backward's dQ workspace) starts
-    as NaN instead of whatever the pool held."""
-
-    def poison():
-        junk = cp.full(shape, cp.nan, dtype=cp.float32)
-        del junk
-
-    return poison
+        cupy_fmha.attention_forward(q, k, v, alibi_slopes=np.ones((2,), np.float16))
 
 
 @pytest.mark.parametrize("d", [64, 96, 128], ids=["d64-wgmma", "d96-mma", "d128-wgmma"])
-def test_dq_workspace_is_cleared_by_dot_do_o(d, poison_pool):
+def test_dq_workspace_is_cleared_by_dot_do_o(d):
     """The atomic-mode dQ workspace is a ``cp.empty`` block that dot_do_o zero-fills (no memset
     launch): with a NaN block of exactly its size waiting in the pool, every dQ row must still
     come out right."""
     b, sq, sk, hq, hk = 2, 253, 500, 4, 2
-    inp = Inputs(F16, "bshd", b, sq, sk, hq, hk, d, d, _seed("dq workspace", d))
+    inp = Inputs(F16, "bshd", b, sq, sk, hq, hk, d, d, seed_for("dq workspace", d))
     kw = {"causal": True}
-    o, lse, g = _run(inp, poison_pool, kw, before_backward=nan_block_in_pool((b, hq, sq, d)))
+    o, lse, g = run(inp, kw, before_backward=nan_block_in_pool((b, hq, sq, d)))
     assert not bool(cp.isnan(g.dq.astype(cp.float32)).any())
-    _check_all(inp, o, lse, g, kw, d, d)
+    _check_all(inp, o, lse, g, kw)

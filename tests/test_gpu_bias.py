@@ -15,9 +15,6 @@ fresh array, reduced from a zeroed workspace.
 
 from __future__ import annotations
 
-import zlib
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -26,141 +23,17 @@ try:  # the conftest hook skips these tests without a device; this keeps collect
 except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
+import cupy_fmha
+from conftest import BF16, BIAS_SHAPES, F16, F32, BiasInputs, check, run, seed_for
 from cupy_fmha import reference as R
-from cupy_fmha.verify import bf16_bits_to_float, compare
+from cupy_fmha.verify import compare
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
-F32 = np.dtype(np.float32)
 
-
-def fmha():
-    import cupy_fmha
-
-    return cupy_fmha
-
-
-@pytest.fixture
-def nan_like():
-    """``nan_like(shape, dtype)``: a device buffer of NaN bits (0xFFFF for 16-bit elements)."""
-
-    def make(shape, dtype):
-        a = cp.empty(shape, dtype=dtype)
-        if a.dtype == cp.float32:
-            a.fill(cp.nan)
-        else:
-            a.view(cp.uint16).fill(0xFFFF)
-        return a
-
-    yield make
-    cp.get_default_memory_pool().free_all_blocks()
-
-
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())
-
-
-def _shape(layout, b, s, h, d):
-    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
-
-
-#: bias shape kinds -> shape from (b, h, sq, sk)
-SHAPES = {
-    "11": lambda b, h, sq, sk: (1, 1, sq, sk),   # CK e:0
-    "1h": lambda b, h, sq, sk: (1, h, sq, sk),   # CK e:1
-    "bh": lambda b, h, sq, sk: (b, h, sq, sk),   # CK e:2
-    "2d": lambda b, h, sq, sk: (sq, sk),
-    "lastb": lambda b, h, sq, sk: (b, h, sq, 1),  # broadcast along the keys: key stride 0
-    "rows": lambda b, h, sq, sk: (h, 1, sk),     # broadcast along the query rows
-}
-
-
-class Problem:
-    """Host (reference) and device copies of q, k, v, dO and the bias."""
-
-    def __init__(self, dtype, bias_dtype, layout, b, sq, sk, hq, hk, d, dv, bias_shape, seed,
-                 bias_scale=2.0, bias_host=None):
-        rng = np.random.default_rng(seed)
-        self.dtype, self.layout, self.bias_dtype = dtype, layout, np.dtype(bias_dtype)
-        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
-        rnd = lambda x: x.astype(np.float32).astype(dtype)  # noqa: E731
-        self.host = {
-            "q": rnd(1.5 * rng.standard_normal(_shape(layout, b, sq, hq, d))),
-            "k": rnd(rng.standard_normal(_shape(layout, b, sk, hk, d))),
-            "v": rnd(rng.standard_normal(_shape(layout, b, sk, hk, dv))),
-            "do": rnd(rng.standard_normal(_shape(layout, b, sq, hq, dv))),
-        }
-        if bias_host is None:
-            bias_host = bias_scale * rng.standard_normal(bias_shape)
-        self.bias = np.asarray(bias_host).astype(np.float32).astype(self.bias_dtype)
-        self.dev = {n: self._dev16(x) for n, x in self.host.items()}
-        self.dev_bias = self.bias_to_device(self.bias)
-
-    def _dev16(self, x):
-        x = np.ascontiguousarray(x)
-        return cp.asarray(x.view(np.uint16) if x.dtype == BF16 else x)
-
-    def bias_to_device(self, bias):
-        """bf16 biases travel as uint16 bits when the inputs are bf16 (``dtype="bfloat16"``);
-        under fp16 inputs as the NumPy ml_dtypes array itself (the API copies it over)."""
-        if bias.dtype == BF16:
-            return cp.asarray(bias.view(np.uint16)) if self.dtype == BF16 else bias
-        return cp.asarray(bias)
-
-    def to_float(self, x, dtype=None):
-        dtype = self.dtype if dtype is None else np.dtype(dtype)
-        if dtype == BF16:
-            return bf16_bits_to_float(x).astype(np.float64)
-        return cp.asnumpy(x).astype(np.float64)
-
-
-def _run(pb, nan_like, kw, dbias=True, bias=None):
-    bias = pb.dev_bias if bias is None else bias
-    d = pb.dev
-    q, k, v, do = d["q"], d["k"], d["v"], d["do"]
-    bshd = pb.layout == "bshd"
-    b, sq, hq = (q.shape[0], q.shape[1], q.shape[2]) if bshd else (q.shape[0], q.shape[2], q.shape[1])
-    o_out, lse_out = nan_like(do.shape, q.dtype), nan_like((b, hq, sq), cp.float32)
-    o, lse = fmha().attention_forward(q, k, v, **kw, bias=bias, dtype=pb.dtype_arg, out=(o_out, lse_out))
-    assert o is o_out and lse is lse_out
-    grads_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
-    g = fmha().attention_backward(do, q, k, v, o, lse, **kw, bias=bias, return_dbias=dbias,
-                                  dtype=pb.dtype_arg, out=grads_out)
-    assert all(x is y for x, y in zip(g, grads_out))
-    if dbias:
-        assert isinstance(g, fmha().AttentionGradsWithBias) and len(g) == 4
-        want = np.uint16 if pb.bias_dtype == BF16 else pb.bias_dtype
-        assert isinstance(g.dbias, cp.ndarray) and g.dbias.dtype == want
-        assert g.dbias.shape == pb.bias.shape
-    else:
-        assert type(g) is fmha().AttentionGrads and len(g) == 3
-    cp.cuda.get_current_stream().synchronize()
-    return o, lse, g
-
-
-def _check(pb, o, lse, g, kw, d, dv, dbias=True):
-    h = pb.host
-    kw = dict(kw, layout=pb.layout, bias=pb.bias)
-    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **kw)
-    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **kw)
-    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], return_dbias=dbias, **kw)
-    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", return_dbias=dbias, **kw)
-    outs = {
-        "o": (pb.to_float(o), ref_o, low_o, pb.dtype),
-        "lse": (cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse, pb.dtype),
-        "dq": (pb.to_float(g.dq), ref_g[0], low_g[0], pb.dtype),
-        "dk": (pb.to_float(g.dk), ref_g[1], low_g[1], pb.dtype),
-        "dv": (pb.to_float(g.dv), ref_g[2], low_g[2], pb.dtype),
-    }
-    if dbias:
-        outs["dbias"] = (pb.to_float(g.dbias, pb.bias_dtype), ref_g[3], low_g[3], pb.bias_dtype)
-    checks = [compare(n, out, ref, low, dtype=dt, hdim_q=d, hdim_v=dv)
-              for n, (out, ref, low, dt) in outs.items()]
-    bad = [str(c) for c in checks if not c.ok]
-    assert not bad, "\n".join(bad)
-    return outs
+def _run(pb, kw, dbias=True, bias=None):
+    """:func:`conftest.run` with the bias (``pb.dev_bias`` unless given), dbias by default."""
+    return run(pb, kw, bias=pb.dev_bias if bias is None else bias, dbias=dbias)
 
 
 # id: (dtype, bias dtype, layout, b, sq, sk, hq, hk, d, dv, bias shape, mask kwargs, dbias)
@@ -191,14 +64,15 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bias_matches_reference(case, nan_like):
+def test_bias_matches_reference(case):
     dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, kind, mkw, dbias = CASES[case]
-    pb = Problem(dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, SHAPES[kind](b, hq, sq, sk), _seed(case))
+    shape = BIAS_SHAPES[kind](b, hq, sq, sk)
+    pb = BiasInputs(dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, shape, seed_for(case))
     before = {n: x.copy() for n, x in pb.dev.items()}
     bias_before = pb.dev_bias.copy()
     kw = dict(mkw, layout=layout)
-    o, lse, g = _run(pb, nan_like, kw, dbias=dbias)
-    _check(pb, o, lse, g, kw, d, dv, dbias=dbias)
+    o, lse, g = _run(pb, kw, dbias=dbias)
+    check(pb, o, lse, g, kw, dbias=dbias)
     for n, x in pb.dev.items():  # inputs untouched
         assert bool((x == before[n]).all()), n
     if isinstance(bias_before, cp.ndarray):
@@ -206,50 +80,50 @@ def test_bias_matches_reference(case, nan_like):
 
 
 @pytest.mark.parametrize("d", [64, 96])
-def test_strided_bias_and_deterministic_dbias(d, nan_like):
+def test_strided_bias_and_deterministic_dbias(d):
     # a transposed (non-contiguous) device view must give bit-identical results to a contiguous
     # copy, and dBias (plain stores + one CuPy reduction) is the same on every run
     b, sq, sk, h = 2, 253, 130, 2
-    pb = Problem(F16, F32, "bshd", b, sq, sk, h, h, d, d, (1, h, sq, sk), _seed("strided", d))
+    pb = BiasInputs(F16, F32, "bshd", b, sq, sk, h, h, d, d, (1, h, sq, sk), seed_for("strided", d))
     view = cp.ascontiguousarray(cp.asarray(pb.bias).transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
     assert not view.flags.c_contiguous and view.shape == pb.bias.shape
     kw = {"mask": "t", "layout": "bshd"}
-    o1, lse1, g1 = _run(pb, nan_like, kw, bias=view)
-    o2, lse2, g2 = _run(pb, nan_like, kw)
+    o1, lse1, g1 = _run(pb, kw, bias=view)
+    o2, lse2, g2 = _run(pb, kw)
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
     assert bool((g1.dk == g2.dk).all()) and bool((g1.dv == g2.dv).all())
     assert bool((g1.dbias == g2.dbias).all())
-    _, _, g3 = _run(pb, nan_like, kw)
+    _, _, g3 = _run(pb, kw)
     assert bool((g3.dbias == g2.dbias).all())
-    _check(pb, o1, lse1, g1, kw, d, d)
+    check(pb, o1, lse1, g1, kw, dbias=True)
 
 
 @pytest.mark.parametrize("d", [64, 128, 96])
-def test_large_negative_bias(d, nan_like):
+def test_large_negative_bias(d):
     # -120 (plus a little noise) on every key: every row's lse is below -100; the backward must
     # recompute P exactly as the forward did and give finite, correct gradients
     b, sq, sk, h = 1, 253, 130, 2
-    rng = np.random.default_rng(_seed("neg", d))
+    rng = np.random.default_rng(seed_for("neg", d))
     bias = -120.0 + 0.5 * rng.standard_normal((sq, sk))
-    pb = Problem(F16, F32, "bshd", b, sq, sk, h, h, d, d, None, _seed("neg-in", d), bias_host=bias)
+    pb = BiasInputs(F16, F32, "bshd", b, sq, sk, h, h, d, d, None, seed_for("neg-in", d), bias_host=bias)
     kw = {"layout": "bshd"}
-    o, lse, g = _run(pb, nan_like, kw)
+    o, lse, g = _run(pb, kw)
     lse_h = cp.asnumpy(lse)
     assert np.all(lse_h < -100) and np.all(np.isfinite(lse_h))
     for x in (g.dq, g.dk, g.dv):
         assert np.all(np.isfinite(cp.asnumpy(x).astype(np.float32)))
     assert np.all(np.isfinite(cp.asnumpy(g.dbias)))
-    _check(pb, o, lse, g, kw, d, d)
+    check(pb, o, lse, g, kw, dbias=True)
 
 
 @pytest.mark.parametrize("d, dtype", [(64, F16), (128, BF16), (96, F16)])
-def test_rows_without_keys_with_bias(d, dtype, nan_like):
+def test_rows_without_keys_with_bias(d, dtype):
     # bottom-right causal with sq > sk: the first sq - sk rows see no key, bias or not
     b, sq, sk, h = 2, 253, 130, 2
-    pb = Problem(dtype, F32, "bshd", b, sq, sk, h, h, d, d, (b, h, sq, sk), _seed("empty", d))
+    pb = BiasInputs(dtype, F32, "bshd", b, sq, sk, h, h, d, d, (b, h, sq, sk), seed_for("empty", d))
     kw = {"mask": "b", "layout": "bshd"}
-    o, lse, g = _run(pb, nan_like, kw)
-    outs = _check(pb, o, lse, g, kw, d, d)
+    o, lse, g = _run(pb, kw)
+    outs = check(pb, o, lse, g, kw, dbias=True)
     n = sq - sk
     o_f, dq_f = outs["o"][0], outs["dq"][0]
     for name in ("o", "dq", "dk", "dv", "dbias"):
@@ -260,13 +134,13 @@ def test_rows_without_keys_with_bias(d, dtype, nan_like):
     assert np.all(outs["dbias"][0][:, :, :n] == 0)
 
 
-def test_minus_inf_bias_acts_as_a_mask(nan_like):
+def test_minus_inf_bias_acts_as_a_mask():
     # -inf above the diagonal is the top-left causal mask
     b, s, h, d = 1, 253, 2, 64
     tri = np.where(np.arange(s)[None, :] > np.arange(s)[:, None], -np.inf, 0.0)
-    pb = Problem(F16, F16, "bshd", b, s, s, h, h, d, d, None, _seed("inf"), bias_host=tri)
-    o1, lse1, g1 = _run(pb, nan_like, {"layout": "bshd"})
-    outs = _check(pb, o1, lse1, g1, {"layout": "bshd"}, d, d)
+    pb = BiasInputs(F16, F16, "bshd", b, s, s, h, h, d, d, None, seed_for("inf"), bias_host=tri)
+    o1, lse1, g1 = _run(pb, {"layout": "bshd"})
+    outs = check(pb, o1, lse1, g1, {"layout": "bshd"}, dbias=True)
     ref_o, ref_lse = R.attention_forward(pb.host["q"], pb.host["k"], pb.host["v"], mask="t")
     assert compare("o", outs["o"][0], ref_o, dtype=F16, hdim_q=d, hdim_v=d).ok
     assert np.all(outs["dbias"][0][tri == -np.inf] == 0)
@@ -276,12 +150,12 @@ def test_bias_validation_on_gpu_arrays():
     rng = np.random.default_rng(5)
     q = cp.asarray(rng.standard_normal((1, 16, 2, 64)).astype(np.float16))
     with pytest.raises(ValueError, match="bias"):
-        fmha().attention_forward(q, q, q, bias=cp.zeros((1, 2, 16, 17), cp.float32))
+        cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((1, 2, 16, 17), cp.float32))
     with pytest.raises(TypeError, match="bias"):
-        fmha().attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.uint16))  # bits need bf16
+        cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.uint16))  # bits need bf16
     with pytest.raises(ValueError, match="alibi_slopes"):
-        fmha().attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.float16),
-                                 alibi_slopes=np.ones(2, np.float32))
-    o, lse = fmha().attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.float16))
+        cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.float16),
+                                    alibi_slopes=np.ones(2, np.float32))
+    o, lse = cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((16, 16), cp.float16))
     with pytest.raises(ValueError, match="return_dbias"):
-        fmha().attention_backward(q, q, q, q, o, lse, return_dbias=True)
+        cupy_fmha.attention_backward(q, q, q, q, o, lse, return_dbias=True)

@@ -15,9 +15,6 @@ without the main kernel having written it turns dq into NaN and fails the refere
 
 from __future__ import annotations
 
-import zlib
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -26,60 +23,26 @@ try:  # the conftest hook skips these tests without a device; this keeps collect
 except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
+import cupy_fmha
+from conftest import BF16, F16, Inputs, assert_close, nan_block_in_pool, nan_like, seed_for
 from cupy_fmha import launch as L
 from cupy_fmha import reference as R
 from cupy_fmha.spec import bwd_specs
-from cupy_fmha.verify import bf16_bits_to_float, compare
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
 RUNS = 10
 
 
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())
-
-
-def _shape(layout, b, s, h, d):
-    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
-
-
-def _api():
-    import cupy_fmha
-
-    return cupy_fmha
-
-
-class Case:
-    """Host (reference) inputs, their device copies, and the forward's o / lse."""
+class Case(Inputs):
+    """:class:`conftest.Inputs` (seeded by the case name) and the forward's o / lse."""
 
     def __init__(self, name, dtype, layout, b, sq, sk, hq, hk, d, mkw):
-        self.dtype, self.layout, self.d, self.mkw = dtype, layout, d, dict(mkw)
+        super().__init__(dtype, layout, b, sq, sk, hq, hk, d, d, seed_for("determ", name))
+        self.mkw = dict(mkw)
         self.b, self.sq, self.sk, self.hq, self.hk = b, sq, sk, hq, hk
-        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
-        rng = np.random.default_rng(_seed("determ", name))
-        host = lambda x: x.astype(np.float32).astype(dtype)  # noqa: E731
-        self.host = {
-            "q": host(1.5 * rng.standard_normal(_shape(layout, b, sq, hq, d))),
-            "k": host(rng.standard_normal(_shape(layout, b, sk, hk, d))),
-            "v": host(rng.standard_normal(_shape(layout, b, sk, hk, d))),
-            "do": host(rng.standard_normal(_shape(layout, b, sq, hq, d))),
-        }
-        self.dev = {n: self.to_device(x) for n, x in self.host.items()}
         self.kw = dict(self.mkw, layout=layout, dtype=self.dtype_arg)
-        self.o, self.lse = _api().attention_forward(self.dev["q"], self.dev["k"], self.dev["v"], **self.kw)
-
-    def to_device(self, x):
-        if self.dtype == BF16:
-            return cp.asarray(np.ascontiguousarray(x).view(np.uint16))
-        return cp.asarray(x)
-
-    def to_float(self, x):
-        if self.dtype == BF16:
-            return bf16_bits_to_float(x).astype(np.float64)
-        return cp.asnumpy(x).astype(np.float64)
+        self.o, self.lse = cupy_fmha.attention_forward(self.dev["q"], self.dev["k"], self.dev["v"], **self.kw)
 
     def workspace_bytes(self) -> int:
         cc = int(cp.cuda.Device().compute_capability)
@@ -89,19 +52,14 @@ class Case:
     def backward(self, deterministic=True):
         """One backward into NaN-poisoned outputs, over a NaN-poisoned memory pool."""
         q = self.dev["q"]
-        outs = []
-        for x in (q, self.dev["k"], self.dev["v"]):
-            a = cp.empty(x.shape, dtype=x.dtype)
-            a.view(cp.uint16).fill(0xFFFF)
-            outs.append(a)
+        outs = [nan_like(x.shape, x.dtype) for x in (q, self.dev["k"], self.dev["v"])]
         pool = cp.get_default_memory_pool()
         cp.cuda.get_current_stream().synchronize()
         pool.free_all_blocks()
-        poison = cp.empty(self.workspace_bytes() // 4 + (1 << 20), dtype=cp.float32)
-        poison.fill(cp.nan)
-        del poison  # back to the pool, NaN-filled: the workspace is carved from it
-        g = _api().attention_backward(self.dev["do"], q, self.dev["k"], self.dev["v"], self.o, self.lse,
-                                      **self.kw, out=tuple(outs), deterministic=deterministic)
+        # back to the pool, NaN-filled: the workspace is carved from it
+        nan_block_in_pool((self.workspace_bytes() // 4 + (1 << 20),))()
+        g = cupy_fmha.attention_backward(self.dev["do"], q, self.dev["k"], self.dev["v"], self.o, self.lse,
+                                         **self.kw, out=tuple(outs), deterministic=deterministic)
         assert all(x is y for x, y in zip(g, outs))
         cp.cuda.get_current_stream().synchronize()
         return g
@@ -161,10 +119,7 @@ def test_deterministic_is_bit_identical_and_correct(case):
     kw = dict(mkw, layout=layout)
     ref = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
     low = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
-    checks = [compare(n, c.to_float(x), r, lo, dtype=dtype, hdim_q=d, hdim_v=d)
-              for n, x, r, lo in zip(("dq", "dk", "dv"), first, ref, low)]
-    bad = [str(x) for x in checks if not x.ok]
-    assert not bad, "\n".join(bad)
+    assert_close(c, {n: (c.to_float(x), r, lo) for n, x, r, lo in zip(("dq", "dk", "dv"), first, ref, low)})
 
 
 @pytest.mark.parametrize("case", ["f16-d64-causal-1000-gqa4", "bf16-d96-none-253x1000",
@@ -185,5 +140,5 @@ def test_deterministic_rejects_non_bool():
     c = Case("bad", F16, "bshd", 1, 16, 16, 2, 2, 64, {})
     for bad in (1, "true", None):
         with pytest.raises(TypeError, match="deterministic"):
-            _api().attention_backward(c.dev["do"], c.dev["q"], c.dev["k"], c.dev["v"], c.o, c.lse,
-                                      deterministic=bad)
+            cupy_fmha.attention_backward(c.dev["do"], c.dev["q"], c.dev["k"], c.dev["v"], c.o, c.lse,
+                                         deterministic=bad)

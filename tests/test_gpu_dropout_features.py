@@ -2,9 +2,10 @@
 
 The instances built with ``-D DROPOUT=1`` also come with ``ALIBI=1`` or ``BIAS=1``; group mode
 keys the Philox stream by the sequence index and positions inside the sequence; the deterministic
-backward must stay bit-identical with dropout. Each case reuses the helpers of the feature's own
-test file (fresh random inputs, NaN-poisoned ``out=`` buffers, :func:`cupy_fmha.verify.compare`
-against the float64 and ``precision="low"`` references run with the same dropout arguments).
+backward must stay bit-identical with dropout. Each case uses the helpers in conftest.py that the
+feature's own test file uses (fresh random inputs, NaN-poisoned ``out=`` buffers,
+:func:`cupy_fmha.verify.compare` against the float64 and ``precision="low"`` references run with
+the same dropout arguments).
 Marked ``gpu`` (skipped without a device).
 """
 
@@ -18,17 +19,14 @@ try:
 except Exception:  # pragma: no cover
     cp = None
 
+import cupy_fmha
+from conftest import (BF16, BIAS_SHAPES, F16, LK, LK2, LK3, LQ, LQ2, LQ3, BiasInputs, Inputs, Packed, check,
+                      check_group, keep_reference, run, seed_for)
 from cupy_fmha import philox
-
-import test_gpu_bias as TB
-import test_gpu_varlen as TV
-from test_gpu_attention import BF16, F16, Inputs, _seed, cp_fmha, poison_pool  # noqa: F401
-from test_gpu_dropout import _check, _keep_ref, _run
 
 pytestmark = pytest.mark.gpu
 
 U64 = 2**64
-nan_like = TB.nan_like  # the fixture, under this module's name
 
 
 # --------------------------------------------------------------------------- elementwise bias
@@ -50,13 +48,13 @@ BIAS = {
 
 
 @pytest.mark.parametrize("case", list(BIAS))
-def test_dropout_with_bias_and_dbias(case, nan_like):
+def test_dropout_with_bias_and_dbias(case):
     dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, kind, kw = BIAS[case]
-    pb = TB.Problem(dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, TB.SHAPES[kind](b, hq, sq, sk),
-                    _seed("drop-bias", case))
+    pb = BiasInputs(dtype, bdt, layout, b, sq, sk, hq, hk, d, dv, BIAS_SHAPES[kind](b, hq, sq, sk),
+                    seed_for("drop-bias", case))
     kw = dict(kw, layout=layout)
-    o, lse, g = TB._run(pb, nan_like, kw, dbias=True)
-    TB._check(pb, o, lse, g, kw, d, dv, dbias=True)
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=True)
+    check(pb, o, lse, g, kw, dbias=True)
 
 
 # --------------------------------------------------------------------------- ALiBi
@@ -71,47 +69,48 @@ ALIBI = {
 
 
 @pytest.mark.parametrize("case", list(ALIBI))
-def test_dropout_with_alibi(case, poison_pool):  # noqa: F811
+def test_dropout_with_alibi(case):
     dtype, layout, b, sq, sk, hq, hk, d, kw = ALIBI[case]
-    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, _seed("drop-alibi", case))
-    rng = np.random.default_rng(_seed("slopes", case))
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, seed_for("drop-alibi", case))
+    rng = np.random.default_rng(seed_for("slopes", case))
     shape = (b, hq) if "per-batch" in case else (hq,)
     kw = dict(kw, layout=layout, alibi_slopes=rng.uniform(0.01, 0.5, shape).astype(np.float32))
-    o, lse, g, keep = _run(inp, poison_pool, kw, want_keep=True)
-    _check(inp, o, lse, g, kw, d, d)
-    assert np.array_equal(cp.asnumpy(keep), _keep_ref(b, hq, sq, sk, kw["dropout_p"], kw["seed"], kw.get("offset", 0)))
+    o, lse, g, keep = run(inp, kw, want_keep=True)
+    check(inp, o, lse, g, kw)
+    want = keep_reference(b, hq, sq, sk, kw["dropout_p"], kw["seed"], kw.get("offset", 0))
+    assert np.array_equal(cp.asnumpy(keep), want)
 
 
 # --------------------------------------------------------------------------- other head dims
 
 @pytest.mark.parametrize("d, dtype", [(104, F16), (40, BF16), (240, F16), (192, BF16)])
-def test_dropout_odd_head_dims(d, dtype, poison_pool):  # noqa: F811
-    inp = Inputs(dtype, "bshd", 1, 253, 200, 2, 2, d, d, _seed("drop-hdim", d))
+def test_dropout_odd_head_dims(d, dtype):
+    inp = Inputs(dtype, "bshd", 1, 253, 200, 2, 2, d, d, seed_for("drop-hdim", d))
     kw = {"mask": "b", "dropout_p": 0.25, "seed": 11, "offset": 2**33, "layout": "bshd"}
-    o, lse, g, _ = _run(inp, poison_pool, kw)
-    _check(inp, o, lse, g, kw, d, d)
+    o, lse, g = run(inp, kw)
+    check(inp, o, lse, g, kw)
 
 
 # --------------------------------------------------------------------------- group mode
 
 VARLEN = {
-    "f16-d64-t-gqa2": (F16, TV.LQ, TV.LK, 4, 2, 64, {"mask": "t", "dropout_p": 0.2, "seed": 1}),
-    "bf16-d128-b": (BF16, TV.LQ2, TV.LK2, 2, 2, 128, {"mask": "b", "dropout_p": 0.3, "seed": 2, "offset": U64 - 1}),
-    "f16-d32-none": (F16, TV.LQ3, TV.LK3, 2, 1, 32, {"dropout_p": 0.5, "seed": 3}),
-    "bf16-d96-b:20,5": (BF16, TV.LQ, TV.LK, 2, 2, 96, {"mask": "b:20,5", "dropout_p": 0.2, "seed": 4}),
+    "f16-d64-t-gqa2": (F16, LQ, LK, 4, 2, 64, {"mask": "t", "dropout_p": 0.2, "seed": 1}),
+    "bf16-d128-b": (BF16, LQ2, LK2, 2, 2, 128, {"mask": "b", "dropout_p": 0.3, "seed": 2, "offset": U64 - 1}),
+    "f16-d32-none": (F16, LQ3, LK3, 2, 1, 32, {"dropout_p": 0.5, "seed": 3}),
+    "bf16-d96-b:20,5": (BF16, LQ, LK, 2, 2, 96, {"mask": "b:20,5", "dropout_p": 0.2, "seed": 4}),
 }
 
 
 @pytest.mark.parametrize("case", list(VARLEN))
-def test_dropout_group_mode(case, nan_like):
+def test_dropout_group_mode(case):
     dtype, lq, lk, hq, hk, d, kw = VARLEN[case]
-    inp = TV.Packed(dtype, lq, lk, hq, hk, d, d, _seed("drop-varlen", case))
-    o, lse, g = TV._run(inp, nan_like, kw)
-    TV._check(inp, o, lse, g, kw)
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, seed_for("drop-varlen", case))
+    o, lse, g = run(inp, kw)
+    check_group(inp, o, lse, g, kw)
     # the keep mask: sequence b's in the top-left corner of [max_seqlen_q, max_seqlen_k], keyed
     # by the sequence index and positions inside the sequence
     cu = (cp.asarray(inp.cq), cp.asarray(inp.ck))
-    res = cp_fmha().attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], layout="thd", cu_seqlens_q=cu[0],
+    res = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], layout="thd", cu_seqlens_q=cu[0],
                                       cu_seqlens_k=cu[1], dtype=inp.dtype_arg, return_dropout_mask=True, **kw)
     keep = cp.asnumpy(res[2])
     msq, msk = max(lq), max(lk)
@@ -124,16 +123,16 @@ def test_dropout_group_mode(case, nan_like):
 # --------------------------------------------------------------------------- deterministic
 
 @pytest.mark.parametrize("d, layout", [(64, "bshd"), (128, "bhsd"), (96, "bshd")])
-def test_dropout_deterministic_is_bit_identical(d, layout, poison_pool):  # noqa: F811
-    inp = Inputs(BF16, layout, 2, 300, 253, 4, 2, d, d, _seed("drop-det", d))
+def test_dropout_deterministic_is_bit_identical(d, layout):
+    inp = Inputs(BF16, layout, 2, 300, 253, 4, 2, d, d, seed_for("drop-det", d))
     kw = {"mask": "t", "dropout_p": 0.2, "seed": 21, "offset": 5, "layout": layout}
     q, k, v, do = (inp.dev[n] for n in ("q", "k", "v", "do"))
-    o, lse = cp_fmha().attention_forward(q, k, v, dtype=inp.dtype_arg, **kw)
-    first = cp_fmha().attention_backward(do, q, k, v, o, lse, dtype=inp.dtype_arg, deterministic=True, **kw)
+    o, lse = cupy_fmha.attention_forward(q, k, v, dtype=inp.dtype_arg, **kw)
+    first = cupy_fmha.attention_backward(do, q, k, v, o, lse, dtype=inp.dtype_arg, deterministic=True, **kw)
     for _ in range(9):  # 10 runs in all
-        again = cp_fmha().attention_backward(do, q, k, v, o, lse, dtype=inp.dtype_arg, deterministic=True, **kw)
+        again = cupy_fmha.attention_backward(do, q, k, v, o, lse, dtype=inp.dtype_arg, deterministic=True, **kw)
         for a, c in zip(first, again):
             assert bool((a == c).all())
     # and it is the right answer
-    o2, lse2, g, _ = _run(inp, poison_pool, kw)
-    _check(inp, o2, lse2, first, kw, d, d)
+    o2, lse2, g = run(inp, kw)
+    check(inp, o2, lse2, first, kw)

@@ -29,15 +29,10 @@ try:
 except Exception:  # pragma: no cover
     cp = None
 
+from conftest import BF16, F16, BiasInputs, Inputs, check, run, seed_for
 from cupy_fmha import mask as M
 
-import test_gpu_bias as TB
-from test_gpu_attention import BF16, F16, Inputs, _seed, poison_pool  # noqa: F401
-from test_gpu_dropout import _check, _run
-
 pytestmark = pytest.mark.gpu
-
-nan_like = TB.nan_like
 
 
 def _empty_rows(kw, sq, sk):
@@ -77,24 +72,24 @@ EMPTY = {
 
 
 @pytest.mark.parametrize("case", list(EMPTY))
-def test_rows_without_keys(case, poison_pool):  # noqa: F811
+def test_rows_without_keys(case):
     dtype, layout, sq, sk, d, mkw = EMPTY[case]
-    inp = Inputs(dtype, layout, 2, sq, sk, 2, 2, d, d, _seed("edge-empty", case))
+    inp = Inputs(dtype, layout, 2, sq, sk, 2, 2, d, d, seed_for("edge-empty", case))
     kw = dict(mkw, layout=layout)
-    o, lse, g, _ = _run(inp, poison_pool, kw)
-    outs = _check(inp, o, lse, g, kw, d, d)
+    o, lse, g = run(inp, kw)
+    outs = check(inp, o, lse, g, kw)
     _assert_empty_rows_zero(layout, outs["o"][0], cp.asnumpy(lse), outs["dq"][0], _empty_rows(mkw, sq, sk))
     for name in ("dk", "dv"):
         assert not np.isnan(outs[name][0]).any(), name
 
 
 @pytest.mark.parametrize("mkw", [{"window_size": (20, 0)}, {"mask": "t:5,5"}], ids=["window20,0", "t:5,5"])
-def test_rows_without_keys_with_bias_window(mkw, nan_like):
+def test_rows_without_keys_with_bias_window(mkw):
     sq, sk, d, h = 300, 120, 64, 2
-    pb = TB.Problem(F16, np.float32, "bshd", 2, sq, sk, h, h, d, d, (2, h, sq, sk), _seed("edge-bias", str(mkw)))
+    pb = BiasInputs(F16, np.float32, "bshd", 2, sq, sk, h, h, d, d, (2, h, sq, sk), seed_for("edge-bias", str(mkw)))
     kw = dict(mkw, layout="bshd")
-    o, lse, g = TB._run(pb, nan_like, kw)
-    outs = TB._check(pb, o, lse, g, kw, d, d)
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=True)
+    outs = check(pb, o, lse, g, kw, dbias=True)
     empty = _empty_rows(mkw, sq, sk)
     _assert_empty_rows_zero("bshd", outs["o"][0], cp.asnumpy(lse), outs["dq"][0], empty)
     assert np.all(outs["dbias"][0][:, :, empty] == 0) and not np.isnan(outs["dbias"][0]).any()
@@ -105,11 +100,11 @@ def test_rows_without_keys_with_bias_window(mkw, nan_like):
 @pytest.mark.parametrize("d", [32, 64])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("mkw", [{}, {"causal": True}], ids=["none", "causal"])
-def test_single_query_single_key(d, dtype, mkw, poison_pool):  # noqa: F811
-    inp = Inputs(dtype, "bshd", 3, 1, 1, 4, 2, d, d, _seed("edge-1x1", d, str(dtype), str(mkw)))
+def test_single_query_single_key(d, dtype, mkw):
+    inp = Inputs(dtype, "bshd", 3, 1, 1, 4, 2, d, d, seed_for("edge-1x1", d, str(dtype), str(mkw)))
     kw = dict(mkw, layout="bshd")
-    o, lse, g, _ = _run(inp, poison_pool, kw)
-    outs = _check(inp, o, lse, g, kw, d, d)
+    o, lse, g = run(inp, kw)
+    outs = check(inp, o, lse, g, kw)
     for name, (out, _, _) in outs.items():
         assert np.all(np.isfinite(out)), name
     # one key: softmax is 1, so o is v (exactly: P = 1 and v is already in the output dtype)
@@ -122,11 +117,11 @@ def test_single_query_single_key(d, dtype, mkw, poison_pool):  # noqa: F811
 @pytest.mark.parametrize("mkw", [{"causal": True}, {"window_size": (704, 704)}, {"mask": "t:1000,1000"}],
                          ids=["causal", "window-all-visible", "t-window-all-visible"])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
-def test_seqlen_704(mkw, dtype, poison_pool):  # noqa: F811
-    inp = Inputs(dtype, "bshd", 1, 704, 704, 1, 1, 64, 64, _seed("edge-704", str(mkw), str(dtype)))
+def test_seqlen_704(mkw, dtype):
+    inp = Inputs(dtype, "bshd", 1, 704, 704, 1, 1, 64, 64, seed_for("edge-704", str(mkw), str(dtype)))
     kw = dict(mkw, layout="bshd")
-    o, lse, g, _ = _run(inp, poison_pool, kw)
-    outs = _check(inp, o, lse, g, kw, 64, 64)
+    o, lse, g = run(inp, kw)
+    outs = check(inp, o, lse, g, kw)
     for name, (out, _, _) in outs.items():
         assert np.all(np.isfinite(out)), name
 
@@ -136,11 +131,11 @@ def test_seqlen_704(mkw, dtype, poison_pool):  # noqa: F811
 @pytest.mark.parametrize("ratio", [2, 3, 4])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("d, dtype", [(64, F16), (128, BF16), (96, BF16)], ids=["d64-f16", "d128-bf16", "d96-bf16"])
-def test_gqa_ratios_500x251_causal(ratio, layout, d, dtype, poison_pool):  # noqa: F811
+def test_gqa_ratios_500x251_causal(ratio, layout, d, dtype):
     hk = 2
-    inp = Inputs(dtype, layout, 2, 500, 251, hk * ratio, hk, d, d, _seed("edge-gqa", ratio, layout, d))
+    inp = Inputs(dtype, layout, 2, 500, 251, hk * ratio, hk, d, d, seed_for("edge-gqa", ratio, layout, d))
     kw = {"causal": True, "layout": layout}
-    o, lse, g, _ = _run(inp, poison_pool, kw)
-    _check(inp, o, lse, g, kw, d, d)
+    o, lse, g = run(inp, kw)
+    check(inp, o, lse, g, kw)
     # bottom-right causal with sq > sk: the first 249 rows see nothing
     _assert_empty_rows_zero(layout, inp.to_float(o), cp.asnumpy(lse), inp.to_float(g.dq), _empty_rows(kw, 500, 251))

@@ -18,7 +18,6 @@ Marked ``gpu`` and ``slow``; skipped with the reason when the device has too lit
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 try:  # the conftest hook skips these tests without a device; this keeps collection clean
@@ -26,12 +25,12 @@ try:  # the conftest hook skips these tests without a device; this keeps collect
 except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
+from conftest import F16, nan_like
 from cupy_fmha import reference as R
 from cupy_fmha.verify import compare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-F16 = np.dtype(np.float16)
 SEQLEN, NHEAD = 1_100_000, 32
 ROWS = 200  # query rows checked at each end of the sequence
 # heads checked against the reference: the first, one past the middle (bhsd byte offsets beyond
@@ -68,23 +67,6 @@ def _slice_window(left: int, right: int, r0: int, k0: int) -> str:
     return f"g:{1 + left - c},{1 + right + c}"
 
 
-@pytest.fixture
-def poison_pool():
-    """``nan_like(shape, dtype)``: a device buffer filled with NaN bits (as in
-    test_gpu_attention.py), handed to the API as ``out=`` so unwritten elements stay NaN."""
-
-    def nan_like(shape, dtype):
-        a = cp.empty(shape, dtype=dtype)
-        if a.dtype == cp.float32:
-            a.fill(cp.nan)
-        else:
-            a.view(cp.uint16).fill(0xFFFF)
-        return a
-
-    yield nan_like
-    cp.get_default_memory_pool().free_all_blocks()
-
-
 def _all_finite(x, chunk=1 << 30) -> bool:
     """No NaN/inf in a contiguous device array, reduced in chunks of fewer than 2^31 elements
     (so no reduction, CUB's included, has to index past int32)."""
@@ -110,7 +92,7 @@ def _rows(a, layout, lo, hi):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_more_than_2_31_elements(case, poison_pool):
+def test_more_than_2_31_elements(case):
     layout, d, window = CASES[case]
     b, h, s = 1, NHEAD, SEQLEN
     assert b * h * s * d > 2**31
@@ -123,18 +105,18 @@ def test_more_than_2_31_elements(case, poison_pool):
                     f"the device has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
     # failures come back as text, so that no traceback frame keeps ~50 GB of device arrays alive
     # into the next case
-    problems = _run_and_check(layout, b, h, s, d, window, poison_pool)
+    problems = _run_and_check(layout, b, h, s, d, window)
     pool.free_all_blocks()
     assert not problems, "\n".join(problems)
 
 
-def _run_and_check(layout, b, h, s, d, window, nan_like) -> list[str]:
+def _run_and_check(layout, b, h, s, d, window) -> list[str]:
     import cupy_fmha
 
     left, right = window
     shape = (b, s, h, d) if layout == "bshd" else (b, h, s, d)
     rng = cp.random.RandomState(20240611 + d)  # cuRAND host API: size_t counts
-    q = _draw(rng, shape, 1.5)  # scores ~ N(0, 1.5^2), as in test_gpu_attention.py
+    q = _draw(rng, shape, 1.5)  # scores ~ N(0, 1.5^2), as in conftest.Inputs
     k, v, do = _draw(rng, shape), _draw(rng, shape), _draw(rng, shape)
     kw = dict(window_size=(left, right), layout=layout)
 

@@ -19,9 +19,6 @@ bit of any output; equal lengths give batch mode's results bit for bit.
 
 from __future__ import annotations
 
-import zlib
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -30,135 +27,12 @@ try:  # the conftest hook skips these tests without a device; this keeps collect
 except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
-from cupy_fmha import reference as R
-from cupy_fmha.verify import bf16_bits_to_float, compare
+import cupy_fmha
+from conftest import (BF16, F16, F32, LK, LK2, LK3, LQ, LQ2, LQ3, Packed, bias_to_device, check_group,
+                      nan_block_in_pool, nan_like, run, seed_for)
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
-
-
-def _fmha():
-    import cupy_fmha
-
-    return cupy_fmha
-
-
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())
-
-
-@pytest.fixture
-def nan_like():
-    """Fresh device buffers filled with NaN bits (0xFFFF for 16-bit, NaN for float32)."""
-
-    def make(shape, dtype):
-        a = cp.empty(shape, dtype=dtype)
-        if a.dtype == cp.float32:
-            a.fill(cp.nan)
-        else:
-            a.view(cp.uint16).fill(0xFFFF)
-        return a
-
-    yield make
-    cp.get_default_memory_pool().free_all_blocks()
-
-
-def _cu(lengths) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-
-
-class Packed:
-    """Packed q [total_q, hq, d], k/v [total_k, hk, d/dv], dO; host copies (reference) and device
-    copies (bf16 as uint16 bits), and the cu_seqlens."""
-
-    def __init__(self, dtype, lq, lk, hq, hk, d, dv, seed):
-        rng = np.random.default_rng(seed)
-        self.dtype, self.d, self.dv = dtype, d, dv
-        self.dtype_arg = "bfloat16" if dtype == BF16 else "float16"
-        tq, tk = sum(lq), sum(lk)
-        self.cq, self.ck = _cu(lq), _cu(lk)
-        self.batch, self.hq = len(lq), hq
-        cast = lambda x: x.astype(np.float32).astype(dtype)  # noqa: E731
-        self.host = {
-            "q": cast(1.5 * rng.standard_normal((tq, hq, d))),
-            "k": cast(rng.standard_normal((tk, hk, d))),
-            "v": cast(rng.standard_normal((tk, hk, dv))),
-            "do": cast(rng.standard_normal((tq, hq, dv))),
-        }
-        self.dev = {n: self.to_device(x) for n, x in self.host.items()}
-
-    def to_device(self, x):
-        if self.dtype == BF16:
-            return cp.asarray(np.ascontiguousarray(x).view(np.uint16))
-        return cp.asarray(x)
-
-    def to_float(self, x):
-        if self.dtype == BF16:
-            return bf16_bits_to_float(x).astype(np.float64)
-        return cp.asnumpy(x).astype(np.float64)
-
-
-def _run(inp, nan_like, kw, dev=None, cu_on_device=True, before_backward=None):
-    """Forward then backward through poisoned out= buffers; returns (o, lse, grads)."""
-    dev = dev or inp.dev
-    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
-    cu = (cp.asarray(inp.cq), cp.asarray(inp.ck)) if cu_on_device else (inp.cq, inp.ck)
-    kw = dict(kw, layout="thd", cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], dtype=inp.dtype_arg)
-    msq = kw.get("max_seqlen_q") or int(np.diff(inp.cq).max())
-    o_out = nan_like((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
-    lse_out = nan_like((inp.batch, inp.hq, msq), cp.float32)
-    o, lse = _fmha().attention_forward(q, k, v, **kw, out=(o_out, lse_out))
-    assert o is o_out and lse is lse_out
-    g_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
-    if before_backward is not None:
-        before_backward()
-    g = _fmha().attention_backward(do, q, k, v, o, lse, **kw, out=g_out)
-    assert all(x is y for x, y in zip(g, g_out))
-    cp.cuda.get_current_stream().synchronize()
-    return o, lse, g
-
-
-def _check(inp, o, lse, g, kw):
-    """The tolerance rule on every output, plus the exact values of empty sequences."""
-    h = inp.host
-    kw = dict(kw, layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck)
-    ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **kw)
-    low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **kw)
-    ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
-    low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
-    outs = {
-        "o": (inp.to_float(o), ref_o, low_o),
-        "lse": (cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse),
-        "dq": (inp.to_float(g.dq), ref_g[0], low_g[0]),
-        "dk": (inp.to_float(g.dk), ref_g[1], low_g[1]),
-        "dv": (inp.to_float(g.dv), ref_g[2], low_g[2]),
-    }
-    for name, (out, ref, _) in outs.items():
-        assert out.shape == ref.shape, (name, out.shape, ref.shape)
-        assert not np.isnan(out).any(), f"{name}: NaN (unwritten or poisoned)"
-    checks = [compare(n, out, ref, low, dtype=inp.dtype, hdim_q=inp.d, hdim_v=inp.dv)
-              for n, (out, ref, low) in outs.items() if out.size]
-    bad = [str(c) for c in checks if not c.ok]
-    assert not bad, "\n".join(bad)
-    lq, lk = np.diff(inp.cq), np.diff(inp.ck)
-    o_f, lse_f, dq_f, dk_f, dv_f = (outs[n][0] for n in ("o", "lse", "dq", "dk", "dv"))
-    for b in range(inp.batch):
-        rows = slice(inp.cq[b], inp.cq[b + 1])
-        keys = slice(inp.ck[b], inp.ck[b + 1])
-        assert np.all(np.isneginf(lse_f[b, :, lq[b]:])), f"lse beyond sequence {b} must be -inf"
-        if lk[b] == 0:
-            assert np.all(o_f[rows] == 0) and np.all(dq_f[rows] == 0), f"sequence {b} has no keys"
-            assert np.all(np.isneginf(lse_f[b]))
-        if lq[b] == 0:
-            assert np.all(dk_f[keys] == 0) and np.all(dv_f[keys] == 0), f"sequence {b} has no queries"
-    return outs
-
-
-LQ, LK = [100, 37, 0, 250], [80, 0, 51, 250]  # the lead's lengths: empty q and empty k in the middle
-LQ2, LK2 = [64, 0, 130, 1, 77], [0, 70, 130, 200, 0]  # empty k at both ends, empty q in the middle
-LQ3, LK3 = [50, 0, 33], [40, 0, 33]  # both empty in the middle
 
 # id: (dtype, lengths q, lengths k, hq, hk, d, dv, mask kwargs)
 CASES = {
@@ -191,13 +65,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_varlen_matches_reference(case, nan_like):
+def test_varlen_matches_reference(case):
     dtype, lq, lk, hq, hk, d, dv, mkw = CASES[case]
-    inp = Packed(dtype, lq, lk, hq, hk, d, dv, _seed("varlen", case))
+    inp = Packed(dtype, lq, lk, hq, hk, d, dv, seed_for("varlen", case))
     before = {n: x.copy() for n, x in inp.dev.items()}
     # cu_seqlens as CuPy arrays in most cases, as NumPy arrays in every third
-    o, lse, g = _run(inp, nan_like, mkw, cu_on_device=list(CASES).index(case) % 3 != 0)
-    _check(inp, o, lse, g, mkw)
+    o, lse, g = run(inp, mkw, cu_on_device=list(CASES).index(case) % 3 != 0)
+    check_group(inp, o, lse, g, mkw)
     for n, x in inp.dev.items():  # inputs untouched
         assert bool((x == before[n]).all()), n
 
@@ -211,86 +85,84 @@ ALIBI = {
 
 
 @pytest.mark.parametrize("case", list(ALIBI))
-def test_varlen_alibi_matches_reference(case, nan_like):
+def test_varlen_alibi_matches_reference(case):
     dtype, lq, lk, hq, hk, d, per_seq, mkw = ALIBI[case]
-    inp = Packed(dtype, lq, lk, hq, hk, d, d, _seed("alibi", case))
-    rng = np.random.default_rng(_seed("slopes", case))
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, seed_for("alibi", case))
+    rng = np.random.default_rng(seed_for("slopes", case))
     slopes = rng.uniform(0.01, 0.5, (len(lq), hq) if per_seq else (hq,)).astype(np.float32)
     kw = dict(mkw, alibi_slopes=slopes)
-    o, lse, g = _run(inp, nan_like, kw)
-    _check(inp, o, lse, g, kw)
+    o, lse, g = run(inp, kw)
+    check_group(inp, o, lse, g, kw)
 
 
 @pytest.mark.parametrize("d", [64, 96])
-def test_varlen_dq_workspace_is_cleared_by_dot_do_o(d, nan_like):
+def test_varlen_dq_workspace_is_cleared_by_dot_do_o(d):
     """Group mode: dot_do_o zero-fills each sequence's rows of the dQ workspace, which is handed
     a NaN block from the pool (see test_gpu_attention.test_dq_workspace_is_cleared_by_dot_do_o)."""
-    from test_gpu_attention import nan_block_in_pool
-
-    inp = Packed(F16, LQ2, LK2, 4, 2, d, d, _seed("dq workspace", d))
+    inp = Packed(F16, LQ2, LK2, 4, 2, d, d, seed_for("dq workspace", d))
     kw = {"mask": "b"}
     shape = (inp.batch, inp.hq, int(np.diff(inp.cq).max()), d)
-    o, lse, g = _run(inp, nan_like, kw, before_backward=nan_block_in_pool(shape))
-    _check(inp, o, lse, g, kw)
+    o, lse, g = run(inp, kw, before_backward=nan_block_in_pool(shape))
+    check_group(inp, o, lse, g, kw)
 
 
-def test_varlen_larger_max_seqlen_pads_lse(nan_like):
-    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("max_seqlen"))
+def test_varlen_larger_max_seqlen_pads_lse():
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, seed_for("max_seqlen"))
     kw = {"mask": "b", "max_seqlen_q": 80, "max_seqlen_k": 300}
-    o, lse, g = _run(inp, nan_like, kw)
+    o, lse, g = run(inp, kw)
     assert lse.shape == (3, 2, 80)
-    _check(inp, o, lse, g, kw)
+    check_group(inp, o, lse, g, kw)
 
 
-def test_varlen_all_keys_empty(nan_like):
-    inp = Packed(BF16, [10, 20], [0, 0], 2, 1, 64, 64, _seed("no keys"))
-    o, lse, g = _run(inp, nan_like, {})
+def test_varlen_all_keys_empty():
+    inp = Packed(BF16, [10, 20], [0, 0], 2, 1, 64, 64, seed_for("no keys"))
+    o, lse, g = run(inp, {})
     assert g.dk.shape == (0, 1, 64) and g.dv.shape == (0, 1, 64)
     assert bool((o == 0).all()) and bool(cp.isneginf(lse).all()) and bool((g.dq == 0).all())
 
 
-def test_varlen_all_queries_empty(nan_like):
-    inp = Packed(F16, [0, 0], [10, 5], 4, 2, 32, 32, _seed("no queries"))
-    o, lse, g = _run(inp, nan_like, {"causal": True}, cu_on_device=False)
+def test_varlen_all_queries_empty():
+    inp = Packed(F16, [0, 0], [10, 5], 4, 2, 32, 32, seed_for("no queries"))
+    o, lse, g = run(inp, {"causal": True}, cu_on_device=False)
     assert o.shape == (0, 4, 32) and lse.shape == (2, 4, 0) and g.dq.shape == (0, 4, 32)
     assert bool((g.dk == 0).all()) and bool((g.dv == 0).all())
 
 
-def test_varlen_strided_inputs_match_contiguous(nan_like):
-    inp = Packed(F16, LQ, LQ, 2, 2, 64, 64, _seed("strided"))
+def test_varlen_strided_inputs_match_contiguous():
+    inp = Packed(F16, LQ, LQ, 2, 2, 64, 64, seed_for("strided"))
     packed = cp.stack([inp.dev["q"], inp.dev["k"], inp.dev["v"]], axis=1)  # [t, 3, h, d]
     strided = {"q": packed[:, 0], "k": packed[:, 1], "v": packed[:, 2], "do": inp.dev["do"]}
     assert not strided["q"].flags.c_contiguous
     kw = {"mask": "b"}
-    o1, lse1, g1 = _run(inp, nan_like, kw, dev=strided)
-    o2, lse2, g2 = _run(inp, nan_like, kw)
+    o1, lse1, g1 = run(inp, kw, dev=strided)
+    o2, lse2, g2 = run(inp, kw)
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
     assert bool((g1.dk == g2.dk).all()) and bool((g1.dv == g2.dv).all())
-    _check(inp, o1, lse1, g1, kw)
+    check_group(inp, o1, lse1, g1, kw)
 
 
-def test_varlen_equal_lengths_match_batch_mode(nan_like):
+def test_varlen_equal_lengths_match_batch_mode():
     b, s, h, d = 3, 130, 2, 64
-    inp = Packed(BF16, [s] * b, [s] * b, h, h, d, d, _seed("batch"))
+    inp = Packed(BF16, [s] * b, [s] * b, h, h, d, d, seed_for("batch"))
     kw = {"mask": "b:16,0"}
-    o, lse, g = _run(inp, nan_like, kw)
+    o, lse, g = run(inp, kw)
     as_batch = {n: x.reshape(b, s, *x.shape[1:]) for n, x in inp.dev.items()}
-    ob, lseb = _fmha().attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], dtype="bfloat16", **kw)
-    gb = _fmha().attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
-                                    dtype="bfloat16", **kw)
+    ob, lseb = cupy_fmha.attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], dtype="bfloat16", **kw)
+    gb = cupy_fmha.attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
+                                      dtype="bfloat16", **kw)
     assert bool((o.reshape(ob.shape) == ob).all()) and bool((lse == lseb).all())
     assert bool((g.dk.reshape(gb.dk.shape) == gb.dk).all()) and bool((g.dv.reshape(gb.dv.shape) == gb.dv).all())
 
 
 def test_varlen_bad_out_buffers_rejected():
-    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("bad out"))
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, seed_for("bad out"))
     q, k, v = inp.dev["q"], inp.dev["k"], inp.dev["v"]
     kw = dict(layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck)
     with pytest.raises(ValueError, match="out"):  # lse pitch is max_seqlen_q (50), not 33
-        _fmha().attention_forward(q, k, v, **kw, out=(cp.empty_like(q), cp.empty((3, 2, 33), cp.float32)))
+        cupy_fmha.attention_forward(q, k, v, **kw, out=(cp.empty_like(q), cp.empty((3, 2, 33), cp.float32)))
     with pytest.raises(ValueError, match="cu_seqlens_q"):
-        _fmha().attention_forward(q, k, v, layout="thd", cu_seqlens_q=cp.asarray(inp.cq[::-1].copy()),
-                                  cu_seqlens_k=inp.ck)
+        cupy_fmha.attention_forward(q, k, v, layout="thd", cu_seqlens_q=cp.asarray(inp.cq[::-1].copy()),
+                                    cu_seqlens_k=inp.ck)
 
 
 # deterministic dQ in group mode: slabs pitched by max_seqlen_q, per-sequence key blocks
@@ -303,26 +175,26 @@ DETERMINISTIC = {
 
 
 @pytest.mark.parametrize("case", list(DETERMINISTIC))
-def test_varlen_deterministic_is_bit_identical_and_correct(case, nan_like):
+def test_varlen_deterministic_is_bit_identical_and_correct(case):
     dtype, lq, lk, hq, hk, d, mkw = DETERMINISTIC[case]
-    inp = Packed(dtype, lq, lk, hq, hk, d, d, _seed("det", case))
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, seed_for("det", case))
     kw = dict(mkw, deterministic=True)
     fw = {k: v for k, v in kw.items() if k != "deterministic"}
-    o, lse, g = _run_det(inp, nan_like, fw, kw)
-    _check(inp, o, lse, g, fw)
+    o, lse, g = _run_det(inp, fw, kw)
+    check_group(inp, o, lse, g, fw)
     for _ in range(4):
-        o2, lse2, g2 = _run_det(inp, nan_like, fw, kw)
+        o2, lse2, g2 = _run_det(inp, fw, kw)
         for a, b in zip(g, g2):
             assert bool((a == b).all())
 
 
-def _run_det(inp, nan_like, fw, bw):
+def _run_det(inp, fw, bw):
     dev = inp.dev
     cu = dict(layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck),
               dtype=inp.dtype_arg)
-    o, lse = _fmha().attention_forward(dev["q"], dev["k"], dev["v"], **fw, **cu)
+    o, lse = cupy_fmha.attention_forward(dev["q"], dev["k"], dev["v"], **fw, **cu)
     g_out = tuple(nan_like(x.shape, dev["q"].dtype) for x in (dev["q"], dev["k"], dev["v"]))
-    g = _fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **bw, **cu, out=g_out)
+    g = cupy_fmha.attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **bw, **cu, out=g_out)
     cp.cuda.get_current_stream().synchronize()
     return o, lse, g
 
@@ -332,10 +204,9 @@ def _run_det(inp, nan_like, fw, bw):
 # max_seqlen_k]; sequence i reads bias[i, :, :seqlen_q_i, :seqlen_k_i] (its top-left corner), and
 # dBias comes back in the bias's shape with 0 outside every sequence's corner.
 
-F32 = np.dtype(np.float32)
 
 #: bias shape kinds -> shape from (batch, nhead_q, max_seqlen_q, max_seqlen_k)
-BIAS_SHAPES = {
+GROUP_BIAS_SHAPES = {
     "11": lambda b, h, sq, sk: (1, 1, sq, sk),   # CK e:0
     "1h": lambda b, h, sq, sk: (1, h, sq, sk),   # CK e:1
     "bh": lambda b, h, sq, sk: (b, h, sq, sk),   # CK e:2
@@ -349,65 +220,15 @@ def _bias_host(shape, bias_dtype, seed, scale=2.0):
     return (scale * rng.standard_normal(shape)).astype(np.float32).astype(bias_dtype)
 
 
-def _bias_device(inp, bias):
-    """bf16 biases as uint16 bits on the GPU under bf16 inputs (``dtype="bfloat16"``), as the
-    NumPy ml_dtypes array under fp16 inputs (the API copies it); others as CuPy arrays."""
-    if bias.dtype == BF16:
-        return cp.asarray(bias.view(np.uint16)) if inp.dtype == BF16 else bias
-    return cp.asarray(bias)
-
-
-def _bias_to_float(x, bias_dtype):
-    if np.dtype(bias_dtype) == BF16:
-        return bf16_bits_to_float(x).astype(np.float64)
-    return cp.asnumpy(x).astype(np.float64)
-
-
-def _run_bias(inp, nan_like, kw, bias_dev, dbias=True, dev=None):
-    """Forward and backward with the bias through poisoned out= buffers; dbias is a fresh array."""
-    dev = dev or inp.dev
-    q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
-    kw = dict(kw, layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck),
-              dtype=inp.dtype_arg, bias=bias_dev)
-    msq = kw.get("max_seqlen_q") or int(np.diff(inp.cq).max())
-    o_out = nan_like((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
-    lse_out = nan_like((inp.batch, inp.hq, msq), cp.float32)
-    o, lse = _fmha().attention_forward(q, k, v, **kw, out=(o_out, lse_out))
-    assert o is o_out and lse is lse_out
-    g_out = tuple(nan_like(x.shape, q.dtype) for x in (q, k, v))
-    g = _fmha().attention_backward(do, q, k, v, o, lse, **kw, return_dbias=dbias, out=g_out)
-    assert all(x is y for x, y in zip(g, g_out))
-    if dbias:
-        assert isinstance(g, _fmha().AttentionGradsWithBias) and isinstance(g.dbias, cp.ndarray)
-        assert g.dbias.shape == tuple(bias_dev.shape)
-    else:
-        assert type(g) is _fmha().AttentionGrads
-    cp.cuda.get_current_stream().synchronize()
-    return o, lse, g
-
-
 def _check_bias(inp, o, lse, g, kw, bias, dbias=True):
-    """_check's rule on o, lse, dq, dk, dv (and exact values of empty sequences), plus dBias
-    against the float64 / low-precision references, exact zeros outside the corners for a
-    [batch, h, ...] bias."""
-    outs = _check(inp, o, lse, g, dict(kw, bias=bias))
-    if not dbias:
-        return outs
-    h = inp.host
-    rkw = dict(kw, layout="thd", cu_seqlens_q=inp.cq, cu_seqlens_k=inp.ck, bias=bias, return_dbias=True)
-    ref = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **rkw)[3]
-    low = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **rkw)[3]
-    want = np.uint16 if bias.dtype == BF16 else bias.dtype
-    assert g.dbias.dtype == want
-    db = _bias_to_float(g.dbias, bias.dtype)
-    assert db.shape == bias.shape and not np.isnan(db).any()
-    c = compare("dbias", db, ref, low, dtype=bias.dtype, hdim_q=inp.d, hdim_v=inp.dv)
-    assert c.ok, str(c)
-    if bias.ndim == 4 and bias.shape[0] == inp.batch and bias.shape[2] > 1 and bias.shape[3] > 1:
+    """:func:`conftest.check_group` with the bias (dBias included), plus exact zeros of dBias
+    outside the corners for a [batch, h, ...] bias."""
+    outs = check_group(inp, o, lse, g, dict(kw, bias=bias), dbias=dbias)
+    if dbias and bias.ndim == 4 and bias.shape[0] == inp.batch and bias.shape[2] > 1 and bias.shape[3] > 1:
+        db = outs["dbias"][0]
         lq, lk = np.diff(inp.cq), np.diff(inp.ck)
         for b in range(inp.batch):
             assert np.all(db[b, :, lq[b]:] == 0) and np.all(db[b, :, :, lk[b]:] == 0), f"dbias padding of {b}"
-    outs["dbias"] = (db, ref, low)
     return outs
 
 
@@ -436,14 +257,14 @@ BIAS_CASES = {
 
 
 @pytest.mark.parametrize("case", list(BIAS_CASES))
-def test_varlen_bias_matches_reference(case, nan_like):
+def test_varlen_bias_matches_reference(case):
     dtype, bdt, lq, lk, hq, hk, d, kind, mkw, dbias = BIAS_CASES[case]
-    inp = Packed(dtype, lq, lk, hq, hk, d, d, _seed("bias", case))
-    bias = _bias_host(BIAS_SHAPES[kind](len(lq), hq, max(lq), max(lk)), bdt, _seed("bias values", case))
-    bias_dev = _bias_device(inp, bias)
+    inp = Packed(dtype, lq, lk, hq, hk, d, d, seed_for("bias", case))
+    bias = _bias_host(GROUP_BIAS_SHAPES[kind](len(lq), hq, max(lq), max(lk)), bdt, seed_for("bias values", case))
+    bias_dev = bias_to_device(inp, bias)
     before = {n: x.copy() for n, x in inp.dev.items()}
     bias_before = bias_dev.copy()
-    o, lse, g = _run_bias(inp, nan_like, mkw, bias_dev, dbias)
+    o, lse, g = run(inp, mkw, bias=bias_dev, dbias=dbias)
     _check_bias(inp, o, lse, g, mkw, bias, dbias)
     for n, x in inp.dev.items():  # inputs untouched
         assert bool((x == before[n]).all()), n
@@ -452,20 +273,20 @@ def test_varlen_bias_matches_reference(case, nan_like):
 
 
 @pytest.mark.parametrize("d", [64, 128, 96])
-def test_varlen_bias_padding_is_never_read(d, nan_like):
+def test_varlen_bias_padding_is_never_read(d):
     # NaN and inf outside every sequence's corner (and in the padding rows/columns that larger
     # max lengths add) must not reach any output: results are bit-identical to a clean bias
     lq, lk = LQ, LK
-    inp = Packed(F16, lq, lk, 2, 2, d, d, _seed("pad", d))
+    inp = Packed(F16, lq, lk, 2, 2, d, d, seed_for("pad", d))
     mq, mk = max(lq) + 7, max(lk) + 33
-    clean = _bias_host((len(lq), 2, mq, mk), F32, _seed("pad bias", d))
+    clean = _bias_host((len(lq), 2, mq, mk), F32, seed_for("pad bias", d))
     dirty = clean.copy()
     for b in range(len(lq)):
         dirty[b, :, lq[b]:] = np.nan
         dirty[b, :, :, lk[b]:] = np.inf
     kw = {"mask": "b", "max_seqlen_q": mq, "max_seqlen_k": mk}
-    o1, lse1, g1 = _run_bias(inp, nan_like, kw, cp.asarray(clean))
-    o2, lse2, g2 = _run_bias(inp, nan_like, kw, cp.asarray(dirty))
+    o1, lse1, g1 = run(inp, kw, bias=cp.asarray(clean), dbias=True)
+    o2, lse2, g2 = run(inp, kw, bias=cp.asarray(dirty), dbias=True)
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
     for a, b in zip(g1, g2):
         assert bool((a == b).all())
@@ -474,37 +295,37 @@ def test_varlen_bias_padding_is_never_read(d, nan_like):
 
 
 @pytest.mark.parametrize("dtype, d", [(BF16, 64), (F16, 128), (BF16, 96)])
-def test_varlen_bias_equal_lengths_match_batch_mode(dtype, d, nan_like):
+def test_varlen_bias_equal_lengths_match_batch_mode(dtype, d):
     # equal lengths: group mode with a [b, h, s, s] bias is batch mode, bit for bit (dbias too)
     b, s, h = 3, 130, 2
-    inp = Packed(dtype, [s] * b, [s] * b, h, h, d, d, _seed("bias batch", d))
-    bias = _bias_host((b, h, s, s), F32, _seed("bias batch values", d))
+    inp = Packed(dtype, [s] * b, [s] * b, h, h, d, d, seed_for("bias batch", d))
+    bias = _bias_host((b, h, s, s), F32, seed_for("bias batch values", d))
     kw = {"mask": "b:16,0"}
-    o, lse, g = _run_bias(inp, nan_like, kw, cp.asarray(bias))
+    o, lse, g = run(inp, kw, bias=cp.asarray(bias), dbias=True)
     as_batch = {n: x.reshape(b, s, *x.shape[1:]) for n, x in inp.dev.items()}
     bkw = dict(kw, dtype=inp.dtype_arg, bias=cp.asarray(bias))
-    ob, lseb = _fmha().attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], **bkw)
-    gb = _fmha().attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
-                                    return_dbias=True, **bkw)
+    ob, lseb = cupy_fmha.attention_forward(as_batch["q"], as_batch["k"], as_batch["v"], **bkw)
+    gb = cupy_fmha.attention_backward(as_batch["do"], as_batch["q"], as_batch["k"], as_batch["v"], ob, lseb,
+                                      return_dbias=True, **bkw)
     assert bool((o.reshape(ob.shape) == ob).all()) and bool((lse == lseb).all())
     assert bool((g.dk.reshape(gb.dk.shape) == gb.dk).all()) and bool((g.dv.reshape(gb.dv.shape) == gb.dv).all())
     assert bool((g.dbias == gb.dbias).all())
 
 
 @pytest.mark.parametrize("d", [64, 96])
-def test_varlen_bias_deterministic_dbias(d, nan_like):
+def test_varlen_bias_deterministic_dbias(d):
     # deterministic dQ and dBias (plain stores + one reduction): bit-identical over runs
-    inp = Packed(BF16, LQ2, LK2, 4, 2, d, d, _seed("bias det", d))
-    bias = _bias_host((1, 4, max(LQ2), max(LK2)), F32, _seed("bias det values", d))
+    inp = Packed(BF16, LQ2, LK2, 4, 2, d, d, seed_for("bias det", d))
+    bias = _bias_host((1, 4, max(LQ2), max(LK2)), F32, seed_for("bias det values", d))
     kw = {"mask": "t", "deterministic": True}
     fw = {"mask": "t"}
     bias_dev = cp.asarray(bias)
     cu = dict(layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck),
               dtype=inp.dtype_arg, bias=bias_dev)
     dev = inp.dev
-    o, lse = _fmha().attention_forward(dev["q"], dev["k"], dev["v"], **fw, **cu)
-    runs = [_fmha().attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw, **cu,
-                                       return_dbias=True) for _ in range(4)]
+    o, lse = cupy_fmha.attention_forward(dev["q"], dev["k"], dev["v"], **fw, **cu)
+    runs = [cupy_fmha.attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw, **cu,
+                                         return_dbias=True) for _ in range(4)]
     cp.cuda.get_current_stream().synchronize()
     for g in runs[1:]:
         for a, b in zip(runs[0], g):
@@ -513,15 +334,15 @@ def test_varlen_bias_deterministic_dbias(d, nan_like):
 
 
 def test_varlen_bias_rejected_shapes_on_gpu_arrays():
-    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, _seed("bias bad"))
+    inp = Packed(F16, LQ3, LK3, 2, 2, 64, 64, seed_for("bias bad"))
     q, k, v = inp.dev["q"], inp.dev["k"], inp.dev["v"]
     kw = dict(layout="thd", cu_seqlens_q=cp.asarray(inp.cq), cu_seqlens_k=cp.asarray(inp.ck))
     with pytest.raises(ValueError, match="max_seqlen_k dimension is 34"):  # max lengths 50 x 40
-        _fmha().attention_forward(q, k, v, bias=cp.zeros((3, 2, 50, 34), cp.float32), **kw)
+        cupy_fmha.attention_forward(q, k, v, bias=cp.zeros((3, 2, 50, 34), cp.float32), **kw)
     with pytest.raises(ValueError, match="batch dimension is 2"):
-        _fmha().attention_forward(q, k, v, bias=cp.zeros((2, 2, 50, 40), cp.float32), **kw)
+        cupy_fmha.attention_forward(q, k, v, bias=cp.zeros((2, 2, 50, 40), cp.float32), **kw)
     with pytest.raises(TypeError, match="bias"):
-        _fmha().attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.uint16), **kw)
-    o, lse = _fmha().attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.float16), **kw)
+        cupy_fmha.attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.uint16), **kw)
+    o, lse = cupy_fmha.attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.float16), **kw)
     with pytest.raises(ValueError, match="return_dbias"):
-        _fmha().attention_backward(inp.dev["do"], q, k, v, o, lse, return_dbias=True, **kw)
+        cupy_fmha.attention_backward(inp.dev["do"], q, k, v, o, lse, return_dbias=True, **kw)

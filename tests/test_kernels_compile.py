@@ -1,8 +1,20 @@
 """Offline NVRTC compile of every kernel instance in the default dispatch table, for sm_80 and
 sm_90a, failing on any local-memory spill in ptxas's report. Needs NVRTC (the cuda13 extra), not
-a GPU."""
+a GPU.
+
+One test per (instance, arch). NVRTC holds the GIL for the whole compile, so the compiles run in
+a pool of processes, one per available CPU (the ``compiled`` fixture): when the first of these
+tests runs, every (instance, arch) pair selected in this run is handed to the pool, and each test
+waits for its own report. Under pytest-xdist (which parallelizes already) or on one CPU, each
+test compiles its own instance, as before.
+"""
 
 from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
@@ -33,12 +45,58 @@ def _spill_budget(spec) -> int:
     return 0
 
 
+def _builds_for(spec, arch) -> bool:
+    return not (spec.target == "sm90a" and arch != "sm_90a")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@pytest.fixture(scope="module")
+def compiled(request):
+    """``compiled(spec, arch)`` -> :class:`cupy_fmha.compile.CompileReport` (raising what the
+    compile raised), from a process pool that compiles every pair this run selected, in test order.
+    The worker is :func:`cupy_fmha.compile.offline_compile` itself (importable in a spawned
+    process; the spec travels pickled)."""
+    jobs = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "module", None) is request.module and "spec" in params and "arch" in params:
+            if _builds_for(params["spec"], params["arch"]):
+                jobs.append((params["spec"], params["arch"]))
+    workers = min(_cpus(), len(jobs))
+    if workers < 2 or hasattr(request.config, "workerinput"):  # one CPU, or an xdist worker
+        yield C.offline_compile
+        return
+    # spawn, not fork: the parent may hold a CUDA context (GPU tests ran before) and threads
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {(spec.name, arch): pool.submit(C.offline_compile, spec, arch) for spec, arch in jobs}
+
+    def result(spec, arch):
+        future = futures.get((spec.name, arch))
+        if future is not None:
+            try:
+                return future.result()
+            except BrokenProcessPool:  # a worker died: compile here, where the error shows
+                pass
+        return C.offline_compile(spec, arch)
+
+    try:
+        yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", default_dispatch_table(), ids=lambda s: s.name)
-def test_kernel_compiles_without_spills(spec, arch):
-    if spec.target == "sm90a" and arch != "sm_90a":
+def test_kernel_compiles_without_spills(spec, arch, compiled):
+    if not _builds_for(spec, arch):
         pytest.skip("wgmma kernels build for sm_90a only")
-    rep = C.offline_compile(spec, arch)
+    rep = compiled(spec, arch)
     assert rep.registers > 0, rep.log
     budget = _spill_budget(spec)
     if budget:
