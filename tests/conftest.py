@@ -303,14 +303,10 @@ def run(inp, kw, *, dev=None, before_backward=None, want_keep=False, bias=None, 
 
 def dbias_dtype(inp, bias):
     """The dtype dbias comes back in for ``bias`` (as handed to the API, or its host copy): bf16
-    as uint16 bits when the inputs travel as bits, else the bias's own dtype.
-
-    Note: fp16 inputs count as "bits" here (``bf16_bits`` defaults to True), so a NumPy ml_dtypes
-    bf16 bias under fp16 inputs expects uint16 dbias, as the library gives before issue 9's
-    native bf16; if it then returns native bf16 there, make the condition
-    ``inp.dtype == BF16 and inp.bf16_bits``."""
+    as uint16 bits when bf16 inputs travel as bits (the bias then travels as bits too), else the
+    bias's own dtype (a NumPy bf16 bias under fp16 inputs comes back as native bf16)."""
     dt = np.dtype(bias.dtype)
-    return np.dtype(np.uint16) if dt == BF16 and inp.bf16_bits else dt
+    return np.dtype(np.uint16) if dt == BF16 and inp.dtype == BF16 and inp.bf16_bits else dt
 
 
 def keep_reference(b, hq, sq, sk, p, seed, offset):
