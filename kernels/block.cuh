@@ -139,8 +139,6 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
                           p.dropout.rp_keep);
     s.qg = q + b * p.q.sb + h * p.q.sh;
     s.dog = dout + b * p.dout.sb + h * p.dout.sh;
-    s.kg = k + b * p.k.sb + hk * p.k.sh;
-    s.vg = v + b * p.v.sb + hk * p.v.sh;
     s.hk = hk;
     s.dk = dk;
     s.dv = dv;
@@ -151,6 +149,9 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
     s.seqlen_q = seqlen_q;
     s.seqlen_k = seqlen_k;
     query_block_range(s.win, k0, N, M, seqlen_q, seqlen_k, s.qb_begin, s.qb_end);
+    // K/V last, right before the kernel loads them (computed earlier, hdim 96 spilled on sm80)
+    s.kg = k + b * p.k.sb + hk * p.k.sh;
+    s.vg = v + b * p.v.sb + hk * p.v.sh;
     return true;
 }
 
@@ -162,13 +163,16 @@ __device__ __forceinline__ void bwd_store_ds(const BwdParams& p, const BwdBlock&
 }
 
 // Backward epilogue: dK (times softmax_scale) and dV of this thread's keys (key0 + f.row(e)) into the
-// outputs (input dtype, K/V head h / group) or, for GQA, the fp32 workspaces of query head h.
+// outputs (input dtype, K/V head hk = h / group) or, for GQA, the fp32 workspaces of query head h.
+// The caller passes hk: the sm90 kernel keeps BwdBlock::hk (recomputing it here, with the
+// accumulators live, spilled its dropout instances), the sm80 kernel recomputes it (keeping it
+// live through the mainloop spilled hdim 64 with dropout).
 template <int NDK, int NDV>
-__device__ __forceinline__ void bwd_store_dk_dv(const BwdParams& p, const BwdBlock& s, int b, int h,
+__device__ __forceinline__ void bwd_store_dk_dv(const BwdParams& p, const BwdBlock& s, int b, int h, int hk,
                                                 const float* acc_dk, const float* acc_dv, int key0, const AccFrag& f,
                                                 int dk_col0, int dv_col0) {
     store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, key0, f, s.seqlen_k, p.hdim_q, p.hdim_v, dk_col0, dv_col0,
-                          p.dkdv_fp32, s.dk, s.dv, b, p.dkdv_fp32 ? h : s.hk, p.dk.sb, p.dk.sh, p.dk.ss,
+                          p.dkdv_fp32, s.dk, s.dv, b, p.dkdv_fp32 ? h : hk, p.dk.sb, p.dk.sh, p.dk.ss,
                           p.dv.sb, p.dv.sh, p.dv.ss);
 }
 

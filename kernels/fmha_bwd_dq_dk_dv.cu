@@ -215,6 +215,6 @@ fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)
-    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, &acc_dk[0][0], &acc_dv[0][0], k0 + n0, frag, split * DQ_OUT,
+    bwd_store_dk_dv<NT_DQ, NT_DV>(p, blk, b, h, h / p.group, &acc_dk[0][0], &acc_dv[0][0], k0 + n0, frag, split * DQ_OUT,
                                   split * DV_OUT);
 }

@@ -258,5 +258,5 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
 
     if constexpr (DQ_BULK) bulk_wait<0>();  // sdQ must outlive the bulk reads; the adds complete
     // epilogue: dK *= scale; write dK, dV
-    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
+    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
 }
