@@ -231,7 +231,13 @@ fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
                 for (int r = 0; r < 2; ++r) {
                     const int i = q0 + wi * 16 + frag.row(2 * r);
                     if (i < blk.seqlen_q) {
-                        float* row = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF + frag.col(0, 0);
+                        // without dropout the row base is recomputed from the params (constant
+                        // bank) and the block index: kept live through the loop, blk.dq_g spilled
+                        // the deterministic build at hdim 128; the dropout builds spill less with it
+                        float* row = (DROPOUT ? blk.dq_g
+                                              : p.dq_acc + blockIdx.x * p.dq_split_stride +
+                                                    ((index_t)blockIdx.z * gridDim.y + blockIdx.y) * blk.pitch_q * p.hdim_q) +
+                                     (index_t)i * p.hdim_q + wg * DQ_HALF + frag.col(0, 0);
                         const int ncol = p.hdim_q - wg * DQ_HALF - frag.col(0, 0);
                         if (p.dq_split_stride) {  // deterministic: this CTA's slab, plain stores
 #pragma unroll
