@@ -169,8 +169,10 @@ class _Tensors:
         """A device result (in ``dtype``, default the inputs') as float64 NumPy; bf16 results
         are read as uint16 bits when ``bf16_bits`` (anything else raises)."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
-        if dtype == BF16 and self.bf16_bits:
+        if dtype == BF16 and self.bf16_bits and x.dtype == np.uint16:
             return bf16_bits_to_float(x).astype(np.float64)
+        if dtype == BF16 and x.dtype != BF16:  # bits where native bf16 was expected
+            raise TypeError(f"expected a bfloat16 result, got dtype {x.dtype}")
         return cp.asnumpy(x).astype(np.float64)
 
 
