@@ -215,7 +215,8 @@ def _launch(cp, spec, launch, params):
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
         fn.max_dynamic_shared_size_bytes = launch.smem
-    fn(launch.grid, launch.block, (params,), shared_mem=launch.smem)
+    args = P.flat_args(params) if spec.source in P.FLAT_ABI else (params,)
+    fn(launch.grid, launch.block, args, shared_mem=launch.smem)
 
 
 # --------------------------------------------------------------------------- feature groups

@@ -15,7 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["TENSOR", "SEQ", "MASK", "ALIBI", "BIAS", "DROPOUT", "FWD", "DOT_DO_O", "BWD", "CONVERT",
-           "DROPOUT_MASK", "STRUCTS", "layout_asserts", "pack"]
+           "DROPOUT_MASK", "STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "flat_names", "flat_args", "unflatten"]
+
+import struct as _structmod
 
 _P = np.uint64   # a device pointer
 _I64 = np.int64  # index_t
@@ -75,3 +77,52 @@ def pack(dtype: np.dtype, values: tuple) -> np.ndarray:
     """A one-element array of ``dtype`` from nested tuples in field order (the fastest way NumPy
     builds a structured value: one call, no per-field assignment)."""
     return np.array([values], dtype=dtype)
+
+
+#: kernels that take their struct flattened into separate arguments (``FMHA_BWD_PARAMS_ARGS`` in
+#: kernels/params.cuh: by value, the struct made fmha_bwd_dq_dk_dv_sm90 10% slower on the H200)
+FLAT_ABI = frozenset({"fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90"})
+
+_CODES = {np.dtype(np.uint64): "Q", np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.uint32): "I",
+          np.dtype(np.float32): "f"}
+
+
+def _leaves(dt: np.dtype, prefix: str = ""):
+    """(name, dtype) of every scalar field of ``dt`` in memory order, groups joined by '_'."""
+    for name in dt.names:
+        sub = dt.fields[name][0]
+        if sub.names:
+            yield from _leaves(sub, f"{prefix}{name}_")
+        else:
+            yield prefix + name, sub
+
+
+def flat_names(dt: np.dtype) -> list[str]:
+    """The flattened argument names of a struct (as ``FMHA_BWD_PARAMS_ARGS`` declares them)."""
+    return [n for n, _ in _leaves(dt)]
+
+
+_FLAT: dict = {}
+
+
+def _flat_layout(dt: np.dtype):
+    got = _FLAT.get(dt)
+    if got is None:
+        leaves = list(_leaves(dt))
+        fmt = _structmod.Struct("<" + "".join(_CODES[t] for _, t in leaves))
+        assert fmt.size == dt.itemsize, "a struct with implicit padding cannot be flattened"
+        got = _FLAT[dt] = (fmt, tuple(t.type for _, t in leaves))
+    return got
+
+
+def flat_args(params: np.ndarray) -> tuple:
+    """A one-element params array as the tuple of typed NumPy scalars of its fields, in order (the
+    kernel arguments of a FLAT_ABI kernel)."""
+    fmt, types = _flat_layout(params.dtype)
+    return tuple(t(v) for t, v in zip(types, fmt.unpack(params.tobytes())))
+
+
+def unflatten(dt: np.dtype, args) -> np.ndarray:
+    """The inverse of :func:`flat_args` (for tests)."""
+    fmt, _ = _flat_layout(dt)
+    return np.frombuffer(fmt.pack(*(a.item() if hasattr(a, "item") else a for a in args)), dtype=dt).copy()

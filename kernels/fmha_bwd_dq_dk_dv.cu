@@ -65,7 +65,8 @@ struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0>
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv: shared-memory layout and spec.py's SMEM_BYTES disagree");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-fmha_bwd_dq_dk_dv(const __grid_constant__ BwdParams p) {
+fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
+    const BwdParams p = FMHA_BWD_PARAMS_STRUCT;  // flattened ABI: see params.cuh
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
     constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows

@@ -70,7 +70,8 @@ __device__ __forceinline__ float* dq_stage_smem(S& s) {
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-fmha_bwd_dq_dk_dv_sm90(const __grid_constant__ BwdParams p) {
+fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
+    const BwdParams p = FMHA_BWD_PARAMS_STRUCT;  // flattened ABI: see params.cuh
     constexpr int NQ = BLOCK_M / 8;               // n8 tiles of S^T / dP^T (query rows)
     constexpr int NDQ = HDIM_Q / 8, NDV = HDIM_V / 8;
     constexpr int DQ_HALF = HDIM_Q / 2;           // GEMM4 columns per warpgroup

@@ -117,3 +117,69 @@ struct DropoutMaskParams {
 };
 
 }  // namespace fmha
+
+// The backward's main kernels take BwdParams flattened into separate arguments (the fields in
+// order, group names joined by '_') and rebuild the struct locally. Measured on the H200 (bench/
+// NOTES.md, issue 9): taking the struct itself by value made fmha_bwd_dq_dk_dv_sm90 10% slower
+// (9.72 against 8.79 ms, fp16 hdim 128 seqlen 8192), with or without __grid_constant__; with
+// the same fields as separate kernel parameters it runs as before. cupy_fmha/params.py flattens
+// the NumPy mirror the same way (flat_args); tests/test_params_layout.py checks the two lists.
+#define FMHA_BWD_PARAMS_ARGS \
+    void* q_ptr,\
+    index_t q_sb,\
+    index_t q_sh,\
+    index_t q_ss,\
+    void* k_ptr,\
+    index_t k_sb,\
+    index_t k_sh,\
+    index_t k_ss,\
+    void* v_ptr,\
+    index_t v_sb,\
+    index_t v_sh,\
+    index_t v_ss,\
+    void* dout_ptr,\
+    index_t dout_sb,\
+    index_t dout_sh,\
+    index_t dout_ss,\
+    void* dk_ptr,\
+    index_t dk_sb,\
+    index_t dk_sh,\
+    index_t dk_ss,\
+    void* dv_ptr,\
+    index_t dv_sb,\
+    index_t dv_sh,\
+    index_t dv_ss,\
+    const float* lse,\
+    const float* delta,\
+    float* dq_acc,\
+    float* dbias_acc,\
+    index_t dq_split_stride,\
+    const int* seq_cu_seqlens_q,\
+    const int* seq_cu_seqlens_k,\
+    int seq_seqlen_q,\
+    int seq_seqlen_k,\
+    int hdim_q,\
+    int hdim_v,\
+    int group,\
+    int dkdv_fp32,\
+    float scale_log2,\
+    float scale,\
+    int mask_win_y,\
+    int mask_win_x,\
+    int mask_bottom_right,\
+    int mask_pad_,\
+    const float* alibi_slopes,\
+    index_t alibi_sb,\
+    const void* bias_ptr,\
+    index_t bias_sb,\
+    index_t bias_sh,\
+    index_t bias_sq,\
+    index_t bias_sk,\
+    int bias_kind,\
+    int bias_pad_,\
+    unsigned long long dropout_seed,\
+    unsigned long long dropout_offset,\
+    unsigned int dropout_keep_threshold,\
+    float dropout_rp_keep
+#define FMHA_BWD_PARAMS_STRUCT \
+    BwdParams{TensorArg{q_ptr, q_sb, q_sh, q_ss}, TensorArg{k_ptr, k_sb, k_sh, k_ss}, TensorArg{v_ptr, v_sb, v_sh, v_ss}, TensorArg{dout_ptr, dout_sb, dout_sh, dout_ss}, TensorArg{dk_ptr, dk_sb, dk_sh, dk_ss}, TensorArg{dv_ptr, dv_sb, dv_sh, dv_ss}, lse, delta, dq_acc, dbias_acc, dq_split_stride, SeqArg{seq_cu_seqlens_q, seq_cu_seqlens_k, seq_seqlen_q, seq_seqlen_k}, hdim_q, hdim_v, group, dkdv_fp32, scale_log2, scale, MaskArg{mask_win_y, mask_win_x, mask_bottom_right, mask_pad_}, AlibiArg{alibi_slopes, alibi_sb}, BiasArg{bias_ptr, bias_sb, bias_sh, bias_sq, bias_sk, bias_kind, bias_pad_}, DropoutArg{dropout_seed, dropout_offset, dropout_keep_threshold, dropout_rp_keep}}

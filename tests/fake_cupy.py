@@ -9,6 +9,8 @@ import types
 
 import numpy as np
 
+from cupy_fmha import params as P
+
 __all__ = ["FakeArray", "OtherDeviceArray", "fake_cupy", "Recorder", "decode_params"]
 
 
@@ -100,6 +102,8 @@ class Recorder:
             max_dynamic_shared_size_bytes = 1 << 20
 
             def __call__(self, grid, block, args, shared_mem=0):
+                if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments
+                    args = (P.unflatten(P.BWD, args),)
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
                 launch = dict(spec=spec, grid=grid, args=decode_params(args[0]))
                 rec.launches.append(launch)

@@ -58,3 +58,18 @@ def test_pack_round_trip():
     one = P.pack(P.DROPOUT_MASK, (0xDEAD, 3, 5, (7, 11, 40000, 1.25)))
     assert one.shape == (1,) and one.dtype == P.DROPOUT_MASK
     assert one[0]["dropout"]["offset"] == 11 and one[0]["seqlen_k"] == 5
+
+
+def test_flattened_backward_abi_matches_the_struct():
+    # FMHA_BWD_PARAMS_ARGS declares BwdParams' fields in order; flat_args passes them so
+    import re
+
+    text = (kernel_dir() / "params.cuh").read_text()
+    body = text[text.index("#define FMHA_BWD_PARAMS_ARGS"):text.index("#define FMHA_BWD_PARAMS_STRUCT")]
+    names = [m.group(1) for m in re.finditer(r"(\w+)\s*(?:,|$)", body.replace("\\", " ").split("ARGS", 1)[1])]
+    assert names == P.flat_names(P.BWD)
+    one = P.pack(P.BWD, tuple(np.zeros(1, P.BWD)[0].tolist()))
+    one["hdim_q"], one["dropout"]["seed"], one["mask"]["win_x"] = 96, 2**63 + 5, -7
+    args = P.flat_args(one)
+    assert len(args) == len(P.flat_names(P.BWD))
+    assert np.array_equal(P.unflatten(P.BWD, args), one)
