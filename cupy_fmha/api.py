@@ -209,14 +209,15 @@ def _workspace_tensor(a, group_mode: bool) -> tuple[int, int, int, int]:
     return (_ptr(a), 0 if group_mode else h * rows * d, rows * d, d)
 
 
-def _launch(cp, spec, launch, params):
+def _launch(cp, spec, launch, struct, values):
+    """Launch ``spec`` with its params struct (dtype ``struct``, ``values`` nested tuples in field
+    order): by value, or flattened for the kernels of ``params.FLAT_ABI``."""
     if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
         return
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
         fn.max_dynamic_shared_size_bytes = launch.smem
-    args = P.flat_args(params) if spec.source in P.FLAT_ABI else (params,)
-    fn(launch.grid, launch.block, args, shared_mem=launch.smem)
+    fn(launch.grid, launch.block, P.kernel_args(struct, values, spec.source in P.FLAT_ABI), shared_mem=launch.smem)
 
 
 # --------------------------------------------------------------------------- feature groups
@@ -267,7 +268,7 @@ def _dropout_mask(cp, plan, nhead_q):
     keep = cp.empty((plan.batch, nhead_q, plan.rows_q, plan.rows_k), dtype=cp.bool_)
     if keep.size:
         _launch(cp, dropout_mask_spec(), L.dropout_mask_launch(plan.batch, nhead_q, plan.rows_q, plan.rows_k),
-                P.pack(P.DROPOUT_MASK, (_ptr(keep), plan.rows_q, plan.rows_k, _dropout(plan))))
+                P.DROPOUT_MASK, (_ptr(keep), plan.rows_q, plan.rows_k, _dropout(plan)))
     return keep
 
 
@@ -384,11 +385,11 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
     p = plan.problem
-    params = P.pack(P.FWD, (
+    params = (P.FWD, (
         _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout), _ptr(lse),
         _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
         alibi, bias_arg, _dropout(plan)))
-    _launch(cp, plan.spec, plan.launch, params)
+    _launch(cp, plan.spec, plan.launch, *params)
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
         return o, lse, _dropout_mask(cp, plan, p.nhead_q)
     return o, lse
@@ -479,9 +480,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     # before convert_dq reads them
     dq_acc = cp.empty(plan.dq_ws.shape, dtype=cp.float32)
     delta = cp.empty(plan.lse_shape, dtype=cp.float32)
-    _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.pack(P.DOT_DO_O, (
+    _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.DOT_DO_O, (
         _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.deterministic else _ptr(dq_acc), seq,
-        p.hdim_q, p.hdim_v)))
+        p.hdim_q, p.hdim_v))
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
     # sequence's corner) are never written
@@ -491,21 +492,21 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         dk_arg, dv_arg = _workspace_tensor(dk_buf, gm), _workspace_tensor(dv_buf, gm)
     else:
         dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
-    _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.pack(P.BWD, (
+    _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout), dk_arg, dv_arg,
         _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
-        mask, alibi, bias_arg, _dropout(plan))))
+        mask, alibi, bias_arg, _dropout(plan)))
 
     conv_dq = specs.convert_dq_split if plan.deterministic else specs.convert_dq
-    _launch(cp, conv_dq, launches["convert_dq"], P.pack(P.CONVERT, (
+    _launch(cp, conv_dq, launches["convert_dq"], P.CONVERT, (
         _ptr(dq_acc), _tensor(dq, layout), plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
-        plan.block_n, plan.block_m, 0, p.softmax_scale, 0.0, mask)))
+        plan.block_n, plan.block_m, 0, p.softmax_scale, 0.0, mask))
     if plan.dkdv_ws:
         rows = (0, 0, plan.kv_rows, 0)  # the GQA sums: kv_batch x nhead_k x kv_rows rows, no slabs
         for acc, res, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
-            _launch(cp, specs.convert_dq, launches["convert_dkdv"], P.pack(P.CONVERT, (
-                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, 0, 1.0, 0.0, (0, 0, 0, 0))))
+            _launch(cp, specs.convert_dq, launches["convert_dkdv"], P.CONVERT, (
+                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, 0, 1.0, 0.0, (0, 0, 0, 0)))
     if plan.want_dbias:
         return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
     return AttentionGrads(dq, dk, dv)

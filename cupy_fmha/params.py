@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["TENSOR", "SEQ", "MASK", "ALIBI", "BIAS", "DROPOUT", "FWD", "DOT_DO_O", "BWD", "CONVERT",
-           "DROPOUT_MASK", "STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "flat_names", "flat_args", "unflatten"]
+           "DROPOUT_MASK", "STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "flat_names", "flat_args", "unflatten"]
 
 import struct as _structmod
 
@@ -120,6 +120,24 @@ def flat_args(params: np.ndarray) -> tuple:
     kernel arguments of a FLAT_ABI kernel)."""
     fmt, types = _flat_layout(params.dtype)
     return tuple(t(v) for t, v in zip(types, fmt.unpack(params.tobytes())))
+
+
+def _walk(values):
+    for x in values:
+        if isinstance(x, tuple):
+            yield from _walk(x)
+        else:
+            yield x
+
+
+def kernel_args(dtype: np.dtype, values: tuple, flat: bool) -> tuple:
+    """The kernel arguments for a struct given as nested tuples in field order: the one-element
+    structured array (:func:`pack`), or with ``flat`` its fields as typed NumPy scalars (a
+    FLAT_ABI kernel; the same values :func:`flat_args` would give, without building the array)."""
+    if not flat:
+        return (np.array([values], dtype=dtype),)
+    _, types = _flat_layout(dtype)
+    return tuple(t(v) for t, v in zip(types, _walk(values)))
 
 
 def unflatten(dt: np.dtype, args) -> np.ndarray:
