@@ -382,6 +382,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
     o, lse = _outputs(cp, out, ("o", "lse"), (plan.o_shape, plan.lse_shape), (q.dtype, np.float32))
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
+    # slopes / bias_dev: the device copies the params point at, held until the launch is queued
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
     p = plan.problem

@@ -12,12 +12,13 @@ Pure NumPy: no CuPy, so it works (and is tested) without a GPU.
 
 from __future__ import annotations
 
+import struct as _structmod
+
 import numpy as np
 
 __all__ = ["TENSOR", "SEQ", "MASK", "ALIBI", "BIAS", "DROPOUT", "FWD", "DOT_DO_O", "BWD", "CONVERT",
            "DROPOUT_MASK", "STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "flat_names", "flat_args", "unflatten"]
 
-import struct as _structmod
 
 _P = np.uint64   # a device pointer
 _I64 = np.int64  # index_t
@@ -135,7 +136,7 @@ def kernel_args(dtype: np.dtype, values: tuple, flat: bool) -> tuple:
     structured array (:func:`pack`), or with ``flat`` its fields as typed NumPy scalars (a
     FLAT_ABI kernel; the same values :func:`flat_args` would give, without building the array)."""
     if not flat:
-        return (np.array([values], dtype=dtype),)
+        return (pack(dtype, values),)
     _, types = _flat_layout(dtype)
     return tuple(t(v) for t, v in zip(types, _walk(values)))
 
