@@ -7,7 +7,9 @@ stale binary behind. Compiled functions are also memoized per (spec, device) in 
 
 Without a GPU, :func:`offline_compile` drives NVRTC directly (``cupy.cuda.nvrtc``) to build a
 cubin for a named architecture and returns ptxas's resource report (registers, spills, shared
-memory), which CI uses to reject any kernel that spills to local memory.
+memory), which CI uses to reject any kernel that spills to local memory; where ``nvdisasm`` is
+installed (the ``nvidia-cuda-nvdisasm`` wheel, in the test extra), also the number of generic
+loads and stores in the machine code (:attr:`CompileReport.generic_accesses`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
+import struct
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,6 +30,7 @@ from .spec import KernelSpec
 __all__ = [
     "kernel_dir",
     "load_source",
+    "expand_includes",
     "nvrtc_options",
     "get_function",
     "cache_dir",
@@ -50,18 +57,24 @@ def load_source(stem: str) -> str:
     """Source of ``kernels/<stem>.cu`` with local includes expanded (each header once), so the text
     is self-contained. An include names a path relative to the including file's folder
     (``arch/arch.cuh`` from ``kernels/``, ``../../common.cuh`` from ``kernels/arch/sm80/``)."""
-    kdir = kernel_dir().resolve()
+    return _expand(kernel_dir().resolve() / f"{stem}.cu", set())
+
+
+def expand_includes(text: str) -> str:
+    """``text`` (a kernel source outside ``kernels/``, e.g. a test's probe kernel) with its local
+    includes expanded as :func:`load_source` does, each resolved against ``kernels/``."""
     done: set[Path] = set()
+    base = kernel_dir().resolve()
+    return _INCLUDE.sub(lambda m: _expand(base / m.group(1), done), text)
 
-    def expand(path: Path) -> str:
-        path = path.resolve()
-        if path in done:
-            return ""
-        done.add(path)
-        text = path.read_text().replace("#pragma once", "")
-        return _INCLUDE.sub(lambda m: expand(path.parent / m.group(1)), text)
 
-    return expand(kdir / f"{stem}.cu")
+def _expand(path: Path, done: set) -> str:
+    path = path.resolve()
+    if path in done:
+        return ""
+    done.add(path)
+    text = path.read_text().replace("#pragma once", "")
+    return _INCLUDE.sub(lambda m: _expand(path.parent / m.group(1), done), text)
 
 
 def nvrtc_options(spec: KernelSpec, arch: str | None = None) -> tuple[str, ...]:
@@ -126,6 +139,9 @@ class CompileReport:
     stack_frame: int
     shared_static: int
     log: str
+    #: generic (address-space-less) LD/ST instructions in the SASS; None without nvdisasm. Shared
+    #: or global accesses the compiler could not place become these (bench/NOTES.md step 19).
+    generic_accesses: int | None = None
 
     @property
     def spills(self) -> bool:
@@ -143,6 +159,50 @@ def _nvrtc_include_dirs() -> list[str]:
     except Exception:  # noqa: BLE001
         pass
     return [f"-I{d}" for d in dirs if os.path.isdir(d)]
+
+
+@functools.lru_cache(maxsize=None)
+def nvdisasm_path() -> str | None:
+    """``nvdisasm`` on PATH, or from the ``nvidia-cuda-nvdisasm`` wheel; None if neither."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cu12", "cuda_nvdisasm"):
+            cand = Path(root) / sub / "bin" / "nvdisasm"
+            if cand.is_file():
+                return str(cand)
+    return None
+
+
+def _whole_elf(cubin: bytes) -> bytes:
+    """``cubin`` padded with zero bytes to the length its ELF header declares (CuPy's getCUBIN
+    can drop a trailing zero byte, which nvdisasm then rejects as truncated)."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF":
+        return cubin
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    need = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    return cubin + b"\0" * max(0, need - len(cubin))
+
+
+_GENERIC = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(?:LD|ST)(?:\.[A-Z0-9.]+)?\s", re.M)
+
+
+def generic_accesses(cubin: bytes) -> int | None:
+    """Generic LD/ST instructions in ``cubin`` (nvdisasm's SASS), or None without nvdisasm."""
+    tool = nvdisasm_path()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(_whole_elf(cubin))
+        f.flush()
+        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return len(_GENERIC.findall(sass))
 
 
 def offline_compile(spec: KernelSpec, arch: str = "sm_90a") -> CompileReport:
@@ -164,6 +224,7 @@ def offline_compile(spec: KernelSpec, arch: str = "sm_90a") -> CompileReport:
                 f"NVRTC failed for {spec.name} ({arch}): {exc}\n{nvrtc.getProgramLog(prog)}"
             ) from exc
         log = nvrtc.getProgramLog(prog)
+        generic = generic_accesses(nvrtc.getCUBIN(prog)) if nvdisasm_path() else None
     finally:
         nvrtc.destroyProgram(prog)
 
@@ -180,4 +241,5 @@ def offline_compile(spec: KernelSpec, arch: str = "sm_90a") -> CompileReport:
         stack_frame=num(r"(\d+) bytes stack frame"),
         shared_static=num(r"(\d+) bytes smem"),
         log=log,
+        generic_accesses=generic,
     )

@@ -73,16 +73,14 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
     return og;
 }
 
-// The dropout keep bits of the backward kernels' shared-memory layouts (fill_keep_bits): a base of
-// the layout struct, empty (no bytes) when N == 0.
+// Optional parts at the end of a kernel's shared-memory layout (the dropout keep bits of the
+// backward kernels, the sm90 backward's dQ staging block): bases of the layout struct, empty (no
+// bytes) when unused, so sizeof(layout) is what the launcher passes. Kernels address them by
+// constant offsets from their extern __shared__ array (smem_raw + sizeof(the tiles) + ...), not
+// as members: reached through a base-class subobject the compiler lost the shared address space
+// and issued generic loads and stores (LD/ST.E instead of LDS/STS; bench/NOTES.md step 19).
 template <int N> struct KeepBitsSmem { unsigned char keep[N]; };
 template <> struct KeepBitsSmem<0> {};
-// Their address (where the layout has none, the address they would have).
-template <class S>
-__device__ __forceinline__ unsigned char* keep_bits_smem(S& s) {
-    if constexpr (DROPOUT) return s.keep;
-    else return reinterpret_cast<unsigned char*>(&s) + sizeof(S);
-}
 
 // Backward (dq_dk_dv): the CTA of keys [k0, k0 + N) (key block kb) of query head h of sequence b
 // (query blocks of M rows).

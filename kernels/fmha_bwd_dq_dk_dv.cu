@@ -61,8 +61,10 @@ struct SmemTiles {
     float lse[2][BLOCK_M];
     float d[2][BLOCK_M];
 };
-struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0> {};
+constexpr int KEEP_SMEM = DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0;  // bytes
+struct Smem : SmemTiles, KeepBitsSmem<KEEP_SMEM> {};
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(Smem) == sizeof(SmemTiles) + KEEP_SMEM, "fmha_bwd_dq_dk_dv: the keep bits must follow the tiles");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
@@ -87,7 +89,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
     uint16_t* sdS = sm.ds;
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
-    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
+    unsigned char* sKeep = smem_raw + sizeof(SmemTiles);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT; block.cuh)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
 
     const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);

@@ -56,18 +56,17 @@ struct SmemTiles {
     float lse[2][BLOCK_M];
     float d[2][BLOCK_M];
 };
-struct Smem : SmemTiles, KeepBitsSmem<DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0>,
-              DqStageSmem<DQ_BULK ? BLOCK_M * DQ_PITCH : 0> {};
+constexpr int KEEP_SMEM = DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0;  // bytes
+constexpr int DQ_STAGE = DQ_BULK ? BLOCK_M * DQ_PITCH : 0;            // floats
+struct Smem : SmemTiles, KeepBitsSmem<KEEP_SMEM>, DqStageSmem<DQ_STAGE> {};
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// the optional parts follow the tiles in order (block.cuh: addressed by these offsets)
+constexpr int KEEP_OFFSET = sizeof(SmemTiles), DQ_STAGE_OFFSET = KEEP_OFFSET + KEEP_SMEM;
+static_assert(sizeof(Smem) == DQ_STAGE_OFFSET + 4 * DQ_STAGE && DQ_STAGE_OFFSET % 16 == 0,
+              "fmha_bwd_dq_dk_dv_sm90: keep bits and dQ staging must follow the tiles, 16-byte aligned");
 // DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt (recomputed
 // where used: kept live across the loop, this pushed hdim 128 past 255 registers)
 __device__ __forceinline__ bool dq_issuer() { return DQ_BULK && (threadIdx.x & 127) < BLOCK_M; }
-// The staging block's address (where the layout has none, the address it would have).
-template <class S>
-__device__ __forceinline__ float* dq_stage_smem(S& s) {
-    if constexpr (DQ_BULK != 0) return s.dq;
-    else return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&s) + sizeof(S));
-}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
@@ -85,9 +84,9 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
     uint16_t* sdS = sm.ds;  // dS^T, [BLOCK_N][BLOCK_M] blocked
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
-    unsigned char* sKeep = keep_bits_smem(sm);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
+    unsigned char* sKeep = smem_raw + KEEP_OFFSET;  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
-    float* sdQ = dq_stage_smem(sm);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
+    float* sdQ = reinterpret_cast<float*>(smem_raw + DQ_STAGE_OFFSET);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
 
     const int tid = threadIdx.x, warp = warp_of(tid);
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it (16 keys each)
