@@ -122,14 +122,6 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();
-        if (qb + 1 < blk.qb_end) {
-            const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
-            load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * HDIM_Q, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
-            load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * HDIM_V, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, blk.lse_g, r0, blk.seqlen_q, tid);
-            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, blk.d_g, r0, blk.seqlen_q, tid);
-        }
-        cp_async_commit();
         const uint16_t* sQb = sQ + buf * BLOCK_M * HDIM_Q;
         const uint16_t* sdOb = sdO + buf * BLOCK_M * HDIM_V;
         const float* sLseb = sLse + buf * BLOCK_M;
@@ -145,6 +137,17 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_kmajor<HDIM_V>(sV, key_row0, kk * 16), desc_kmajor<HDIM_V>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
+        // the next block's loads while GEMM0 and GEMM2 run (issued before them, the loads held the
+        // tensor cores back: 1.5% at hdim 128, bench/NOTES.md step 19). Buffer nb's last readers,
+        // the previous block's GEMM1 and GEMM3, completed before that block's GEMM4 wait.
+        if (qb + 1 < blk.qb_end) {
+            const int r0 = q0 + BLOCK_M, nb = buf ^ 1;
+            load_blocked_async<BLOCK_M, HDIM_Q, NTHREADS>(sQ + nb * BLOCK_M * HDIM_Q, blk.qg, p.q.ss, r0, blk.seqlen_q, p.hdim_q, tid);
+            load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO + nb * BLOCK_M * HDIM_V, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sLse + nb * BLOCK_M, blk.lse_g, r0, blk.seqlen_q, tid);
+            load_vec_async<BLOCK_M, NTHREADS>(sD + nb * BLOCK_M, blk.d_g, r0, blk.seqlen_q, tid);
+        }
+        cp_async_commit();
         wgmma_wait0();
         fence_operand<NQ * 4>(s);
         fence_operand<NQ * 4>(dp);
