@@ -12,12 +12,13 @@ Pure NumPy: no CuPy, so it works (and is tested) without a GPU.
 
 from __future__ import annotations
 
+import functools
 import struct as _structmod
 
 import numpy as np
 
 __all__ = ["TENSOR", "SEQ", "MASK", "ALIBI", "BIAS", "DROPOUT", "FWD", "DOT_DO_O", "BWD", "CONVERT",
-           "DROPOUT_MASK", "STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "flat_names", "flat_args", "unflatten"]
+           "DROPOUT_MASK", "STRUCTS", "KERNEL_STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "flat_names", "flat_args", "unflatten"]
 
 
 _P = np.uint64   # a device pointer
@@ -75,10 +76,16 @@ def layout_asserts(structs: dict[str, np.dtype] | None = None) -> str:
 
 
 def pack(dtype: np.dtype, values: tuple) -> np.ndarray:
-    """A one-element array of ``dtype`` from nested tuples in field order (the fastest way NumPy
-    builds a structured value: one call, no per-field assignment)."""
-    return np.array([values], dtype=dtype)
+    """A one-element array of ``dtype`` from nested tuples in field order: the flattened values
+    packed by :mod:`struct` (whose format is the struct's scalar fields in order, padding fields
+    included) and viewed as ``dtype``; half the host time of ``np.array([values], dtype)``."""
+    fmt, _ = _flat_layout(dtype)
+    return np.frombuffer(bytearray(fmt.pack(*_flatten(values))), dtype=dtype)
 
+
+#: the params struct of each kernel source (its entry function's one parameter, or FLAT_ABI)
+KERNEL_STRUCTS = {"fmha_fwd": FWD, "fmha_fwd_sm90": FWD, "fmha_bwd_dot_do_o": DOT_DO_O, "fmha_bwd_dq_dk_dv": BWD,
+                  "fmha_bwd_dq_dk_dv_sm90": BWD, "fmha_bwd_convert_dq": CONVERT, "fmha_dropout_mask": DROPOUT_MASK}
 
 #: kernels that take their struct flattened into separate arguments (``FMHA_BWD_PARAMS_ARGS`` in
 #: kernels/params.cuh: by value, the struct made fmha_bwd_dq_dk_dv_sm90 10% slower on the H200)
@@ -123,22 +130,39 @@ def flat_args(params: np.ndarray) -> tuple:
     return tuple(t(v) for t, v in zip(types, fmt.unpack(params.tobytes())))
 
 
-def _walk(values):
+@functools.lru_cache(maxsize=None)
+def _void(nbytes: int) -> np.dtype:
+    return np.dtype((np.void, nbytes))
+
+
+def _flatten(values: tuple) -> list:
+    """The scalars of nested tuples in order (a loop, not a recursive generator: this runs for
+    every launch; the groups of today's structs are one level deep)."""
+    out = []
     for x in values:
-        if isinstance(x, tuple):
-            yield from _walk(x)
+        if x.__class__ is tuple:
+            for y in x:
+                if y.__class__ is tuple:
+                    out.extend(_flatten(y))
+                else:
+                    out.append(y)
         else:
-            yield x
+            out.append(x)
+    return out
 
 
 def kernel_args(dtype: np.dtype, values: tuple, flat: bool) -> tuple:
-    """The kernel arguments for a struct given as nested tuples in field order: the one-element
-    structured array (:func:`pack`), or with ``flat`` its fields as typed NumPy scalars (a
-    FLAT_ABI kernel; the same values :func:`flat_args` would give, without building the array)."""
+    """The kernel arguments for a struct given as nested tuples in field order: the struct's bytes
+    as a one-element array of an unstructured ``void`` dtype of the struct's size (:func:`pack`
+    viewed so; CuPy copies the bytes into the by-value parameter), or with ``flat`` its fields as
+    typed NumPy scalars (a FLAT_ABI kernel; the same values :func:`flat_args` would give, without
+    building the array). Not the structured array itself: for that CuPy reads NumPy's
+    ``__array_interface__``, whose field description NumPy rebuilds recursively on every call
+    (about 40 us of host time per launch on the H200's host; bench/NOTES.md step 19)."""
     if not flat:
-        return (pack(dtype, values),)
+        return (pack(dtype, values).view(_void(dtype.itemsize)),)
     _, types = _flat_layout(dtype)
-    return tuple(t(v) for t, v in zip(types, _walk(values)))
+    return tuple([t(v) for t, v in zip(types, _flatten(values))])
 
 
 def unflatten(dt: np.dtype, args) -> np.ndarray:

@@ -129,8 +129,9 @@ def _checked(fn, arrays, kw):
     if kw.get("layout") == "thd":
         return fn(*arrays, **kw)
     try:
-        key = (fn.__name__, tuple(_array_key(a) for a in arrays),
-               tuple(sorted((k, _typed(v)) for k, v in kw.items())))
+        # in the caller's keyword order (the API passes a fixed order; another order only misses)
+        key = (fn.__name__, tuple([_array_key(a) for a in arrays]),
+               tuple([(k, _typed(v)) if v.__class__ in (list, tuple) else (k, v.__class__, v) for k, v in kw.items()]))
         hash(key)
     except (AttributeError, TypeError):
         return fn(*arrays, **kw)

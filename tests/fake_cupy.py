@@ -102,9 +102,13 @@ class Recorder:
             max_dynamic_shared_size_bytes = 1 << 20
 
             def __call__(self, grid, block, args, shared_mem=0):
+                struct = P.KERNEL_STRUCTS[spec.source]
                 if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments
-                    args = (P.unflatten(P.BWD, args),)
+                    args = (P.unflatten(struct, args),)
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
+                # its bytes, as an unstructured void array of the struct's size
+                assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)
+                args = (args[0].view(struct),)
                 launch = dict(spec=spec, grid=grid, args=decode_params(args[0]))
                 rec.launches.append(launch)
                 if rec.hook is not None:

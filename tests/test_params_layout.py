@@ -79,7 +79,10 @@ def test_kernel_args_flat_equals_the_struct_flattened():
     values = ((1, 2, 3, 4),) * 6 + (5, 6, 7, 8, -9, (10, 11, 12, 13), 64, 72, 2, 1, 0.125, 0.5, (-3, 7, 1, 0),
                                     (14, 4), (15, 16, 17, 18, 19, 3, 0), (2**64 - 1, 20, 40000, 1.25))
     struct_one = P.kernel_args(P.BWD, values, flat=False)
-    assert len(struct_one) == 1 and struct_one[0].dtype == P.BWD
+    assert len(struct_one) == 1 and struct_one[0].dtype == np.dtype((np.void, P.BWD.itemsize))
+    assert struct_one[0].dtype.names is None  # unstructured: CuPy copies the bytes (see kernel_args)
+    struct_one = (struct_one[0].view(P.BWD),)
+    assert struct_one[0] == P.pack(P.BWD, values)
     flat = P.kernel_args(P.BWD, values, flat=True)
     assert [type(a) for a in flat] == [type(a) for a in P.flat_args(struct_one[0])]
     assert [a.item() for a in flat] == [a.item() for a in P.flat_args(struct_one[0])]
