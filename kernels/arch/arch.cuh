@@ -6,7 +6,8 @@
 //   sm80/  mma.sync, ldmatrix, cp.async, conversions, the m16n8 fragment layout (AccFrag) and the
 //          ldmatrix-based tile loaders: sm_80 and newer (also the base of the Hopper kernels)
 //   sm90/  wgmma (descriptors, fences), the blocked tile layout wgmma reads, bulk copies and named
-//          barriers: only when compiling for sm_90a
+//          barriers, TMA tensor loads with mbarriers and setmaxnreg (tma.cuh): only when compiling
+//          for sm_90a
 // A later AMD family (gfx9: MFMA, wave64) plugs in here as arch/gfx9/, behind the same names.
 #pragma once
 #include "sm80/instr.cuh"
@@ -16,4 +17,5 @@
 #include "sm90/wgmma.cuh"
 #include "sm90/async.cuh"
 #include "sm90/tile.cuh"
+#include "sm90/tma.cuh"
 #endif

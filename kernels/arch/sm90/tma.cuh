@@ -1,0 +1,99 @@
+// Architecture layer, sm90 (sm_90a): the tensor memory accelerator (TMA) and what goes with it:
+// tensor maps, mbarriers (transaction-count barriers that TMA loads complete), register
+// rebalancing between warp roles (setmaxnreg), barriers over a subset of warps, and wgmma
+// descriptors of 128-byte-swizzled tiles. Hand-written; facts from the PTX ISA (cp.async.bulk.tensor,
+// mbarrier, setmaxnreg, the warpgroup matrix descriptor). tests/test_gpu_tma.py checks the TMA
+// loads, the mbarrier wait and the swizzle pattern below on the GPU; setmaxnreg, bar.arrive and
+// the swizzled wgmma descriptor are compile-checked only (no kernel uses them yet).
+//
+// Tensor maps are encoded on the host (cupy_fmha/backends/tma.py, the driver's
+// cuTensorMapEncodeTiled) and passed to the kernel by value as `const __grid_constant__ TmaMap`;
+// the TMA instructions take the parameter's own address.
+//
+// 128-byte swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with
+// swizzle mode 1): a box whose inner dimension is 128 bytes (64 16-bit elements) lands as rows of
+// 128 bytes, and in each row r the 16-byte chunk j is stored at chunk j ^ (r % 8). The pattern is a
+// function of the shared-memory address bits (bits 4-6 ^= bits 7-9), so every tile must start on a
+// 1024-byte boundary.
+#pragma once
+#include "../../common.cuh"
+
+namespace fmha {
+
+// An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
+struct __align__(64) TmaMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ unsigned long long tma_map_addr(const TmaMap& m) {
+    return reinterpret_cast<unsigned long long>(&m);
+}
+// Fetch the map into the TMA unit's cache ahead of its first use (optional).
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap& m) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(tma_map_addr(m)) : "memory");
+}
+
+// ---- mbarrier: a 64-bit shared-memory barrier with an arrival count and a transaction (byte)
+// count; a phase completes when both reach zero, then the parity flips.
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(arrivals) : "memory");
+}
+// Make initialized barriers visible to the other threads and to the async proxy (TMA); follow
+// with a CTA barrier before anyone uses them.
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrive once and announce `bytes` more bytes that TMA copies will complete on this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Wait until the phase with parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// ---- TMA loads: the box of the map at element coordinates (c0 innermost, ...) into shared memory
+// at `dst`, completing `bar`'s transaction count by the box's bytes. Out-of-range elements are
+// filled with zeros.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap& m, unsigned bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+        :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap& m, unsigned bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+        :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
+// ---- Register rebalancing between warpgroups of different roles (needs __launch_bounds__(n, 1));
+// N a multiple of 8 in [24, 256], the same for every warp of the warpgroup.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+
+// Arrive at barrier `id` over `count` threads without waiting (a producer signalling consumers that
+// wait with named_barrier_sync(id, count)).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+
+// ---- wgmma descriptor of a K-major operand in 128-byte-swizzled tiles: rows of 64 16-bit elements
+// (one swizzle atom wide along K), 8-row groups 1024 bytes apart (SBO); LBO is unused for K-major
+// swizzled layouts. A K step of 16 elements inside the atom adds 32 bytes to the start address.
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128_kmajor(unsigned smem_addr) {
+    return (unsigned long long)((smem_addr & 0x3FFFF) >> 4) | (1ull << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+}  // namespace fmha
