@@ -45,6 +45,22 @@ def test_rules_are_named(change, message):
         tma.tile_map_args(**kw)
 
 
+def test_column_blocked_view_of_bshd():
+    shape, strides = _bshd(b=2, s=100, h=3, d=128)
+    v_shape, v_strides = tma.column_blocked_view(shape, strides, 2, row_axis=1)
+    assert v_shape == (2, 16, 100, 3, 8)
+    assert v_strides == (strides[0], 16, strides[1], strides[2], 2)
+    # element (b, cb, s, h, e) of the view is element (b, s, h, 8 cb + e) of the tensor
+    off = lambda st, idx: sum(i * x for i, x in zip(idx, st))  # noqa: E731
+    assert off(v_strides, (1, 5, 7, 2, 3)) == off(strides, (1, 7, 2, 43))
+    a = tma.tile_map_args("bfloat16", 0x7F0000000000, v_shape, v_strides, (1, 16, 64, 1, 8), 0)
+    assert a.box_bytes == 64 * 128 * 2
+    with pytest.raises(ValueError, match="multiple of 8"):
+        tma.column_blocked_view((2, 100, 3, 36), (1, 1, 1, 2), 2, row_axis=1)
+    with pytest.raises(ValueError, match="row_axis"):
+        tma.column_blocked_view(shape, strides, 2, row_axis=3)
+
+
 def test_unswizzled_box_may_be_wider():
     shape, strides = _bshd()
     a = tma.tile_map_args("float16", 0x7F0000000000, shape, strides, (1, 64, 1, 128), 0)
@@ -67,6 +83,7 @@ tma_wrappers(const __grid_constant__ TmaMap map, unsigned long long* out) {
             tma_prefetch_map(map);
             mbarrier_arrive_expect_tx(smem_u32(&bar[0]), 2048);
             tma_load_2d(smem_u32(smem), map, smem_u32(&bar[0]), 0, 0);
+            tma_load_5d(smem_u32(smem) + 4096, map, smem_u32(&bar[0]), 0, 0, 0, 0, 0);
         }
         named_barrier_arrive(1, 384);
     } else {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TileMapArgs", "tile_map_args", "tile_map_for", "encode_tile_map", "SWIZZLES"]
+__all__ = ["TileMapArgs", "tile_map_args", "tile_map_for", "column_blocked_view", "encode_tile_map", "SWIZZLES"]
 
 #: supported swizzle widths in bytes (0: none)
 SWIZZLES = (0, 32, 64, 128)
@@ -116,6 +116,33 @@ def tile_map_for(array, box, swizzle: int = 128) -> TileMapArgs:
     if name not in _DATA_TYPES:
         raise ValueError(f"array: TMA maps here take {_DATA_TYPES}, got dtype {name}")
     return tile_map_args(name, array.data.ptr, array.shape, array.strides, box, swizzle)
+
+
+def column_blocked_view(shape, strides, itemsize: int, row_axis: int):
+    """The same memory as a view with the last axis split into 8-element (16-byte) column
+    blocks moved in front of ``row_axis``: ``(..., rows, ..., d)`` becomes
+    ``(..., d // 8, rows, ..., 8)`` (shape and byte strides, NumPy order).
+
+    A TMA box of this view that spans all ``d // 8`` column blocks and R rows lands in shared
+    memory as ``[d // 8][R][8]``: the 8x8 core matrices of 128 contiguous bytes that wgmma reads
+    without swizzle (kernels/arch/sm90/tile.cuh), column block by column block, in one copy
+    instead of one per column block. The view is only valid where the rows axis is the
+    second-to-last after the move, i.e. ``row_axis`` is the axis just before the other non-unit
+    axes the box spans (for a bshd tensor with a box of one batch and one head: rows = axis 1;
+    the result is ``(b, d // 8, s, h, 8)``).
+
+    Raises:
+        ValueError: ``d`` not a multiple of 8, or ``row_axis`` not an axis before the last.
+    """
+    shape, strides = list(int(x) for x in shape), list(int(x) for x in strides)
+    d = shape[-1]
+    if d % 8:
+        raise ValueError(f"shape[-1]: column blocks of 8 elements need a multiple of 8, got {d}")
+    if not 0 <= row_axis < len(shape) - 1:
+        raise ValueError(f"row_axis: expected an axis in [0, {len(shape) - 1}), got {row_axis}")
+    new_shape = shape[:row_axis] + [d // 8] + shape[row_axis:-1] + [8]
+    new_strides = strides[:row_axis] + [8 * itemsize] + strides[row_axis:-1] + [itemsize]
+    return tuple(new_shape), tuple(new_strides)
 
 
 def encode_tile_map(args: TileMapArgs) -> np.ndarray:

@@ -75,6 +75,13 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap& m, unsig
         :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
+__device__ __forceinline__ void tma_load_5d(unsigned dst, const TmaMap& m, unsigned bar, int c0, int c1, int c2, int c3,
+                                            int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
+        :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+
 // ---- Register rebalancing between warpgroups of different roles (needs __launch_bounds__(n, 1));
 // N a multiple of 8 in [24, 256], the same for every warp of the warpgroup.
 template <int N>
