@@ -6,8 +6,11 @@ machine hits both, then prints, per point and pass, the best median time of each
 ratio B / A (above 1: B slower). Peers are not timed (they do not change between trees).
 
     python bench/ab.py --a /path/to/old --b . --rounds 2 -- --hdim 64,128 --seqlen 1024,8192
+    python bench/ab.py --a . --b . --env-b CUPY_FMHA_BWD_WS=1 -- --hdim 128 --mode bwd
 
-Everything after ``--`` goes to both trees' sweep.py. JSON results land in ``--out``.
+Everything after ``--`` goes to both trees' sweep.py. ``--env-a`` / ``--env-b`` (repeatable,
+VAR=VALUE) set environment variables for one side only: one tree against itself with a kernel
+switch or a tile override. JSON results land in ``--out``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import sys
 from pathlib import Path
 
 
-def _run(tree: Path, name: str, out: Path, sweep_args: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONUNBUFFERED="1")
+def _run(tree: Path, name: str, out: Path, sweep_args: list[str], extra_env: dict[str, str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONUNBUFFERED="1", **extra_env)
     cmd = [sys.executable, str(tree / "bench" / "sweep.py"), "--peers", "", "--no-check", "--out-dir", str(out),
            "--name", name, *sweep_args]
     print("$", " ".join(cmd), flush=True)
@@ -40,14 +43,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--tag", default="ab")
+    ap.add_argument("--env-a", action="append", default=[], metavar="VAR=VALUE", help="environment of side A only")
+    ap.add_argument("--env-b", action="append", default=[], metavar="VAR=VALUE", help="environment of side B only")
     ap.add_argument("sweep_args", nargs="*")
     args = ap.parse_args()
+    envs = {}
+    for side in ("a", "b"):
+        pairs = getattr(args, f"env_{side}")
+        bad = [x for x in pairs if "=" not in x]
+        if bad:
+            ap.error(f"--env-{side}: expected VAR=VALUE, got {bad[0]!r}")
+        envs[side] = dict(x.split("=", 1) for x in pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     best: dict = {"a": {}, "b": {}}
     for r in range(args.rounds):
         for side in ("a", "b"):
             tree = getattr(args, side).resolve()
-            res = _run(tree, f"{args.tag}-{side}{r}", args.out.resolve(), args.sweep_args)
+            res = _run(tree, f"{args.tag}-{side}{r}", args.out.resolve(), args.sweep_args, envs[side])
             for p in res["points"]:
                 ours = p.get("ours", {})
                 for mode in ("fwd", "bwd"):
