@@ -21,6 +21,7 @@ classes and constants that the test files import with ``from conftest import ...
 from __future__ import annotations
 
 import functools
+import sys
 import zlib
 
 import ml_dtypes
@@ -382,3 +383,15 @@ def check_group(inp, o, lse, g, kw, *, dbias=False):
         if lq[b] == 0:
             assert np.all(dk_f[keys] == 0) and np.all(dv_f[keys] == 0), f"sequence {b} has no queries"
     return outs
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The AMD (gfx9) resource table of tests/test_rocm_compile.py, when it ran."""
+    mod = sys.modules.get("test_rocm_compile")
+    reports = getattr(mod, "REPORTS", None)
+    if not reports:
+        return
+    terminalreporter.section("ROCm resources (clang, per kernel and target)")
+    terminalreporter.write_line(f"{'kernel':28} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
+    for r in reports:
+        terminalreporter.write_line(f"{r.kernel:28} {r.target:7} {r.vgprs:5} {r.agprs:5} {r.scratch:7} {r.lds:7} {r.occupancy:10}")

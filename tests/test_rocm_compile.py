@@ -1,0 +1,61 @@
+"""The ROCm (gfx9) architecture layer compiles for gfx90a, gfx942 and gfx950 with Debian's
+clang-22 (device code only: no GPU, no ROCm install), without scratch, within each target's LDS
+and register limits; the resource table is printed at the end of the run. Skips without clang.
+Only the architecture layer builds for AMD so far (issue 12): no attention kernel yet."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_fmha.backends import rocm
+from cupy_fmha.compile import kernel_dir
+
+REPORTS: list = []  # printed by conftest's terminal summary
+
+_PROBE = r"""
+#include "arch/gfx9/instr.cuh"
+using namespace fmha::gfx9;
+// Every MFMA wrapper of the target, each on per-lane registers (layout.cuh), and
+// the row reductions; a 32 KiB LDS staging buffer so the LDS column of the report means something.
+extern "C" __attribute__((global)) void gfx9_layer_probe(const half4_t* a, const bf16x4_t* b, floatx16_t* c,
+                                                          floatx4_t* c4, float* r, const half8_t* a8,
+                                                          const bf16x8_t* b8) {
+    __attribute__((shared)) float stage[8192];
+    const int l = lane_id();
+    stage[l] = r[l];
+    __builtin_amdgcn_s_barrier();
+    floatx16_t acc = c[l];
+    floatx4_t acc4 = c4[l];
+    acc = mfma_32x32x8(a[l], a[l], acc);
+    acc = mfma_32x32x8(b[l], b[l], acc);
+    acc4 = mfma_16x16x16(a[l], a[l], acc4);
+    acc4 = mfma_16x16x16(b[l], b[l], acc4);
+#if defined(__gfx950__)
+    acc = mfma_32x32x16(a8[l], a8[l], acc);
+    acc = mfma_32x32x16(b8[l], b8[l], acc);
+    acc4 = mfma_16x16x32(a8[l], a8[l], acc4);
+    acc4 = mfma_16x16x32(b8[l], b8[l], acc4);
+#endif
+    c[l] = acc;
+    c4[l] = acc4;
+    r[l] = row_reduce_sum<Mfma32x32x8::N>(stage[(l * 7) & 8191]) + row_reduce_max<Mfma16x16x16::N>(acc4[0]);
+}
+"""
+
+
+@pytest.mark.parametrize("target", rocm.TARGETS)
+def test_gfx9_layer_compiles(target):
+    if rocm.clang() is None:
+        pytest.skip("no clang++-22 (Debian: apt-get install clang-22 lld-22)")
+    reports = rocm.offline_compile_hip(_PROBE, target, [str(kernel_dir())])
+    assert [r.kernel for r in reports] == ["gfx9_layer_probe"], reports
+    r = reports[0]
+    REPORTS.append(r)
+    assert r.scratch == 0, f"{target}: {r.scratch} B of scratch per lane\n{r.log}"
+    assert r.lds == 32768 and r.lds <= rocm.LDS_LIMIT[target], r.log
+    assert r.ok and r.occupancy > 0, r
+
+
+def test_bad_target_is_named():
+    with pytest.raises(ValueError, match="target"):
+        rocm.offline_compile_hip("", "gfx1100")
