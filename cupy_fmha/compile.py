@@ -56,7 +56,10 @@ def kernel_dir() -> Path:
 def load_source(stem: str) -> str:
     """Source of ``kernels/<stem>.cu`` with local includes expanded (each header once), so the text
     is self-contained. An include names a path relative to the including file's folder
-    (``arch/arch.cuh`` from ``kernels/``, ``../../common.cuh`` from ``kernels/arch/sm80/``)."""
+    (``arch/arch.cuh`` from ``kernels/``, ``../../common.cuh`` from ``kernels/arch/sm80/``). The
+    expansion does not evaluate ``#if``: a header that appears first inside a conditional block
+    (``arch/arch.cuh``'s CUDA or HIP branch) is missing from the other branch, so shared headers
+    must first be included outside such blocks."""
     return _expand(kernel_dir().resolve() / f"{stem}.cu", set())
 
 

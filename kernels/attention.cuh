@@ -14,24 +14,6 @@
 
 namespace fmha {
 
-// Key blocks of width n seen by query rows [q0, q0 + m): [begin, end), empty when end <= begin.
-__device__ __forceinline__ void key_block_range(const Window& w, int q0, int m, int n, int seqlen_q, int seqlen_k,
-                                                int& begin, int& end) {
-    const int lo = max(q0 - w.y + 1, 0);
-    const int hi = min(min(q0 + m, seqlen_q) - 1 + w.x, seqlen_k);
-    begin = lo / n;
-    end = hi > lo ? (hi + n - 1) / n : begin;
-}
-
-// Query blocks of height m that see keys [k0, k0 + n) (CK's GetTileRangeAlongY).
-__device__ __forceinline__ void query_block_range(const Window& w, int k0, int n, int m, int seqlen_q, int seqlen_k,
-                                                  int& begin, int& end) {
-    const int lo = max(k0 - w.x + 1, 0);
-    const int hi = min(min(k0 + n, seqlen_k) - 1 + w.y, seqlen_q);
-    begin = lo / m;
-    end = hi > lo ? (hi + m - 1) / m : begin;
-}
-
 // ALiBi (FlashAttention's definition): bias[i, j] = -slope * |i + seqlen_k - seqlen_q - j|, added
 // after scaling, in instances built with ALIBI=1. Kept in log2 units: slope_log2 = slope * log2(e).
 struct Alibi {

@@ -4,6 +4,9 @@
 // Sizes that shape register arrays (padded head dims, tile sizes, warps) are compile-time constants
 // (config.cuh); lengths, strides and the mask window are run-time parameters (params.cuh).
 #pragma once
+#ifdef FMHA_HIP_SHIM  // the offline AMD compile without HIP headers (arch/gfx9/hip_shim.cuh)
+#include "arch/gfx9/hip_shim.cuh"
+#endif
 #include "config.cuh"
 #include "types.cuh"
 
@@ -30,5 +33,24 @@ struct Window {
         return k0 + n > min(q0 + x, seqlen_k) || q0 + m > min(k0 + y, seqlen_q);
     }
 };
+
+
+// Key blocks of width n seen by query rows [q0, q0 + m): [begin, end), empty when end <= begin.
+__device__ __forceinline__ void key_block_range(const Window& w, int q0, int m, int n, int seqlen_q, int seqlen_k,
+                                                int& begin, int& end) {
+    const int lo = max(q0 - w.y + 1, 0);
+    const int hi = min(min(q0 + m, seqlen_q) - 1 + w.x, seqlen_k);
+    begin = lo / n;
+    end = hi > lo ? (hi + n - 1) / n : begin;
+}
+
+// Query blocks of height m that see keys [k0, k0 + n) (CK's GetTileRangeAlongY).
+__device__ __forceinline__ void query_block_range(const Window& w, int k0, int n, int m, int seqlen_q, int seqlen_k,
+                                                  int& begin, int& end) {
+    const int lo = max(k0 - w.x + 1, 0);
+    const int hi = min(min(k0 + n, seqlen_k) - 1 + w.y, seqlen_q);
+    begin = lo / m;
+    end = hi > lo ? (hi + m - 1) / m : begin;
+}
 
 }  // namespace fmha

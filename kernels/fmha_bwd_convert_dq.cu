@@ -21,7 +21,6 @@
 // stride 0) and only each sequence's own rows are written.
 #include "common.cuh"
 #include "arch/arch.cuh"
-#include "attention.cuh"
 #include "varlen.cuh"
 #include "params.cuh"
 

@@ -392,6 +392,6 @@ def pytest_terminal_summary(terminalreporter):
     if not reports:
         return
     terminalreporter.section("ROCm resources (clang, per kernel and target)")
-    terminalreporter.write_line(f"{'kernel':28} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
+    terminalreporter.write_line(f"{'kernel':44} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
     for r in reports:
-        terminalreporter.write_line(f"{r.kernel:28} {r.target:7} {r.vgprs:5} {r.agprs:5} {r.scratch:7} {r.lds:7} {r.occupancy:10}")
+        terminalreporter.write_line(f"{r.kernel:44} {r.target:7} {r.vgprs:5} {r.agprs:5} {r.scratch:7} {r.lds:7} {r.occupancy:10}")

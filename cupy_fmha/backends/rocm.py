@@ -2,7 +2,8 @@
 in progress: the targets, their limits, and the offline compile check (clang's HIP device
 compile, no GPU and no ROCm install needed). The kernels do not build for these targets yet: only
 the architecture layer under ``kernels/arch/gfx9/`` (MFMA wrappers, fragment layouts, row
-reductions) does. Nothing here has run on an AMD GPU.
+reductions) and the kernels without matrix instructions (:data:`PORTED_SOURCES`) do. Nothing here
+has run on an AMD GPU.
 
 Facts: LDS per workgroup 64 KiB (gfx90a, gfx942) and 160 KiB (gfx950); 64-lane wavefronts; up
 to 512 VGPRs + AGPRs per lane (unified register file on these CDNA parts).
@@ -17,7 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TARGETS", "LDS_LIMIT", "WAVE_SIZE", "REGISTERS_PER_LANE", "ResourceReport", "clang", "offline_compile_hip"]
+__all__ = ["TARGETS", "LDS_LIMIT", "WAVE_SIZE", "REGISTERS_PER_LANE", "ResourceReport", "clang", "offline_compile_hip",
+           "PORTED_SOURCES", "ported_specs", "hip_defines"]
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 #: bytes of LDS (shared memory) one workgroup may use
@@ -95,3 +97,25 @@ def offline_compile_hip(source: str, target: str, include_dirs=(), defines=()) -
             scratch=r.get("ScratchSize", 0), lds=r.get("LDS Size", 0), occupancy=r.get("Occupancy", 0),
             log=run.stderr))
     return out
+
+
+#: kernel sources that build for AMD so far (no matrix instructions): the same files as for CUDA
+PORTED_SOURCES = ("fmha_bwd_dot_do_o", "fmha_bwd_convert_dq", "fmha_dropout_mask")
+
+
+def hip_defines(spec) -> tuple[str, ...]:
+    """``-D`` values (without the ``-D``) for a HIP build of ``spec``: its CUDA macros with the
+    thread count for 64-lane wavefronts (dot_do_o runs one wavefront per row), and
+    ``FMHA_HIP_SHIM`` for the offline compile without HIP headers."""
+    from .cuda import compile_options
+
+    defs = [o[2:] for o in compile_options(spec, "sm_80") if o.startswith("-D") and not o.startswith("-DNTHREADS=")]
+    threads = spec.macro("ROWS") * WAVE_SIZE if spec.source == "fmha_bwd_dot_do_o" else spec.macro("NTHREADS")
+    return (*defs, f"NTHREADS={threads}", "FMHA_HIP_SHIM")
+
+
+def ported_specs() -> list:
+    """The dispatch table's instances of :data:`PORTED_SOURCES`."""
+    from ..spec import default_dispatch_table
+
+    return [s for s in default_dispatch_table() if s.source in PORTED_SOURCES]

@@ -10,6 +10,13 @@
 //          for sm_90a
 // A later AMD family (gfx9: MFMA, wave64) plugs in here as arch/gfx9/, behind the same names.
 #pragma once
+// common.cuh first, outside the conditional blocks: cupy_fmha.compile expands each local include
+// once, where it first appears, without evaluating #if
+#include "../common.cuh"
+#if defined(__HIP__)  // AMD gfx9 (issue 12, in progress: the MMA-free kernels only)
+#include "gfx9/instr.cuh"
+#include "gfx9/elem.cuh"
+#else
 #include "sm80/instr.cuh"
 #include "sm80/fragment.cuh"
 #include "sm80/tile.cuh"
@@ -19,3 +26,4 @@
 #include "sm90/tile.cuh"
 #include "sm90/tma.cuh"
 #endif
+#endif  // __HIP__
