@@ -37,7 +37,7 @@ def _cpp_coords(header_text: str, tmp_path) -> dict:
     (tmp_path / "layout.cuh").write_text(header_text)
     lines = ['#include <cstdio>', '#include "layout.cuh"', "using namespace fmha::gfx9;", "int main() {"]
     for s in G.LAYOUTS:
-        t = f"Mfma{s.name.replace('x', 'x')}"
+        t = f"Mfma{s.name}"
         lines.append(f'for (int l = 0; l < 64; ++l) for (int i = 0; i < {t}::KPL; ++i) '
                      f'std::printf("{s.name} A %d %d %d %d\\n", l, i, {t}::a_row(l, i), {t}::a_k(l, i));')
         lines.append(f'for (int l = 0; l < 64; ++l) for (int i = 0; i < {t}::KPL; ++i) '

@@ -107,9 +107,7 @@ def hip_defines(spec) -> tuple[str, ...]:
     """``-D`` values (without the ``-D``) for a HIP build of ``spec``: its CUDA macros with the
     thread count for 64-lane wavefronts (dot_do_o runs one wavefront per row), and
     ``FMHA_HIP_SHIM`` for the offline compile without HIP headers."""
-    from .cuda import compile_options
-
-    defs = [o[2:] for o in compile_options(spec, "sm_80") if o.startswith("-D") and not o.startswith("-DNTHREADS=")]
+    defs = [d[2:] for d in spec.defines() if not d.startswith("-DNTHREADS=")]
     threads = spec.macro("ROWS") * WAVE_SIZE if spec.source == "fmha_bwd_dot_do_o" else spec.macro("NTHREADS")
     return (*defs, f"NTHREADS={threads}", "FMHA_HIP_SHIM")
 

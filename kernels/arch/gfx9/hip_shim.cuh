@@ -22,44 +22,30 @@ __device__ inline const unsigned char* dispatch() {
 }
 __device__ inline unsigned wg_size(int d) { return *reinterpret_cast<const unsigned short*>(dispatch() + 4 + 2 * d); }
 __device__ inline unsigned grid_items(int d) { return *reinterpret_cast<const unsigned*>(dispatch() + 12 + 4 * d); }
-struct ThreadIdx {
+// threadIdx, blockIdx, blockDim, gridDim: .x/.y/.z read through G(0/1/2) (the dimension is a
+// constant after inlining, so each read is one builtin).
+__device__ inline unsigned thread_id(int d) {
+    return d == 0 ? __builtin_amdgcn_workitem_id_x() : d == 1 ? __builtin_amdgcn_workitem_id_y() : __builtin_amdgcn_workitem_id_z();
+}
+__device__ inline unsigned block_id(int d) {
+    return d == 0 ? __builtin_amdgcn_workgroup_id_x() : d == 1 ? __builtin_amdgcn_workgroup_id_y() : __builtin_amdgcn_workgroup_id_z();
+}
+__device__ inline unsigned grid_blocks(int d) { return (grid_items(d) + wg_size(d) - 1) / wg_size(d); }
+template <unsigned (*G)(int)>
+struct Dim3 {
     __declspec(property(get = gx)) unsigned x;
     __declspec(property(get = gy)) unsigned y;
     __declspec(property(get = gz)) unsigned z;
-    __device__ unsigned gx() const { return __builtin_amdgcn_workitem_id_x(); }
-    __device__ unsigned gy() const { return __builtin_amdgcn_workitem_id_y(); }
-    __device__ unsigned gz() const { return __builtin_amdgcn_workitem_id_z(); }
-};
-struct BlockIdx {
-    __declspec(property(get = gx)) unsigned x;
-    __declspec(property(get = gy)) unsigned y;
-    __declspec(property(get = gz)) unsigned z;
-    __device__ unsigned gx() const { return __builtin_amdgcn_workgroup_id_x(); }
-    __device__ unsigned gy() const { return __builtin_amdgcn_workgroup_id_y(); }
-    __device__ unsigned gz() const { return __builtin_amdgcn_workgroup_id_z(); }
-};
-struct BlockDim {
-    __declspec(property(get = gx)) unsigned x;
-    __declspec(property(get = gy)) unsigned y;
-    __declspec(property(get = gz)) unsigned z;
-    __device__ unsigned gx() const { return wg_size(0); }
-    __device__ unsigned gy() const { return wg_size(1); }
-    __device__ unsigned gz() const { return wg_size(2); }
-};
-struct GridDim {
-    __declspec(property(get = gx)) unsigned x;
-    __declspec(property(get = gy)) unsigned y;
-    __declspec(property(get = gz)) unsigned z;
-    __device__ unsigned gx() const { return (grid_items(0) + wg_size(0) - 1) / wg_size(0); }
-    __device__ unsigned gy() const { return (grid_items(1) + wg_size(1) - 1) / wg_size(1); }
-    __device__ unsigned gz() const { return (grid_items(2) + wg_size(2) - 1) / wg_size(2); }
+    __device__ unsigned gx() const { return G(0); }
+    __device__ unsigned gy() const { return G(1); }
+    __device__ unsigned gz() const { return G(2); }
 };
 }  // namespace fmha_hip
 
-static constexpr fmha_hip::ThreadIdx threadIdx{};
-static constexpr fmha_hip::BlockIdx blockIdx{};
-static constexpr fmha_hip::BlockDim blockDim{};
-static constexpr fmha_hip::GridDim gridDim{};
+static constexpr fmha_hip::Dim3<fmha_hip::thread_id> threadIdx{};
+static constexpr fmha_hip::Dim3<fmha_hip::block_id> blockIdx{};
+static constexpr fmha_hip::Dim3<fmha_hip::wg_size> blockDim{};
+static constexpr fmha_hip::Dim3<fmha_hip::grid_blocks> gridDim{};
 
 __device__ inline void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
