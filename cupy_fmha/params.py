@@ -78,7 +78,7 @@ def layout_asserts(structs: dict[str, np.dtype] | None = None) -> str:
 def pack(dtype: np.dtype, values: tuple) -> np.ndarray:
     """A one-element array of ``dtype`` from nested tuples in field order: the flattened values
     packed by :mod:`struct` (whose format is the struct's scalar fields in order, padding fields
-    included) and viewed as ``dtype``; half the host time of ``np.array([values], dtype)``."""
+    included) and viewed as ``dtype`` (writable: the bytes are copied into a bytearray)."""
     fmt, _ = _flat_layout(dtype)
     return np.frombuffer(bytearray(fmt.pack(*_flatten(values))), dtype=dtype)
 
