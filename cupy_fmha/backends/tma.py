@@ -111,7 +111,12 @@ def tile_map_args(data_type: str, address: int, shape, strides, box, swizzle: in
 
 def tile_map_for(array, box, swizzle: int = 128) -> TileMapArgs:
     """:func:`tile_map_args` for a CuPy array (its pointer, shape, byte strides and dtype;
-    bfloat16 as CuPy's native dtype, or as uint16 bits)."""
+    bfloat16 as CuPy's native dtype, or as uint16 bits); ``box`` as there, one entry per axis.
+
+    Raises:
+        ValueError: a dtype other than float16, bfloat16, uint16 or float32, or any rule of
+            :func:`tile_map_args`.
+    """
     name = str(array.dtype)
     if name not in _DATA_TYPES:
         raise ValueError(f"array: TMA maps here take {_DATA_TYPES}, got dtype {name}")
