@@ -209,15 +209,42 @@ def _workspace_tensor(a, group_mode: bool) -> tuple[int, int, int, int]:
     return (_ptr(a), 0 if group_mode else h * rows * d, rows * d, d)
 
 
-def _launch(cp, spec, launch, struct, values):
+def _launch(cp, spec, launch, struct, values, prefix: tuple = ()):
     """Launch ``spec`` with its params struct (dtype ``struct``, ``values`` nested tuples in field
-    order): by value, or flattened for the kernels of ``params.FLAT_ABI``."""
+    order): by value, or flattened for the kernels of ``params.FLAT_ABI``; ``prefix``: arguments
+    before it (the tensor maps of the warp-specialized backward)."""
     if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
         return
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
         fn.max_dynamic_shared_size_bytes = launch.smem
-    fn(launch.grid, launch.block, P.kernel_args(struct, values, spec.source in P.FLAT_ABI), shared_mem=launch.smem)
+    fn(launch.grid, launch.block, prefix + P.kernel_args(struct, values, spec.source in P.FLAT_ABI),
+       shared_mem=launch.smem)
+
+
+def _ws_maps(spec, plan, tensors) -> tuple:
+    """The TMA tensor maps of ``fmha_bwd_dq_dk_dv_sm90_ws`` (Q, K, V, dO), from their ``TensorArg``
+    tuples (pointer and element strides): each a column-blocked 5-D view (batch, hdim / 8, rows,
+    heads, 8) read one box per tile (cupy_fmha/backends/tma.py)."""
+    from .backends import tma
+
+    p = plan.problem
+    name = "bfloat16" if spec.dtype == "bf16" else "float16"
+    rows = {"q": (plan.rows_q, p.nhead_q, p.hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
+            "k": (plan.rows_k, p.nhead_k, p.hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
+            "v": (plan.rows_k, p.nhead_k, p.hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")),
+            "do": (plan.rows_q, p.nhead_q, p.hdim_v, spec.macro("BLOCK_M"), spec.macro("HDIM_V"))}
+    maps = []
+    for key, (ptr, sb, sh, ss) in zip(("q", "k", "v", "do"), tensors):
+        n_rows, heads, d, box_rows, d_pad = rows[key]
+        batch = p.batch
+        if plan.group_mode:  # packed tokens: one batch entry (any stride) of total rows
+            n_rows, batch, sb = (p.total_q if key in ("q", "do") else p.total_k), 1, 8
+        shape = (batch, d // 8, n_rows, heads, 8)
+        strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
+        args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
+        maps.append(tma.encode_tile_map(args))
+    return tuple(maps)
 
 
 # --------------------------------------------------------------------------- feature groups
@@ -493,11 +520,13 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         dk_arg, dv_arg = _workspace_tensor(dk_buf, gm), _workspace_tensor(dv_buf, gm)
     else:
         dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
+    tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout))
+    prefix = _ws_maps(specs.dq_dk_dv, plan, tensors) if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws" else ()
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
-        _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout), dk_arg, dv_arg,
+        *tensors, dk_arg, dv_arg,
         _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
-        mask, alibi, bias_arg, _dropout(plan)))
+        mask, alibi, bias_arg, _dropout(plan)), prefix)
 
     conv_dq = specs.convert_dq_split if plan.deterministic else specs.convert_dq
     _launch(cp, conv_dq, launches["convert_dq"], P.CONVERT, (

@@ -103,8 +103,8 @@ class Recorder:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 struct = P.KERNEL_STRUCTS[spec.source]
-                if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments
-                    args = (P.unflatten(struct, args),)
+                if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments (after any maps)
+                    args = (P.unflatten(struct, args[len(args) - len(P.flat_names(struct)):]),)
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
                 # its bytes, as an unstructured void array of the struct's size
                 assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)

@@ -161,3 +161,65 @@ def test_dlpack_objects_are_adopted(rec, monkeypatch):
     monkeypatch.setattr(api, "_cupy", lambda: cp)
     o, lse = cupy_fmha.attention_forward(Foreign(q), Foreign(k), Foreign(v))
     assert len(calls) == 3 and isinstance(o, cp.ndarray)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+def test_ws_backward_tensor_maps(monkeypatch, layout):
+    """CUPY_FMHA_BWD_WS=1 on sm_90: the warp-specialized backward gets four TMA maps before its
+    flattened params, each the column-blocked 5-D view (batch, hdim / 8, rows, heads, 8) of Q, K,
+    V, dO whose element (b, c, s, h, e) is element (b, s, h, 8c + e) of the tensor (packed tokens
+    as one batch entry in group mode), with one box per tile."""
+    from cupy_fmha.backends import tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)  # the driver call needs a GPU
+    raw = []
+
+    class Raw(Recorder):
+        def __call__(self, spec):
+            inner = super().__call__(spec)
+
+            class Fn:
+                max_dynamic_shared_size_bytes = 1 << 20
+
+                def __call__(self, grid, block, args, shared_mem=0):
+                    raw.append((spec, args, shared_mem, block))
+                    if spec.source == "fmha_bwd_dq_dk_dv_sm90_ws":
+                        args = args[4:]
+                    inner(grid, block, args, shared_mem=shared_mem)
+
+            return Fn()
+
+    monkeypatch.setattr(api, "get_function", Raw())
+    hq, hk, d = 4, 2, 128
+    if layout == "thd":
+        lq, lk = [37, 5], [53, 20]
+        rng = np.random.default_rng(1)
+        q, do = (rng.standard_normal((sum(lq), hq, d)).astype(np.float16) for _ in range(2))
+        k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
+        cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
+                  max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+        rows_q, rows_k, batch = sum(lq), sum(lk), 1
+    else:
+        q, k, v, do = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
+        cu, rows_q, rows_k, batch = {}, 37, 53, 2
+    o, lse = cupy_fmha.attention_forward(q, k, v, layout=layout, **cu)
+    raw.clear()
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, layout=layout, **cu)
+    (spec, args, smem, block), = [r for r in raw if r[0].source == "fmha_bwd_dq_dk_dv_sm90_ws"]
+    assert block == (384, 1, 1) and smem == spec.macro("SMEM_BYTES")
+    for m, rows, heads, box_rows in zip(args[:4], (rows_q, rows_k, rows_k, rows_q), (hq, hk, hk, hq),
+                                         (64, 128, 128, 64)):
+        assert isinstance(m, tma.TileMapArgs) and m.swizzle == 0 and m.data_type == "float16"
+        assert m.shape == (batch, d // 8, rows, heads, 8)
+        assert m.box == (1, d // 8, box_rows, 1, 8)
+        assert m.strides[1] == 16 and m.strides[4] == 2
+        if layout == "bshd":
+            assert m.strides[2] == heads * d * 2 and m.strides[3] == d * 2
+        elif layout == "bhsd":
+            assert m.strides[2] == d * 2 and m.strides[3] == m.shape[2] * d * 2
+        else:
+            assert m.strides[2] == heads * d * 2 and m.strides[3] == d * 2

@@ -1,4 +1,5 @@
-"""Offline NVRTC compile of every kernel instance in the default dispatch table, for sm_80 and
+"""Offline NVRTC compile of every kernel instance in the default dispatch table (and the
+experimental instances not dispatched yet), for sm_80 and
 sm_90a, failing on any local-memory spill in ptxas's report and, where nvdisasm is installed (the
 test extra), on generic loads or stores in the machine code. Needs NVRTC (the cuda13 extra), not
 a GPU.
@@ -20,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 from cupy_fmha import compile as C
+from cupy_fmha.backends.cuda import experimental_table
 from cupy_fmha.spec import default_dispatch_table
 
 ARCHS = ("sm_80", "sm_90a")
@@ -108,7 +110,7 @@ def compiled(request):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("spec", default_dispatch_table(), ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", default_dispatch_table() + experimental_table(), ids=lambda s: s.name)
 def test_kernel_compiles_without_spills(spec, arch, compiled):
     if not _builds_for(spec, arch):
         pytest.skip("wgmma kernels build for sm_90a only")

@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -62,6 +62,11 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         if m.get("DQ_BULK", 1):  # rows padded by 8 floats
             smem += 4 * bm * (dq + 8)
         return dict(NTHREADS=128 * m["NWG"], SMEM_BYTES=smem)
+    if source == "fmha_bwd_dq_dk_dv_sm90_ws":  # K, V; Q, dO x STAGES; dS^T x 2; dQ staging; LSE, D x STAGES; mbarriers
+        bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
+        smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * (dq + 8)
+                + 4 * 2 * st * bm + 8 * (2 * st + 1))
+        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
@@ -226,6 +231,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         tiles = _override("CUPY_FMHA_BWD_SM90_TILES", tiles)
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
+        if os.environ.get("CUPY_FMHA_BWD_WS", "") not in ("", "0") and not (bias or dropout):
+            main = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)  # opt-in while it is being checked
     else:
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
@@ -242,6 +249,19 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
 #: and ALiBi exclude each other; dropout combines with either)
 FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
                 {"dropout": True}, {"dropout": True, "alibi": True}, {"dropout": True, "bias": True})
+
+
+def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+    """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``, issue 10, not yet
+    dispatched: a producer warpgroup loading with TMA, two MMA warpgroups) for padded head dims
+    64 and 128; no dropout or bias."""
+    return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+               NWG=2, BLOCK_N=128, BLOCK_M=64, **feature_macros(alibi, False, False))
+
+
+def experimental_table() -> list[KernelSpec]:
+    """Instances built and compile-checked but not dispatched yet (the warp-specialized backward)."""
+    return [bwd_ws_spec(dtype, d, d, alibi=alibi) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
 
 
 def dropout_mask_spec() -> KernelSpec:

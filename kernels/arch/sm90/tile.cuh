@@ -46,4 +46,19 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(const uint16_t* tile,
     return wgmma_desc(smem_u32(tile + blk_offset(k0, col0, C)), (C / 8) * 128, 128);
 }
 
+// Column-blocked tiles: [C/8][R][8] (column block by column block, each a stack of 8x8 core
+// matrices of 128 contiguous bytes), what one TMA box of backends/tma.py's column_blocked_view
+// writes. Core (r/8, c/8) at element offset ((c/8) * (R/8) + r/8) * 64. As above, LBO is the core
+// stride along K and SBO along M/N.
+// K-major (R rows = M or N, columns = K): the 16-wide K slice at (row0, k0).
+template <int R>
+__device__ __forceinline__ unsigned long long desc_cb_kmajor(const uint16_t* tile, int row0, int k0) {
+    return wgmma_desc(smem_u32(tile + ((k0 >> 3) * (R >> 3) + (row0 >> 3)) * 64), (R / 8) * 128, 128);
+}
+// MN-major (R rows = K, columns = M or N): the 16-deep K slice at (k0, col0).
+template <int R>
+__device__ __forceinline__ unsigned long long desc_cb_mnmajor(const uint16_t* tile, int k0, int col0) {
+    return wgmma_desc(smem_u32(tile + ((col0 >> 3) * (R >> 3) + (k0 >> 3)) * 64), 128, (R / 8) * 128);
+}
+
 }  // namespace fmha

@@ -1,0 +1,221 @@
+// Attention backward, main kernel for Hopper (sm_90a), warp-specialized (issue 10, first step):
+// the same five GEMMs as fmha_bwd_dq_dk_dv_sm90.cu, with the loads taken off the MMA warps.
+//
+// Three warpgroups. Warpgroup 0 is the producer: its first thread issues TMA tensor loads (K and V
+// once; then per query block Q and dO into a ring of STAGES buffers), its first warp copies the
+// block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
+// of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
+// in fmha_bwd_dq_dk_dv_sm90.cu, and hand a buffer back through its `empty` mbarrier once GEMM1/3
+// have read it. Registers move from the producer to the MMA warpgroups with setmaxnreg.
+//
+// Tiles from TMA are column-blocked ([D/8][rows][8]: desc_cb_* in arch/sm90/tile.cuh), one box
+// per tile (cupy_fmha/backends/tma.py, column_blocked_view); dS^T is written by the MMA warps in
+// the blocked layout of tile.cuh, double-buffered so that one barrier per query block suffices.
+//
+// Not yet here: dropout and elementwise bias (static_assert; the library routes them to
+// fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
+// zero-fills only past the tensor); they are masked like any row past seqlen.
+//
+// Parameters: six tensor maps (Q, K, V, dO as column-blocked views; unused ones zero), then
+// BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
+#include "common.cuh"
+#include "arch/arch.cuh"
+#include "attention.cuh"
+#include "block.cuh"
+
+using namespace fmha;
+
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && BLOCK_M == 64,
+              "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 query rows per step");
+static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
+
+#ifndef STAGES
+#define STAGES 2
+#endif
+constexpr int DQ_PITCH = HDIM_Q + 8;  // as in fmha_bwd_dq_dk_dv_sm90.cu
+constexpr int MMA_THREADS = 128 * NWG;
+constexpr int PRODUCER_REGS = 24, MMA_REGS = 240;
+
+struct Smem {
+    uint16_t k[BLOCK_N * HDIM_Q];              // column-blocked
+    uint16_t v[BLOCK_N * HDIM_V];
+    uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked
+    uint16_t dout[STAGES][BLOCK_M * HDIM_V];
+    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), double-buffered
+    float dq[BLOCK_M * DQ_PITCH];              // dQ staging (bulk reduce-adds)
+    float lse[STAGES][BLOCK_M];
+    float d[STAGES][BLOCK_M];
+    unsigned long long full[STAGES], empty[STAGES], kv;
+};
+static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
+              sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
+                          const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
+                          FMHA_BWD_PARAMS_ARGS) {
+    const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
+    constexpr int NQ = BLOCK_M / 8, NDQ = HDIM_Q / 8, NDV = HDIM_V / 8, DQ_HALF = HDIM_Q / 2;
+    constexpr unsigned KV_BYTES = 2u * BLOCK_N * (HDIM_Q + HDIM_V);
+    constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;
+    BwdBlock blk;
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;  // uniform over the CTA
+
+    // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
+    const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
+    const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
+    const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);   // the TMA thread's expect_tx + the LSE/D warp
+            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+        }
+        mbarrier_init(smem_u32(&sm.kv), 1);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
+            tma_load_5d(smem_u32(sm.k), tm_k, smem_u32(&sm.kv), 0, blk.hk, tk + k0, 0, bq);
+            tma_load_5d(smem_u32(sm.v), tm_v, smem_u32(&sm.kv), 0, blk.hk, tk + k0, 0, bq);
+        }
+        for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
+            const int s = i % STAGES;
+            const unsigned phase = (i / STAGES) & 1;
+            if (i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), phase ^ 1);
+            const int r0 = qb * BLOCK_M;
+            if (lane == 0) {
+                mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
+                tma_load_5d(smem_u32(sm.q[s]), tm_q, smem_u32(&sm.full[s]), 0, h, tq + r0, 0, bq);
+                tma_load_5d(smem_u32(sm.dout[s]), tm_do, smem_u32(&sm.full[s]), 0, h, tq + r0, 0, bq);
+            }
+#pragma unroll
+            for (int r = lane; r < BLOCK_M; r += 32) {
+                const bool in = r0 + r < blk.seqlen_q;
+                sm.lse[s][r] = in ? blk.lse_g[r0 + r] : 0.f;
+                sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
+            }
+            mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
+        }
+        return;
+    }
+
+    // ------------------------------------------------------------------------- MMA warpgroups
+    setmaxnreg_inc<MMA_REGS>();
+    const int tid = threadIdx.x - 128, warp = warp_of(tid);
+    const int wg = warp >> 2, wi = warp & 3;
+    const AccFrag frag(tid);
+    const int key_row0 = wg * 64, warp_key0 = key_row0 + wi * 16;
+    float* sdQ = sm.dq;
+
+    float acc_dk[NDQ * 4], acc_dv[NDV * 4];
+#pragma unroll
+    for (int i = 0; i < NDQ * 4; ++i) acc_dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
+    mbarrier_wait(smem_u32(&sm.kv), 0);
+
+    for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
+        const int s = i % STAGES;
+        const unsigned phase = (i / STAGES) & 1;
+        const int q0 = qb * BLOCK_M;
+        uint16_t* sdS = sm.ds[i & 1];
+        mbarrier_wait(smem_u32(&sm.full[s]), phase);
+        const uint16_t* sQb = sm.q[s];
+        const uint16_t* sdOb = sm.dout[s];
+
+        // GEMM0 and GEMM2, issued together
+        float sacc[NQ * 4], dp[NQ * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_cb_kmajor<BLOCK_N>(sm.k, key_row0, kk * 16),
+                                    desc_cb_kmajor<BLOCK_M>(sQb, 0, kk * 16), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HDIM_V / 16; ++kk)
+            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_cb_kmajor<BLOCK_N>(sm.v, key_row0, kk * 16),
+                                    desc_cb_kmajor<BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NQ * 4>(sacc);
+        fence_operand<NQ * 4>(dp);
+
+        // P^T and dS^T
+        const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+        backward_p_ds<NQ>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                          k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+            c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][0];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][1];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][2];
+            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][3];
+        }
+
+        // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_cb_mnmajor<BLOCK_M>(sdOb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_cb_mnmajor<BLOCK_M>(sQb, kk * 16, 0), 1);
+        }
+        wgmma_commit();
+        fence_proxy_async();
+        bulk_wait_read<0>();                       // the previous block's dQ rows have left sdQ
+        named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free
+
+        // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K
+        float acc_dq[DQ_HALF / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
+                                    desc_cb_mnmajor<BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
+        fence_operand<DQ_HALF / 2>(acc_dq);
+        fence_operand<NDV * 4>(acc_dv);
+        fence_operand<NDQ * 4>(acc_dk);
+        fence_operand<BLOCK_M / 4>(&pa[0][0]);
+        fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+        mbarrier_arrive(smem_u32(&sm.empty[s]));
+
+        // this warpgroup's columns of the block into sdQ, then one bulk add (or store) per row
+        float* sdq_t = sdQ + (wi * 16 + frag.row(0)) * DQ_PITCH + wg * DQ_HALF + frag.col(0, 0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int n = 0; n < DQ_HALF / 8; ++n)
+                *reinterpret_cast<float2*>(sdq_t + r * 8 * DQ_PITCH + n * 8) =
+                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+        fence_proxy_async();
+        named_barrier_sync(2 + wg, 128);
+        if ((tid & 127) < BLOCK_M) {
+            const int wt = tid & 127, row = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
+            if (row < blk.seqlen_q && ncol > 0) {
+                float* dst = blk.dq_g + (index_t)row * p.hdim_q + wg * DQ_HALF;
+                const unsigned src = smem_u32(sdQ + wt * DQ_PITCH + wg * DQ_HALF);
+                if (p.dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
+                else bulk_reduce_add_f32(dst, src, 4u * ncol);
+            }
+            bulk_commit();
+        }
+    }
+
+    bulk_wait<0>();
+    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
+}
