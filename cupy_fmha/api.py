@@ -238,8 +238,14 @@ def _ws_maps(spec, plan, tensors) -> tuple:
     for key, (ptr, sb, sh, ss) in zip(("q", "k", "v", "do"), tensors):
         n_rows, heads, d, box_rows, d_pad = rows[key]
         batch = p.batch
-        if plan.group_mode:  # packed tokens: one batch entry (any stride) of total rows
-            n_rows, batch, sb = (p.total_q if key in ("q", "do") else p.total_k), 1, 8
+        if plan.group_mode:  # packed tokens: one batch entry of total rows
+            n_rows, batch = (p.total_q if key in ("q", "do") else p.total_k), 1
+        if n_rows == 0 or batch == 0:  # nothing to load (the kernel issues no copy from it)
+            maps.append(np.zeros(1, np.dtype((np.void, 128))))
+            continue
+        # a size-1 axis may carry any stride (NumPy/CuPy give 0 for x[None]); TMA wants a
+        # positive multiple of 16
+        sb, sh, ss = (x if n > 1 else 8 for x, n in ((sb, batch), (sh, heads), (ss, n_rows)))
         shape = (batch, d // 8, n_rows, heads, 8)
         strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
         args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
@@ -521,7 +527,9 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     else:
         dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
     tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout))
-    prefix = _ws_maps(specs.dq_dk_dv, plan, tensors) if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws" else ()
+    prefix = ()
+    if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws" and not L.empty_grid(launches["dq_dk_dv"]):
+        prefix = _ws_maps(specs.dq_dk_dv, plan, tensors)
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *tensors, dk_arg, dv_arg,
         _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), plan.dq_ws.split_stride, seq,

@@ -5,8 +5,9 @@
 // once; then per query block Q and dO into a ring of STAGES buffers), its first warp copies the
 // block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
 // of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
-// in fmha_bwd_dq_dk_dv_sm90.cu, and hand a buffer back through its `empty` mbarrier once GEMM1/3
-// have read it. Registers move from the producer to the MMA warpgroups with setmaxnreg.
+// in fmha_bwd_dq_dk_dv_sm90.cu, and hand a buffer back through its `empty` mbarrier once the
+// block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
+// from the producer to the MMA warpgroups with setmaxnreg.
 //
 // Tiles from TMA are column-blocked ([D/8][rows][8]: desc_cb_* in arch/sm90/tile.cuh), one box
 // per tile (cupy_fmha/backends/tma.py, column_blocked_view); dS^T is written by the MMA warps in
@@ -14,10 +15,12 @@
 //
 // Not yet here: dropout and elementwise bias (static_assert; the library routes them to
 // fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
-// zero-fills only past the tensor); they are masked like any row past seqlen.
+// zero-fills only past the tensor); they are masked like any row past seqlen, but their values
+// still meet zeros in GEMM1/3/4, so a NaN or Inf there could reach this sequence's gradients
+// (the old kernel zero-filled them; to do: zero an edge tile's tail rows before `full`).
 //
-// Parameters: six tensor maps (Q, K, V, dO as column-blocked views; unused ones zero), then
-// BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
+// Parameters: four tensor maps (Q, K, V, dO as column-blocked views; zeros for an empty tensor),
+// then BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"

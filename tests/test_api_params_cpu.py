@@ -223,3 +223,31 @@ def test_ws_backward_tensor_maps(monkeypatch, layout):
             assert m.strides[2] == d * 2 and m.strides[3] == m.shape[2] * d * 2
         else:
             assert m.strides[2] == heads * d * 2 and m.strides[3] == d * 2
+
+
+def test_ws_backward_empty_and_unit_axes(monkeypatch):
+    """The maps of the warp-specialized backward for a tensor with no rows (group mode, every
+    query sequence empty: no launch at all) and for size-1 axes with stride 0 (x[None]): no error,
+    and every stride a positive multiple of 16."""
+    from cupy_fmha.backends import tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    seen = []
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: seen.append(a) or np.zeros(1, np.dtype((np.void, 128))))
+    monkeypatch.setattr(api, "get_function", Recorder())
+    rng = np.random.default_rng(2)
+    # every query sequence empty
+    q = rng.standard_normal((0, 2, 64)).astype(np.float16)
+    k = rng.standard_normal((15, 2, 64)).astype(np.float16)
+    cu = dict(cu_seqlens_q=np.array([0, 0, 0], np.int32), cu_seqlens_k=np.array([0, 10, 15], np.int32),
+              max_seqlen_q=0, max_seqlen_k=10)
+    o, lse = cupy_fmha.attention_forward(q, k, k, layout="thd", **cu)
+    cupy_fmha.attention_backward(q, q, k, k, o, lse, layout="thd", **cu)
+    # batch 1 and one head, from x[None]: size-1 axes
+    x = rng.standard_normal((33, 1, 64)).astype(np.float16)[None]
+    o, lse = cupy_fmha.attention_forward(x, x, x)
+    seen.clear()
+    cupy_fmha.attention_backward(x, x, x, x, o, lse)
+    assert len(seen) == 4 and all(s > 0 and s % 16 == 0 for a in seen for s in a.strides[:-1])

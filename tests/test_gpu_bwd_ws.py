@@ -57,3 +57,13 @@ def test_group_mode_alibi(case):
 @pytest.mark.parametrize("case", list(D.CASES))
 def test_deterministic(case):
     D.test_deterministic_is_bit_identical_and_correct(case)
+
+
+def test_group_mode_empty_sides():
+    V.test_varlen_all_keys_empty()
+    V.test_varlen_all_queries_empty()
+
+
+@pytest.mark.parametrize("case", list(V.DETERMINISTIC))
+def test_group_mode_deterministic(case):
+    V.test_varlen_deterministic_is_bit_identical_and_correct(case)
