@@ -516,7 +516,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     delta = cp.empty(plan.lse_shape, dtype=cp.float32)
     _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.DOT_DO_O, (
         _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.deterministic else _ptr(dq_acc), seq,
-        p.hdim_q, p.hdim_v))
+        p.hdim_q, p.hdim_v, plan.dq_ws.pitch, plan.dq_ws.cols))
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
     # sequence's corner) are never written
@@ -539,12 +539,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     conv_dq = specs.convert_dq_split if plan.deterministic else specs.convert_dq
     _launch(cp, conv_dq, launches["convert_dq"], P.CONVERT, (
         _ptr(dq_acc), _tensor(dq, layout), plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
-        plan.block_n, plan.block_m, 0, p.softmax_scale, 0.0, mask))
+        plan.block_n, plan.block_m, plan.dq_ws.pitch, plan.dq_ws.cols, int(plan.dq_ws.tiled), p.softmax_scale, 0, mask))
     if plan.dkdv_ws:
         rows = (0, 0, plan.kv_rows, 0)  # the GQA sums: kv_batch x nhead_k x kv_rows rows, no slabs
         for acc, res, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
             _launch(cp, specs.convert_dq, launches["convert_dkdv"], P.CONVERT, (
-                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, 0, 1.0, 0.0, (0, 0, 0, 0)))
+                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, plan.kv_rows, d, 0, 1.0, 0, (0, 0, 0, 0)))
     if plan.want_dbias:
         return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
     return AttentionGrads(dq, dk, dv)

@@ -138,14 +138,17 @@ def query_block_range(win_y: int, win_x: int, k0: int, n: int, m: int, seqlen_q:
 
 
 class DqWorkspace(tuple):
-    """(shape, nsplit, split_stride): the fp32 dQ workspace of one backward call."""
+    """(shape, nsplit, split_stride, tiled): the fp32 dQ workspace of one backward call."""
 
-    def __new__(cls, shape, nsplit, split_stride):
-        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride)))
+    def __new__(cls, shape, nsplit, split_stride, tiled=False):
+        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride), bool(tiled)))
 
     shape = property(lambda s: s[0])
     nsplit = property(lambda s: s[1])  # 0: one accumulator (atomic adds)
     split_stride = property(lambda s: s[2])  # elements between slabs; 0 in atomic mode
+    tiled = property(lambda s: s[3])  # whole query-block tiles, chunks placed as dq_tile_chunk
+    pitch = property(lambda s: s[0][-2])  # rows per (batch, head)
+    cols = property(lambda s: s[0][-1])  # floats per row
 
     @property
     def nbytes(self) -> int:
@@ -163,10 +166,21 @@ def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seql
     [nsplit, batch, nhead_q, seqlen_q, hdim_q] with nsplit = ceil(seqlen_k / BLOCK_N) (one slab per
     key block), not zero-filled: convert_dq reads only the slabs that were written. That is
     nsplit times the memory, e.g. 32 slabs (4.3 GB) for batch 4, 16 heads, 4096 x 4096, hdim 128
-    on the Hopper kernel (BLOCK_N = 128)."""
-    per = (batch, nhead_q, seqlen_q, hdim_q)
+    on the Hopper kernel (BLOCK_N = 128).
+
+    Tiled (instances with ``DQ_TILED``, which add a query block's dQ with one bulk copy): rows
+    rounded up to a multiple of BLOCK_M and rows of HDIM_Q (the padded head dim) floats, so that
+    each block's rows are one contiguous tile; inside a row the 16-byte chunks are permuted as
+    ``dq_tile_chunk`` in kernels/common.cuh says (convert_dq undoes it)."""
+    tiled = bool(spec.macro("DQ_TILED", 0))
+    if tiled:
+        bm = spec.macro("BLOCK_M")
+        per = (batch, nhead_q, cdiv(seqlen_q, bm) * bm, spec.macro("HDIM_Q"))
+    else:
+        per = (batch, nhead_q, seqlen_q, hdim_q)
+    plane = per[0] * per[1] * per[2] * per[3]
     if not deterministic:
-        return DqWorkspace(per, 0, 0)
+        return DqWorkspace(per, 0, 0, tiled)
     bn, _ = dq_dk_dv_blocks(spec)
     nsplit = cdiv(seqlen_k, bn)
-    return DqWorkspace((nsplit, *per), nsplit, batch * nhead_q * seqlen_q * hdim_q)
+    return DqWorkspace((nsplit, *per), nsplit, plane, tiled)

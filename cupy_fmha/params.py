@@ -44,15 +44,16 @@ FWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("o", TENSOR), ("lse"
               ("hdim_q", _I32), ("hdim_v", _I32), ("group", _I32), ("scale_log2", _F32), ("mask", MASK),
               ("alibi", ALIBI), ("bias", BIAS), ("dropout", DROPOUT))
 DOT_DO_O = _struct(("dout", TENSOR), ("o", TENSOR), ("delta", _P), ("dq_acc", _P), ("seq", SEQ),
-                   ("hdim_q", _I32), ("hdim_v", _I32))
+                   ("hdim_q", _I32), ("hdim_v", _I32), ("dq_pitch", _I32), ("dq_cols", _I32))
 BWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("dout", TENSOR), ("dk", TENSOR), ("dv", TENSOR),
               ("lse", _P), ("delta", _P), ("dq_acc", _P), ("dbias_acc", _P), ("dq_split_stride", _I64),
               ("seq", SEQ), ("hdim_q", _I32), ("hdim_v", _I32), ("group", _I32), ("dkdv_fp32", _I32),
               ("scale_log2", _F32), ("scale", _F32), ("mask", MASK), ("alibi", ALIBI), ("bias", BIAS),
               ("dropout", DROPOUT))
 CONVERT = _struct(("acc", _P), ("out", TENSOR), ("split_stride", _I64), ("seq", SEQ), ("hdim", _I32),
-                  ("nsum", _I32), ("nsplit", _I32), ("block_n", _I32), ("block_m", _I32), ("pad_", _I32),
-                  ("scale", _F32), ("pad2_", _F32), ("mask", MASK))
+                  ("nsum", _I32), ("nsplit", _I32), ("block_n", _I32), ("block_m", _I32), ("acc_pitch", _I32),
+                  ("acc_cols", _I32), ("acc_tiled", _I32), ("scale", _F32), ("pad_", _I32),
+                  ("mask", MASK))
 DROPOUT_MASK = _struct(("keep", _P), ("seqlen_q", _I32), ("seqlen_k", _I32), ("dropout", DROPOUT))
 
 #: C++ struct name -> dtype, every struct of kernels/params.cuh

@@ -143,7 +143,10 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
     s.bh = (index_t)b * nhead_q + h;
     s.lse_g = p.lse + s.bh * s.pitch_q;
     s.d_g = p.delta + s.bh * s.pitch_q;
-    s.dq_g = p.dq_acc + kb * p.dq_split_stride + s.bh * s.pitch_q * p.hdim_q;  // slab kb (deterministic)
+    if constexpr (DQ_TILED)  // whole tiles of M rows and HDIM_Q columns (common.cuh)
+        s.dq_g = p.dq_acc + kb * p.dq_split_stride + s.bh * (index_t)((s.pitch_q + M - 1) / M * M) * HDIM_Q;
+    else
+        s.dq_g = p.dq_acc + kb * p.dq_split_stride + s.bh * s.pitch_q * p.hdim_q;  // slab kb (deterministic)
     s.seqlen_q = seqlen_q;
     s.seqlen_k = seqlen_k;
     query_block_range(s.win, k0, N, M, seqlen_q, seqlen_k, s.qb_begin, s.qb_end);

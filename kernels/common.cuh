@@ -53,4 +53,12 @@ __device__ __forceinline__ void query_block_range(const Window& w, int k0, int n
     end = hi > lo ? (hi + m - 1) / m : begin;
 }
 
+// The dQ workspace of the kernels that add a query block's dQ with one bulk copy (DQ_TILED): per
+// (batch, query head), ceil(pitch_q / BLOCK_M) * BLOCK_M rows of HDIM_Q floats, so that a block's
+// rows are one contiguous tile; inside row r, the 16-byte chunk j of columns [4j, 4j + 4) is
+// stored at chunk dq_tile_chunk(r, j), which keeps the staging stores of the MMA fragments free
+// of shared-memory bank conflicts (rows % 8 spread over 8 chunk pairs). An even XOR: columns
+// [8m, 8m + 8) stay 32 contiguous bytes. Needs rows of at least 64 floats.
+__host__ __device__ __forceinline__ constexpr int dq_tile_chunk(int r, int j) { return j ^ ((r & 7) << 1); }
+
 }  // namespace fmha

@@ -15,6 +15,8 @@
 //                (default: at 2 warpgroups without ALiBi; see fmha_fwd_sm90.cu)
 //   NSPLIT       fmha_bwd_dq_dk_dv: CTAs sharing one key block's output columns
 //   OVERLAP, DQ_BULK   fmha_bwd_dq_dk_dv_sm90: GEMM4 issued under GEMM1/3; dQ by bulk reduce-adds
+//   DQ_TILED     the dq_dk_dv kernels writing dQ a query block at a time with one bulk copy: the dQ
+//                workspace is tiled (dq_tile_chunk in common.cuh; set by the launcher, never by hand)
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
@@ -74,6 +76,9 @@
 #ifndef DQ_BULK
 #define DQ_BULK 1
 #endif
+#ifndef DQ_TILED
+#define DQ_TILED 0
+#endif
 #ifndef ROWS
 #define ROWS 0
 #endif
@@ -93,7 +98,7 @@ namespace config_detail {
 inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m = BLOCK_M, block_n = BLOCK_N;
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
-inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, rows = ROWS, dq_split = DQ_SPLIT;
+inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, rows = ROWS, dq_split = DQ_SPLIT;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -115,6 +120,7 @@ inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, rows
 #undef NSPLIT
 #undef OVERLAP
 #undef DQ_BULK
+#undef DQ_TILED
 #undef ROWS
 #undef DQ_SPLIT
 
@@ -137,6 +143,7 @@ inline constexpr bool WG_SKIP = config_detail::wg_skip >= 0 ? config_detail::wg_
 inline constexpr int NSPLIT = config_detail::nsplit;
 inline constexpr bool OVERLAP = config_detail::overlap != 0;
 inline constexpr bool DQ_BULK = config_detail::dq_bulk != 0;
+inline constexpr bool DQ_TILED = config_detail::dq_tiled != 0;
 inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 }  // namespace fmha

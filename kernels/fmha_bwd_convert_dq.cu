@@ -14,6 +14,8 @@
 // DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
 // which the default path's convert should not pay.
 //
+// acc rows: acc_pitch per (batch, head) plane, acc_cols floats each; acc_tiled = 1: the dQ
+// workspace of the bulk-copy kernels (whole tiles, chunks placed by dq_tile_chunk, common.cuh).
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block NTHREADS (256). Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time. Parameters: ConvertParams (params.cuh;
 // seq.seqlen_q is `seqlen`, seq.cu_seqlens_q `cu_seqlens`). Group mode (cu_seqlens non-null, see
@@ -39,7 +41,8 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
     const int* __restrict__ cu_seqlens = p.seq.cu_seqlens_q;
     const int* __restrict__ cu_seqlens_k = p.seq.cu_seqlens_k;
     const int h = blockIdx.y, b = blockIdx.z, nhead_out = gridDim.y;
-    const int pitch = seqlen;  // group mode: the max sequence length, the row pitch of acc
+    const int pitch = p.acc_pitch, acc_cols = p.acc_cols;  // group mode: from the max sequence length
+    const bool tiled = p.acc_tiled != 0;
     if (cu_seqlens) out += (index_t)varlen_start(cu_seqlens, b, seqlen) * o_ss;
     if constexpr (DQ_SPLIT) {
         if (cu_seqlens_k) {  // the key blocks and window of this sequence, as dq_dk_dv sees them
@@ -63,7 +66,9 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
             }
             const float* slab = acc + kb * split_stride;
             for (int s = 0; s < nsum; ++s) {
-                const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * pitch + i) * hdim + col;
+                // (tiled: the chunk pair of columns [col, col + 8) stays adjacent under the even XOR)
+                const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * pitch + i) * acc_cols +
+                                   (tiled ? 4 * dq_tile_chunk(i, col / 4) : col);
                 const float4 u = *reinterpret_cast<const float4*>(src);
                 const float4 w = *reinterpret_cast<const float4*>(src + 4);
                 x[0] += u.x; x[1] += u.y; x[2] += u.z; x[3] += u.w;

@@ -3,8 +3,9 @@
 // Grid (ceil(seqlen_q / ROWS), nhead_q, batch), block ROWS * 32. D is [batch, nhead_q, seqlen_q].
 // Group mode (cu_seqlens_q non-null, see varlen.cuh): seqlen_q is max_seqlen_q, the pitch of D;
 // dO and O rows are packed tokens, batch strides 0.
-// dq_acc (optional, atomic-mode dQ workspace [batch, nhead_q, seqlen_q, hdim_q], fp32): the warp
-// of row i also zero-fills dQ row i, so the workspace needs no separate memset (one pass less
+// dq_acc (optional, atomic-mode dQ workspace [batch, nhead_q, dq_pitch, dq_cols], fp32: rows of
+// hdim_q, or the tiled layout of common.cuh): the warp of row i also zero-fills dQ row i, whose
+// place the two layouts share, so the workspace needs no separate memset (one pass less
 // over memory; FlashAttention-2's preprocessing kernel clears its dQ accumulator the same way).
 #include "common.cuh"
 #include "arch/arch.cuh"
@@ -50,9 +51,10 @@ fmha_bwd_dot_do_o(const __grid_constant__ DotDoOParams p) {
     acc = warp_reduce_sum(acc);
     const index_t row = ((index_t)b * gridDim.y + h) * pitch + i;
     if (lane == 0) delta[row] = acc;
-    if (dq_acc) {
-        float* dq_row = dq_acc + row * hdim_q;
-        for (int c = lane * 4; c < hdim_q; c += 4 * WARP_LANES)  // hdim_q is a multiple of 8: 16-byte stores
+    if (dq_acc) {  // row i of the workspace (tiled: rows < seqlen_q are a prefix of the tiles)
+        const int dq_cols = p.dq_cols;
+        float* dq_row = dq_acc + (((index_t)b * gridDim.y + h) * p.dq_pitch + i) * dq_cols;
+        for (int c = lane * 4; c < dq_cols; c += 4 * WARP_LANES)  // a multiple of 8: 16-byte stores
             *reinterpret_cast<float4*>(dq_row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }

@@ -11,9 +11,10 @@
 //   GEMM3  dK  += dS^T Q    wgmma A = dS^T (registers),    B = Q  (smem, MN-major)
 //   GEMM4  dQ   = dS K      wgmma A = dS (smem, MN-major), B = K  (smem, MN-major); warpgroup w
 //                           computes columns [w * HDIM_Q/2, (w+1) * HDIM_Q/2), staged in shared
-//                           memory and added into the fp32 workspace by one bulk reduce-add per
-//                           row (cp.reduce.async.bulk, the TMA engine), or copied into slab kb by
-//                           bulk stores when dq_split_stride != 0 (deterministic). DQ_BULK=0:
+//                           memory as the workspace's tile (DQ_TILED, common.cuh) and added into
+//                           the fp32 workspace by one bulk reduce-add per query block
+//                           (cp.reduce.async.bulk, the TMA engine), or copied into slab kb by one
+//                           bulk store when dq_split_stride != 0 (deterministic). DQ_BULK=0:
 //                           red.global.add / plain stores from every thread instead (what the
 //                           library runs at hdim 64, with dropout and in deterministic mode;
 //                           spec.bwd_specs says why).
@@ -38,9 +39,12 @@ static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * NWG && BLOCK_
 // OVERLAP (config.cuh, default on): issue GEMM4 while GEMM1/3 still run (their register operands
 // stay pinned). DQ_BULK (default on): dQ through shared memory and bulk reduce-adds (see above).
 
-// DQ_BULK: one dQ block, fp32 [BLOCK_M][DQ_PITCH]; the pitch puts consecutive rows 8 banks apart,
-// so the fragment stores (8-byte, half a warp at a time) are free of bank conflicts
-constexpr int DQ_PITCH = HDIM_Q + 8;
+// DQ_BULK: one dQ block, fp32 [BLOCK_M][HDIM_Q], chunks placed by dq_tile_chunk (common.cuh): the
+// workspace's tile byte for byte, so one bulk copy moves it (one per row, 128 per block, cost 9%
+// of the warp stall samples: each is a loop over the issuing lanes), and the fragment stores
+// (8-byte, half a warp at a time) are free of bank conflicts
+static_assert(DQ_TILED == DQ_BULK && (!DQ_BULK || HDIM_Q % 64 == 0),
+              "fmha_bwd_dq_dk_dv_sm90: the bulk dQ path writes the tiled workspace (spec.py sets DQ_TILED)");
 template <int N> struct DqStageSmem { float dq[N]; };
 template <> struct DqStageSmem<0> {};
 
@@ -57,16 +61,15 @@ struct SmemTiles {
     float d[2][BLOCK_M];
 };
 constexpr int KEEP_SMEM = DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0;  // bytes
-constexpr int DQ_STAGE = DQ_BULK ? BLOCK_M * DQ_PITCH : 0;            // floats
+constexpr int DQ_STAGE = DQ_BULK ? BLOCK_M * HDIM_Q : 0;              // floats
 struct Smem : SmemTiles, KeepBitsSmem<KEEP_SMEM>, DqStageSmem<DQ_STAGE> {};
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90: shared-memory layout and spec.py's SMEM_BYTES disagree");
 // the optional parts follow the tiles in order (block.cuh: addressed by these offsets)
 constexpr int KEEP_OFFSET = sizeof(SmemTiles), DQ_STAGE_OFFSET = KEEP_OFFSET + KEEP_SMEM;
 static_assert(sizeof(Smem) == DQ_STAGE_OFFSET + 4 * DQ_STAGE && DQ_STAGE_OFFSET % 16 == 0,
               "fmha_bwd_dq_dk_dv_sm90: keep bits and dQ staging must follow the tiles, 16-byte aligned");
-// DQ_BULK: thread wt < BLOCK_M of a warpgroup issues the bulk reduce-add of dQ row wt (recomputed
-// where used: kept live across the loop, this pushed hdim 128 past 255 registers)
-__device__ __forceinline__ bool dq_issuer() { return DQ_BULK && (threadIdx.x & 127) < BLOCK_M; }
+// DQ_BULK: thread 0 issues the block's bulk copy
+__device__ __forceinline__ bool dq_issuer() { return DQ_BULK && threadIdx.x == 0; }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
@@ -86,7 +89,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
     float* sD = &sm.d[0][0];
     unsigned char* sKeep = smem_raw + KEEP_OFFSET;  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
     constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
-    float* sdQ = reinterpret_cast<float*>(smem_raw + DQ_STAGE_OFFSET);  // [BLOCK_M][DQ_PITCH] (DQ_BULK)
+    float* sdQ = reinterpret_cast<float*>(smem_raw + DQ_STAGE_OFFSET);  // [BLOCK_M][HDIM_Q] tile (DQ_BULK)
 
     const int tid = threadIdx.x, warp = warp_of(tid);
     const int wg = warp >> 2, wi = warp & 3;       // warpgroup, warp inside it (16 keys each)
@@ -209,24 +212,21 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
                 fence_operand<BLOCK_M / 4>(&pa[0][0]);
                 fence_operand<BLOCK_M / 4>(&dsa[0][0]);
             }
-            if constexpr (DQ_BULK) {  // this warpgroup's columns of the block into sdQ, then one bulk add per row
-                float* sdq_t = sdQ + (wi * 16 + frag.row(0)) * DQ_PITCH + wg * DQ_HALF + frag.col(0, 0);
+            if constexpr (DQ_BULK) {  // this warpgroup's columns of the tile into sdQ, then one bulk copy
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
 #pragma unroll
-                    for (int n = 0; n < DQ_HALF / 8; ++n)
-                        *reinterpret_cast<float2*>(sdq_t + r * 8 * DQ_PITCH + n * 8) =
+                    for (int n = 0; n < DQ_HALF / 8; ++n) {
+                        const int row = wi * 16 + frag.row(2 * r), col = wg * DQ_HALF + frag.col(n, 0);
+                        *reinterpret_cast<float2*>(sdQ + row * HDIM_Q + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
                             make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                fence_proxy_async();
-                named_barrier_sync(1 + wg, 128);
-                if (dq_issuer()) {
-                    const int wt = threadIdx.x & 127, i = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
-                    if (i < blk.seqlen_q && ncol > 0) {
-                        float* dst = blk.dq_g + (index_t)i * p.hdim_q + wg * DQ_HALF;
-                        const unsigned src = smem_u32(sdQ + wt * DQ_PITCH + wg * DQ_HALF);
-                        if (p.dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
-                        else bulk_reduce_add_f32(dst, src, 4u * ncol);
                     }
+                fence_proxy_async();
+                named_barrier_sync(1, NTHREADS);
+                if (dq_issuer()) {
+                    float* dst = blk.dq_g + (index_t)q0 * HDIM_Q;
+                    if (p.dq_split_stride) bulk_store(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);  // deterministic: own slab
+                    else bulk_reduce_add_f32(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);
                     bulk_commit();
                 }
             } else {

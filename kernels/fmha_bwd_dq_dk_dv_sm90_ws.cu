@@ -30,12 +30,12 @@ using namespace fmha;
 
 static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && BLOCK_M == 64,
               "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 query rows per step");
+static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
 static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
 
 #ifndef STAGES
 #define STAGES 2
 #endif
-constexpr int DQ_PITCH = HDIM_Q + 8;  // as in fmha_bwd_dq_dk_dv_sm90.cu
 constexpr int MMA_THREADS = 128 * NWG;
 constexpr int PRODUCER_REGS = 24, MMA_REGS = 240;
 
@@ -45,7 +45,7 @@ struct Smem {
     uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked
     uint16_t dout[STAGES][BLOCK_M * HDIM_V];
     uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), double-buffered
-    float dq[BLOCK_M * DQ_PITCH];              // dQ staging (bulk reduce-adds)
+    float dq[BLOCK_M * HDIM_Q];                // dQ staging: the workspace tile (common.cuh)
     float lse[STAGES][BLOCK_M];
     float d[STAGES][BLOCK_M];
     unsigned long long full[STAGES], empty[STAGES], kv;
@@ -197,24 +197,21 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         fence_operand<BLOCK_M / 4>(&dsa[0][0]);
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
-        // this warpgroup's columns of the block into sdQ, then one bulk add (or store) per row
-        float* sdq_t = sdQ + (wi * 16 + frag.row(0)) * DQ_PITCH + wg * DQ_HALF + frag.col(0, 0);
+        // this warpgroup's columns of the tile into sdQ, then one bulk add (or store) of the tile
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
-            for (int n = 0; n < DQ_HALF / 8; ++n)
-                *reinterpret_cast<float2*>(sdq_t + r * 8 * DQ_PITCH + n * 8) =
+            for (int n = 0; n < DQ_HALF / 8; ++n) {
+                const int row = wi * 16 + frag.row(2 * r), col = wg * DQ_HALF + frag.col(n, 0);
+                *reinterpret_cast<float2*>(sdQ + row * HDIM_Q + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
                     make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-        fence_proxy_async();
-        named_barrier_sync(2 + wg, 128);
-        if ((tid & 127) < BLOCK_M) {
-            const int wt = tid & 127, row = q0 + wt, ncol = min(DQ_HALF, p.hdim_q - wg * DQ_HALF);
-            if (row < blk.seqlen_q && ncol > 0) {
-                float* dst = blk.dq_g + (index_t)row * p.hdim_q + wg * DQ_HALF;
-                const unsigned src = smem_u32(sdQ + wt * DQ_PITCH + wg * DQ_HALF);
-                if (p.dq_split_stride) bulk_store(dst, src, 4u * ncol);  // deterministic: own slab
-                else bulk_reduce_add_f32(dst, src, 4u * ncol);
             }
+        fence_proxy_async();
+        named_barrier_sync(2, MMA_THREADS);
+        if (tid == 0) {
+            float* dst = blk.dq_g + (index_t)q0 * HDIM_Q;
+            if (p.dq_split_stride) bulk_store(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);  // deterministic: own slab
+            else bulk_reduce_add_f32(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);
             bulk_commit();
         }
     }

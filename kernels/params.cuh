@@ -75,9 +75,10 @@ struct FwdParams {
 struct DotDoOParams {
     TensorArg dout, o;
     float* delta;   // [batch, nhead_q, seqlen_q]
-    float* dq_acc;  // fp32 [batch, nhead_q, seqlen_q, hdim_q] to zero-fill, or null
+    float* dq_acc;  // fp32 dQ workspace to zero-fill, or null: [batch, nhead_q, dq_pitch, dq_cols]
     SeqArg seq;     // cu_seqlens_k, seqlen_k unused
     int hdim_q, hdim_v;
+    int dq_pitch, dq_cols;  // rows per (batch, head) and floats per row of dq_acc (seqlen_q and hdim_q, or tiled)
 };
 
 // fmha_bwd_dq_dk_dv / fmha_bwd_dq_dk_dv_sm90: dQ (into dq_acc), dK, dV.
@@ -100,12 +101,14 @@ struct BwdParams {
 
 // fmha_bwd_convert_dq: out = cast(scale * sum acc) (dQ, or the GQA group sums of dK / dV).
 struct ConvertParams {
-    const float* acc;          // fp32 [(nsplit,) batch, nhead_out * nsum, seqlen, hdim]
+    const float* acc;          // fp32 [(nsplit,) batch, nhead_out * nsum, acc_pitch, acc_cols]
     TensorArg out;             // 16-bit output, head count nhead_out
     index_t split_stride;      // elements between dQ slabs (DQ_SPLIT=1)
     SeqArg seq;                // seqlen_q: rows of acc (and of out); seqlen_k: keys (DQ_SPLIT=1)
-    int hdim, nsum, nsplit, block_n, block_m, pad_;
-    float scale, pad2_;
+    int hdim, nsum, nsplit, block_n, block_m;
+    int acc_pitch, acc_cols, acc_tiled;  // rows per (batch, head), floats per row of acc; 1: chunks as dq_tile_chunk
+    float scale;
+    int pad_;
     MaskArg mask;              // the dq_dk_dv window (DQ_SPLIT=1)
 };
 

@@ -23,7 +23,7 @@ from cupy_fmha.spec import bwd_specs, default_dispatch_table
 
 @pytest.mark.parametrize("hdim,cc", [(64, 90), (128, 90), (32, 80), (96, 80), (256, 80), (128, 80)])
 def test_workspace_has_one_slab_per_key_block(hdim, cc):
-    spec = bwd_specs("bf16", hdim, hdim, cc).dq_dk_dv
+    spec = bwd_specs("bf16", hdim, hdim, cc, deterministic=True).dq_dk_dv
     bn, bm = L.dq_dk_dv_blocks(spec)
     launch = L.dq_dk_dv_launch(spec, 2, 3, 1000)
     nsplit_cols = spec.macro("NSPLIT", 1)
@@ -33,11 +33,23 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
     assert ws.split_stride == 2 * 3 * 777 * hdim
     assert ws.nbytes == 4 * ws.nsplit * ws.split_stride
     atomic = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
-    assert atomic == ((2, 3, 777, hdim), 0, 0)
+    assert atomic == ((2, 3, 777, hdim), 0, 0, False)
     if spec.target == "sm90a":
         assert (bn, bm) == (128, 64)
     else:
         assert bm == spec.macro("BLOCK_M") and bn == 16 * spec.macro("NWARPS")
+
+
+@pytest.mark.parametrize("hdim", [64, 120, 128])
+def test_tiled_workspace_rounds_rows_and_columns(hdim):
+    """The bulk-copy kernels (DQ_TILED) write whole tiles of BLOCK_M rows x HDIM_Q (padded) floats."""
+    from cupy_fmha.backends.cuda import bwd_ws_spec
+    spec = bwd_ws_spec("bf16", hdim, hdim)
+    assert spec.macro("DQ_TILED") == 1
+    ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
+    assert ws == ((2, 3, 832, 128 if hdim > 64 else 64), 0, 0, True) and (ws.pitch, ws.cols) == ws.shape[2:]
+    det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)
+    assert det.shape == (8, *ws.shape) and det.split_stride == 2 * 3 * 832 * ws.cols and det.tiled
 
 
 def test_workspace_bytes_of_the_benchmark_shape():
@@ -216,17 +228,19 @@ def test_split_convert_is_its_own_instance():
 
 
 def test_dq_path_per_instance():
-    """The Hopper backward adds dQ with bulk copies only at hdim 128 in atomic mode without
-    dropout; the deterministic slabs, hdim 64 and dropout use the per-thread path (DQ_BULK=0),
-    and each of those instances is in the dispatch table (so CI compiles it)."""
+    """The Hopper backward adds dQ with one bulk copy per block (into the tiled workspace) in
+    atomic mode without dropout; the deterministic slabs and dropout use the per-thread path
+    (DQ_BULK=0, row workspace), and each of those instances is in the dispatch table (so CI
+    compiles it)."""
     names = {spec.name for spec in default_dispatch_table()}
     for dtype in ("fp16", "bf16"):
         for feats in ({}, {"alibi": True}, {"bias": True}, {"dropout": True}):
             for d in (64, 128):
                 for det in (False, True):
                     spec = bwd_specs(dtype, d, d, 90, **feats, deterministic=det).dq_dk_dv
-                    bulk = d == 128 and not det and not feats.get("dropout")
+                    bulk = not det and not feats.get("dropout")
                     assert spec.macro("DQ_BULK", 1) == int(bulk), spec.name
+                    assert spec.macro("DQ_TILED") == int(bulk), spec.name
                     assert spec.name in names
         # the mma.sync kernel has no such switch: one instance for both modes
         assert bwd_specs(dtype, 96, 96, 90) == bwd_specs(dtype, 96, 96, 90, deterministic=True)

@@ -41,9 +41,10 @@ def smem_pitch(d: int) -> int:
 
 def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     """The macros that follow from an instance's table entries: BLOCK_M / BLOCK_N (where the table
-    gives warps), NTHREADS, and SMEM_BYTES, the dynamic shared memory of the kernel's layout
+    gives warps), NTHREADS, SMEM_BYTES, the dynamic shared memory of the kernel's layout
     struct (each kernel ``static_assert``s that its struct has exactly this size; the launcher
-    passes it)."""
+    passes it), and DQ_TILED for the dq_dk_dv kernels that write the tiled dQ workspace
+    (:func:`cupy_fmha.launch.dq_workspace`)."""
     if source == "fmha_fwd":  # NWARPS warps of 16 query rows; Q (also O's staging), K, V x 2
         bm, bn, pq, pv = 16 * m["NWARPS"], m["BLOCK_N"], smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"])
         return dict(BLOCK_M=bm, NTHREADS=32 * m["NWARPS"],
@@ -56,17 +57,18 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
         smem = 2 * (bn * pq + bn * pv + 2 * bm * pq + 2 * bm * pv + bn * ps) + 4 * 4 * bm
         return dict(BLOCK_N=bn, NTHREADS=32 * m["NWARPS"], SMEM_BYTES=smem + _keep_bits_bytes(m, bm, bn))
-    if source == "fmha_bwd_dq_dk_dv_sm90":  # the same, blocked, (+ the fp32 dQ staging block, DQ_BULK)
+    if source == "fmha_bwd_dq_dk_dv_sm90":  # the same, blocked, (+ the fp32 dQ tile, DQ_BULK)
         bn, bm, dq, dv = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"]
         smem = 2 * (bn * dq + bn * dv + 2 * bm * dq + 2 * bm * dv + bn * bm) + 4 * 4 * bm + _keep_bits_bytes(m, bm, bn)
-        if m.get("DQ_BULK", 1):  # rows padded by 8 floats
-            smem += 4 * bm * (dq + 8)
-        return dict(NTHREADS=128 * m["NWG"], SMEM_BYTES=smem)
-    if source == "fmha_bwd_dq_dk_dv_sm90_ws":  # K, V; Q, dO x STAGES; dS^T x 2; dQ staging; LSE, D x STAGES; mbarriers
+        bulk = m.get("DQ_BULK", 1)
+        if bulk:
+            smem += 4 * bm * dq
+        return dict(NTHREADS=128 * m["NWG"], SMEM_BYTES=smem, DQ_TILED=1 if bulk else 0)
+    if source == "fmha_bwd_dq_dk_dv_sm90_ws":  # K, V; Q, dO x STAGES; dS^T x 2; dQ tile; LSE, D x STAGES; mbarriers
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
-        smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * (dq + 8)
+        smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * dq
                 + 4 * 2 * st * bm + 8 * (2 * st + 1))
-        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem)
+        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem, DQ_TILED=1)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
@@ -217,13 +219,14 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
     # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
     if use_sm90(hdim_q, hdim_v, cc):
-        # dQ leaves through shared memory and bulk reduce-adds (DQ_BULK, the kernel's default) at
-        # hdim 128: +1.5-2.5% on the H200 (bench/NOTES.md step 17). Per-thread atomics / stores
-        # instead at hdim 64, where the bulk path measured 18% slower (half as much work per Q
-        # block for the same number of bulk copies); with dropout, where the staging pushed the
-        # hdim-128 spill past 64 bytes; and for the deterministic slabs, where bulk stores
-        # measured 12% slower than plain ones (5.90 against 5.26 ms, bench/features.py).
-        bulk = pad_hdim(hdim_q) > 64 and not dropout and not deterministic
+        # dQ leaves through shared memory, one bulk reduce-add of the whole block into the tiled
+        # workspace (DQ_BULK, the kernel's default): against per-thread atomics 2-4% faster at
+        # hdim 64, and at hdim 128 3-5% faster than the per-row bulk copies it replaced (bench/
+        # NOTES.md step 22). Per-thread atomics / stores instead with dropout, where the staging
+        # pushed the hdim-128 spill past 64 bytes, and for the deterministic slabs, where bulk
+        # stores (then one per row) measured 12% slower than plain ones (5.90 against 5.26 ms,
+        # bench/features.py; not re-measured with one store per block).
+        bulk = not dropout and not deterministic
         # two warpgroups of 64 keys; 64 query rows per step (GEMM4 splits dQ's columns in halves)
         tiles = dict(NWG=2, BLOCK_N=128, BLOCK_M=64)
         if not bulk:
