@@ -16,8 +16,8 @@
 // Not yet here: dropout and elementwise bias (static_assert; the library routes them to
 // fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
 // zero-fills only past the tensor); they are masked like any row past seqlen, but their values
-// still meet zeros in GEMM1/3/4, so a NaN or Inf there could reach this sequence's gradients
-// (the old kernel zero-filled them; to do: zero an edge tile's tail rows before `full`).
+// still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
+// tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
 //
 // Parameters: four tensor maps (Q, K, V, dO as column-blocked views; zeros for an empty tensor),
 // then BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
@@ -128,6 +128,13 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     mbarrier_wait(smem_u32(&sm.kv), 0);
+    const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
+    if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
+        cb_zero_rows<BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
+        cb_zero_rows<BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
+        fence_proxy_async();
+        named_barrier_sync(3, MMA_THREADS);
+    }
 
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         const int s = i % STAGES;
@@ -135,6 +142,12 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const int q0 = qb * BLOCK_M;
         uint16_t* sdS = sm.ds[i & 1];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
+        if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
+            cb_zero_rows<BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
+            cb_zero_rows<BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
+            fence_proxy_async();
+            named_barrier_sync(3, MMA_THREADS);
+        }
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
 

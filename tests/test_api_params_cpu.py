@@ -24,6 +24,10 @@ def rec(request, monkeypatch):
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
     r = Recorder()
     monkeypatch.setattr(api, "get_function", r)
+    # the warp-specialized backward's tensor maps need the driver: the argument checks run, the
+    # encoding is replaced by zero bytes
+    from cupy_fmha.backends import tma
+    monkeypatch.setattr(tma, "encode_tile_map", lambda args: np.zeros(1, np.dtype((np.void, 128))))
     return r
 
 

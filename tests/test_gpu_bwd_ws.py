@@ -67,3 +67,8 @@ def test_group_mode_empty_sides():
 @pytest.mark.parametrize("case", list(V.DETERMINISTIC))
 def test_group_mode_deterministic(case):
     V.test_varlen_deterministic_is_bit_identical_and_correct(case)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_group_mode_inf_neighbour(d):
+    V.test_inf_in_one_sequence_leaves_its_neighbours_alone(d)

@@ -346,3 +346,33 @@ def test_varlen_bias_rejected_shapes_on_gpu_arrays():
     o, lse = cupy_fmha.attention_forward(q, k, v, bias=cp.zeros((50, 40), cp.float16), **kw)
     with pytest.raises(ValueError, match="return_dbias"):
         cupy_fmha.attention_backward(inp.dev["do"], q, k, v, o, lse, return_dbias=True, **kw)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_inf_in_one_sequence_leaves_its_neighbours_alone(d):
+    """Inf in one sequence's q, k, v and dO (its own outputs turn NaN) must not change a bit of
+    any other sequence's outputs: the kernels' tiles past a sequence's end hold the next
+    sequence's tokens (TMA loads them; 0 * Inf is NaN in a GEMM) unless they are zeroed."""
+    lens = [70, 50, 90]
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    rng = np.random.default_rng(seed_for(f"inf-neighbour-{d}"))
+    t, h = sum(lens), 2
+
+    def inputs():
+        return [cp.asarray(rng.standard_normal((t, h, d)).astype(np.float16)) for _ in range(4)]
+
+    def both(q, k, v, do):
+        kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu)
+        o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
+        return (o, *cupy_fmha.attention_backward(do, q, k, v, o, lse, **kw))
+
+    clean = inputs()
+    ref = both(*clean)
+    poisoned = [x.copy() for x in clean]
+    for x in poisoned:
+        x[lens[0]:lens[0] + lens[1]] = np.inf
+    got = both(*poisoned)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), ref, got):
+        for lo, hi in ((0, lens[0]), (lens[0] + lens[1], t)):
+            assert bool(cp.isfinite(b[lo:hi]).all()), f"{name} rows {lo}:{hi} not finite"
+            assert bool((a[lo:hi] == b[lo:hi]).all()), f"{name} rows {lo}:{hi} changed"

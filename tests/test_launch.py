@@ -58,7 +58,9 @@ def test_sm90_instances_fit(hq, hv):
     lf = L.fwd_launch(f, 2, 3, 1000)
     lb = L.dq_dk_dv_launch(b, 2, 3, 1000)
     assert 0 < lf.smem <= L.SMEM_LIMIT and 0 < lb.smem <= L.SMEM_LIMIT
-    assert lf.block[0] == 128 * f.macro("NWG") and lb.block == (256, 1, 1)
+    # the warp-specialized backward (hdim 128) adds a producer warpgroup to the two MMA ones
+    assert lf.block[0] == 128 * f.macro("NWG") and lb.block == (128 * (2 + b.source.endswith("_ws")), 1, 1)
+    assert b.source.endswith("_ws") == (hq == hv)
     assert lb.grid == (-(-1000 // 128), 3, 2)
 
 
@@ -66,3 +68,21 @@ def test_sm80_devices_never_get_wgmma():
     assert fwd_spec("fp16", 64, 64, 80).target == "sm80"
     assert bwd_specs("fp16", 128, 128, 86).dq_dk_dv.target == "sm80"
     assert bwd_specs("fp16", 96, 96, 90).dq_dk_dv.target == "sm80"  # padded 96: mma.sync path
+
+
+def test_ws_backward_routing(monkeypatch):
+    """The warp-specialized Hopper backward: by default at equal padded hdims 64 / 128 in atomic dQ mode,
+    never with dropout or bias; CUPY_FMHA_BWD_WS=1 / 0 force it on (where it applies) / off."""
+    from cupy_fmha.backends.cuda import bwd_specs
+    src = lambda *a, **kw: bwd_specs("bf16", *a, 90, **kw).dq_dk_dv.source
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS", raising=False)
+    assert src(128, 128) == src(120, 120) == src(128, 128, alibi=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
+    for kw in ({"dropout": True}, {"bias": True}, {"deterministic": True}):
+        assert src(128, 128, **kw) == "fmha_bwd_dq_dk_dv_sm90", kw
+    assert src(64, 64) == src(56, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
+    assert src(128, 64) == "fmha_bwd_dq_dk_dv_sm90"
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    assert src(128, 64) == src(128, 128, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
+    assert src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
+    assert src(128, 128) == src(64, 64) == "fmha_bwd_dq_dk_dv_sm90"

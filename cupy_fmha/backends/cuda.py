@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "use_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -206,6 +206,21 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
+def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
+           deterministic: bool = False) -> bool:
+    """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
+    which has no dropout or bias): by default at equal padded head dims 64 or 128 in atomic dQ
+    mode, where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
+    ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22). ``CUPY_FMHA_BWD_WS=1`` takes it wherever
+    it applies (unequal head dims, deterministic mode too), ``=0`` never (comparisons)."""
+    if bias or dropout:
+        return False
+    switch = os.environ.get("CUPY_FMHA_BWD_WS", "").strip()
+    if switch:
+        return switch != "0"
+    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS and not deterministic
+
+
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
               bias: bool = False, dropout: bool = False, deterministic: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
@@ -234,8 +249,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         tiles = _override("CUPY_FMHA_BWD_SM90_TILES", tiles)
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
-        if os.environ.get("CUPY_FMHA_BWD_WS", "") not in ("", "0") and not (bias or dropout):
-            main = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)  # opt-in while it is being checked
+        if use_ws(hdim_q, hdim_v, bias=bias, dropout=dropout, deterministic=deterministic):
+            main = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)
     else:
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
@@ -255,16 +270,19 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
-    """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``, issue 10, not yet
-    dispatched: a producer warpgroup loading with TMA, two MMA warpgroups) for padded head dims
-    64 and 128; no dropout or bias."""
+    """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
+    loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout or bias
+    (:func:`use_ws` says when it is dispatched)."""
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                NWG=2, BLOCK_N=128, BLOCK_M=64, **feature_macros(alibi, False, False))
 
 
 def experimental_table() -> list[KernelSpec]:
-    """Instances built and compile-checked but not dispatched yet (the warp-specialized backward)."""
-    return [bwd_ws_spec(dtype, d, d, alibi=alibi) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    """Instances built and compile-checked that the library dispatches only under a switch
+    (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`): the ``fmha_bwd_dq_dk_dv_sm90`` builds the
+    warp-specialized backward replaced at hdim 64 and 128."""
+    return [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
+                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
 
 
 def dropout_mask_spec() -> KernelSpec:

@@ -61,4 +61,13 @@ __device__ __forceinline__ unsigned long long desc_cb_mnmajor(const uint16_t* ti
     return wgmma_desc(smem_u32(tile + ((col0 >> 3) * (R >> 3) + (k0 >> 3)) * 64), 128, (R / 8) * 128);
 }
 
+// Rows [r0, R) of a column-blocked tile of C columns set to zero by THREADS threads (16-byte
+// stores; rows a TMA box brought from beyond a sequence's end, group mode).
+template <int R, int C, int THREADS>
+__device__ __forceinline__ void cb_zero_rows(uint16_t* tile, int r0, int tid) {
+    const int n = R - r0;
+    for (int u = tid; u < (C / 8) * n; u += THREADS)
+        *reinterpret_cast<uint4*>(tile + ((u / n) * R + r0 + u % n) * 8) = make_uint4(0u, 0u, 0u, 0u);
+}
+
 }  // namespace fmha
