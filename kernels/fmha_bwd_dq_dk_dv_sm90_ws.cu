@@ -1,4 +1,5 @@
-// Attention backward, main kernel for Hopper (sm_90a), warp-specialized (issue 10, first step):
+// Attention backward, main kernel for Hopper (sm_90a), warp-specialized (issue 10, first step; the
+// default where cupy_fmha.backends.cuda.use_ws says):
 // the same five GEMMs as fmha_bwd_dq_dk_dv_sm90.cu, with the loads taken off the MMA warps.
 //
 // Three warpgroups. Warpgroup 0 is the producer: its first thread issues TMA tensor loads (K and V

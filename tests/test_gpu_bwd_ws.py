@@ -1,8 +1,9 @@
-"""The warp-specialized Hopper backward (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu, opt-in with
-CUPY_FMHA_BWD_WS=1 while it is being checked) against the NumPy reference: the cases of the main
-GPU suites (batch mode: masks, GQA, both layouts, lengths that are not multiples of any tile;
-group mode; ALiBi; deterministic mode) rerun with the switch on, plus a check that the switch
-really selects the kernel. Configurations it does not take (dropout, bias, head dims above 128,
+"""The warp-specialized Hopper backward (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu; the default at equal
+padded head dims 64/128 in atomic mode, CUPY_FMHA_BWD_WS=1 takes it wherever it applies) against
+the NumPy reference: the cases of the main GPU suites (batch mode: masks, GQA, both layouts,
+lengths that are not multiples of any tile; group mode; ALiBi; deterministic mode, which by
+default runs the other kernel) rerun with the switch on, plus a check that the switch really
+selects the kernel. Configurations it does not take (dropout, bias, head dims above 128,
 devices before sm_90) run the usual kernels under the switch too."""
 
 from __future__ import annotations
