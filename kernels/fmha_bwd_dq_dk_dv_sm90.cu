@@ -163,16 +163,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
             if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
                 bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-            c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
-            // dS^T to shared memory (blocked [key][q]) for GEMM4
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][0];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][1];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][2];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][3];
-        }
+        bwd_p_ds_operands<BLOCK_M>(s, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 
         // GEMM1 and GEMM3 (A from registers)
         wgmma_fence();
@@ -213,14 +204,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
                 fence_operand<BLOCK_M / 4>(&dsa[0][0]);
             }
             if constexpr (DQ_BULK) {  // this warpgroup's columns of the tile into sdQ, then one bulk copy
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-#pragma unroll
-                    for (int n = 0; n < DQ_HALF / 8; ++n) {
-                        const int row = wi * 16 + frag.row(2 * r), col = wg * DQ_HALF + frag.col(n, 0);
-                        *reinterpret_cast<float2*>(sdQ + row * HDIM_Q + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
-                            make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                    }
+                stage_dq_tile<DQ_HALF / 8, HDIM_Q>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
                 fence_proxy_async();
                 named_barrier_sync(1, NTHREADS);
                 if (dq_issuer()) {

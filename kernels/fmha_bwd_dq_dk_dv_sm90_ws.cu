@@ -173,15 +173,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         backward_p_ds<NQ>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                           k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-            c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][0];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(0, 0), BLOCK_M)) = dsa[kk][1];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(0), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][2];
-            *reinterpret_cast<uint32_t*>(sdS + blk_offset(warp_key0 + frag.row(2), kk * 16 + frag.col(1, 0), BLOCK_M)) = dsa[kk][3];
-        }
+        bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 
         // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
         wgmma_fence();
@@ -212,14 +204,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
         // this warpgroup's columns of the tile into sdQ, then one bulk add (or store) of the tile
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int n = 0; n < DQ_HALF / 8; ++n) {
-                const int row = wi * 16 + frag.row(2 * r), col = wg * DQ_HALF + frag.col(n, 0);
-                *reinterpret_cast<float2*>(sdQ + row * HDIM_Q + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
-                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-            }
+        stage_dq_tile<DQ_HALF / 8, HDIM_Q>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
         fence_proxy_async();
         named_barrier_sync(2, MMA_THREADS);
         if (tid == 0) {

@@ -7,6 +7,8 @@
 #pragma once
 #include "../../common.cuh"
 #include "../sm80/instr.cuh"
+#include "../sm80/fragment.cuh"
+#include "../sm80/tile.cuh"
 #include "wgmma.cuh"
 
 namespace fmha {
@@ -68,6 +70,37 @@ __device__ __forceinline__ void cb_zero_rows(uint16_t* tile, int r0, int tid) {
     const int n = R - r0;
     for (int u = tid; u < (C / 8) * n; u += THREADS)
         *reinterpret_cast<uint4*>(tile + ((u / n) * R + r0 + u % n) * 8) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Backward, once P^T and dS^T sit in a warp's S^T / dP^T accumulators (its keys key0 + f.row(e),
+// M query columns): both as register A operands of GEMM1 and GEMM3 (pa, dsa: M / 16 k16 slices),
+// and dS^T into the blocked [keys][M] tile sdS that GEMM4 reads.
+template <int M>
+__device__ __forceinline__ void bwd_p_ds_operands(const float* s, const float* dp, uint32_t (*pa)[4], uint32_t (*dsa)[4],
+                                                  uint16_t* sdS, int key0, const AccFrag& f) {
+#pragma unroll
+    for (int kk = 0; kk < M / 16; ++kk) {
+        c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(0), kk * 16 + f.col(0, 0), M)) = dsa[kk][0];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(2), kk * 16 + f.col(0, 0), M)) = dsa[kk][1];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(0), kk * 16 + f.col(1, 0), M)) = dsa[kk][2];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(2), kk * 16 + f.col(1, 0), M)) = dsa[kk][3];
+    }
+}
+
+// Backward: a warp's dQ accumulator (rows row0 + f.row(e), N8 n8 tiles from column col0) into the
+// fp32 dQ tile sdQ of D columns, laid out as the workspace (dq_tile_chunk, common.cuh).
+template <int N8, int D>
+__device__ __forceinline__ void stage_dq_tile(float* sdQ, const float* acc, int row0, int col0, const AccFrag& f) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int n = 0; n < N8; ++n) {
+            const int row = row0 + f.row(2 * r), col = col0 + f.col(n, 0);
+            *reinterpret_cast<float2*>(sdQ + row * D + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
+                make_float2(acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
+        }
 }
 
 }  // namespace fmha
