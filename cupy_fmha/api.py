@@ -30,6 +30,7 @@ workspace [batch, nhead_q, max_seqlen_q, max_seqlen_k]) and move every token-ind
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -222,12 +223,28 @@ def _launch(cp, spec, launch, struct, values, prefix: tuple = ()):
        shared_mem=launch.smem)
 
 
+@functools.lru_cache(maxsize=256)
+def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -> np.ndarray:
+    """One column-blocked tensor map of :func:`_ws_maps`, encoded once per address, shape and
+    strides: the driver call through cuda-bindings costs tens of microseconds, and training
+    loops hand the same buffers back call after call. The arrays are shared: never written."""
+    from .backends import tma
+
+    if n_rows == 0 or batch == 0:  # nothing to load (the kernel issues no copy from it)
+        return np.zeros(1, np.dtype((np.void, 128)))
+    # a size-1 axis may carry any stride (NumPy/CuPy give 0 for x[None]); TMA wants a positive
+    # multiple of 16
+    sb, sh, ss = (x if n > 1 else 8 for x, n in ((sb, batch), (sh, heads), (ss, n_rows)))
+    shape = (batch, d // 8, n_rows, heads, 8)
+    strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
+    args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
+    return tma.encode_tile_map(args)
+
+
 def _ws_maps(spec, plan, tensors) -> tuple:
     """The TMA tensor maps of ``fmha_bwd_dq_dk_dv_sm90_ws`` (Q, K, V, dO), from their ``TensorArg``
     tuples (pointer and element strides): each a column-blocked 5-D view (batch, hdim / 8, rows,
     heads, 8) read one box per tile (cupy_fmha/backends/tma.py)."""
-    from .backends import tma
-
     p = plan.problem
     name = "bfloat16" if spec.dtype == "bf16" else "float16"
     rows = {"q": (plan.rows_q, p.nhead_q, p.hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
@@ -240,16 +257,7 @@ def _ws_maps(spec, plan, tensors) -> tuple:
         batch = p.batch
         if plan.group_mode:  # packed tokens: one batch entry of total rows
             n_rows, batch = (p.total_q if key in ("q", "do") else p.total_k), 1
-        if n_rows == 0 or batch == 0:  # nothing to load (the kernel issues no copy from it)
-            maps.append(np.zeros(1, np.dtype((np.void, 128))))
-            continue
-        # a size-1 axis may carry any stride (NumPy/CuPy give 0 for x[None]); TMA wants a
-        # positive multiple of 16
-        sb, sh, ss = (x if n > 1 else 8 for x, n in ((sb, batch), (sh, heads), (ss, n_rows)))
-        shape = (batch, d // 8, n_rows, heads, 8)
-        strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
-        args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
-        maps.append(tma.encode_tile_map(args))
+        maps.append(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
     return tuple(maps)
 
 

@@ -116,3 +116,27 @@ def test_every_tma_wrapper_compiles_for_sm90a():
     finally:
         nvrtc.destroyProgram(prog)
     assert "0 bytes spill stores" in log and "error" not in log.lower(), log
+
+
+def test_ws_maps_are_encoded_once_per_buffer(monkeypatch):
+    """The backward's tensor maps are cached by address, shape and strides: a training loop that
+    hands the same buffers back pays the driver call once."""
+    import numpy as np
+
+    from cupy_fmha import api
+    from cupy_fmha.backends import tma
+
+    calls = []
+
+    def fake(args):
+        calls.append(args)
+        return np.zeros(1, np.dtype((np.void, 128)))
+
+    monkeypatch.setattr(tma, "encode_tile_map", fake)
+    api._tile_map.cache_clear()
+    key = ("bfloat16", 1 << 20, 2, 16, 1000, 128, 1000 * 16 * 128, 128, 16 * 128, 64, 128)
+    a = api._tile_map(*key)
+    assert api._tile_map(*key) is a and len(calls) == 1
+    api._tile_map(*key[:1], (1 << 20) + 4096, *key[2:])  # another buffer: encoded again
+    assert len(calls) == 2 and calls[1].address == (1 << 20) + 4096
+    api._tile_map.cache_clear()
