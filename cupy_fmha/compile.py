@@ -150,6 +150,16 @@ class CompileReport:
     def spills(self) -> bool:
         return self.spill_stores > 0 or self.spill_loads > 0 or self.stack_frame > 0
 
+    @property
+    def wgmma_serialized(self) -> bool:
+        """ptxas warned that it serialized wgmma instructions (its C7510-C7519 family, "Potential
+        Performance Loss: wgmma.mma_async instructions are serialized ..."): each warpgroup MMA
+        then waits for the one before, whatever the kernel's fences say."""
+        return bool(_WGMMA_SERIALIZED.search(self.log))
+
+
+_WGMMA_SERIALIZED = re.compile(r"\(C751\d\)|wgmma[^\n]*serializ", re.I)
+
 
 def _nvrtc_include_dirs() -> list[str]:
     dirs = []

@@ -124,6 +124,7 @@ def test_kernel_compiles_without_spills(spec, arch, compiled):
         assert rep.generic_accesses == 0, (
             f"{spec.name} on {arch}: {rep.generic_accesses} generic LD/ST instructions (nvdisasm); "
             "address shared memory from the extern __shared__ array")
+    assert not rep.wgmma_serialized, f"{spec.name} on {arch}: ptxas serialized wgmma\n{rep.log}"
     budget = _spill_budget(spec, arch)
     if budget:
         assert rep.spill_stores <= budget and rep.spill_loads <= 2 * budget, (
@@ -136,9 +137,18 @@ def test_kernel_compiles_without_spills(spec, arch, compiled):
     )
 
 
+def test_wgmma_serialization_warning_is_recognized():
+    # the check above must be able to fail: ptxas's wording (CUDA 12.x / 13.x), and a clean log
+    warn = ("ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+            "due to the presence of Extern calls in the function 'k'.")
+    rep = C.CompileReport("k", "sm_90a", 100, 0, 0, 0, 0, warn)
+    assert rep.wgmma_serialized
+    assert not C.CompileReport("k", "sm_90a", 100, 0, 0, 0, 0, "ptxas info : Used 100 registers").wgmma_serialized
+
+
 def test_sources_are_self_contained():
     # includes are expanded by the loader, so the text NVRTC (and CuPy's cache) sees is complete
-    for stem in ("fmha_fwd", "fmha_fwd_sm90", "fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90",
+    for stem in ("fmha_fwd", "fmha_fwd_sm90", "fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90", "fmha_bwd_dq_dk_dv_sm90_ws",
                  "fmha_bwd_convert_dq"):
         src = C.load_source(stem)
         assert '#include "' not in src
