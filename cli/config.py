@@ -28,6 +28,9 @@ _DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16", "bf
 INT32_MAX = 2**31 - 1
 
 
+#: upper bound of --warmup and --repeat (a typo of a few extra digits should not run for hours)
+MAX_CALLS = 100_000
+
 class UsageProblem(Exception):
     """A bad option value (or a run this machine cannot hold): one line, exit status 2."""
 
@@ -363,10 +366,10 @@ def build(
         seed = check_uint64("--seed", seed)
     except (TypeError, ValueError) as e:
         raise UsageProblem(str(e)) from None
-    if warmup is not None and warmup < 0:
-        raise UsageProblem(f"--warmup: must be >= 0, got {warmup}")
-    if repeat is not None and repeat < 1:
-        raise UsageProblem(f"--repeat: must be >= 1, got {repeat}")
+    if warmup is not None and not 0 <= warmup <= MAX_CALLS:
+        raise UsageProblem(f"--warmup: must be in [0, {MAX_CALLS}], got {warmup}")
+    if repeat is not None and not 1 <= repeat <= MAX_CALLS:
+        raise UsageProblem(f"--repeat: must be in [1, {MAX_CALLS}], got {repeat}")
     if max_memory is not None and not (math.isfinite(max_memory) and max_memory > 0):
         raise UsageProblem(f"--max-memory: expected a positive number of GiB, got {max_memory}")
     bias_shape = None if elem is None else _ELEMENTWISE[elem](b, hq, sq, sk)

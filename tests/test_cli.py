@@ -725,6 +725,8 @@ def test_memory_error_is_one_line(no_gpu, monkeypatch):
     (["--scale", "1e300"], ["--scale:", "float32"]),
     (["--mask", "t", "--causal"], ["--mask: give either --mask or --causal/--window, not both"]),
     (["--mask", "b", "--window", "3,0"], ["--mask: give either --mask or --causal/--window"]),
+    (["--warmup", "99999999999999999999999"], ["--warmup:", "100000"]),
+    (["--repeat", "1000000000000"], ["--repeat:", "100000"]),
 ])
 def test_item11_errors_name_the_option(no_gpu, no_inputs, args, words):
     res = invoke("fwd", *SMALL, *args)
