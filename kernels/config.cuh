@@ -15,6 +15,7 @@
 //                (default: at 2 warpgroups without ALiBi; see fmha_fwd_sm90.cu)
 //   NSPLIT       fmha_bwd_dq_dk_dv: CTAs sharing one key block's output columns
 //   OVERLAP, DQ_BULK   fmha_bwd_dq_dk_dv_sm90: GEMM4 issued under GEMM1/3; dQ by bulk reduce-adds
+//   STAGES       the warp-specialized kernels: buffers in the producer's ring
 //   DQ_TILED     the dq_dk_dv kernels writing dQ a query block at a time with one bulk copy: the dQ
 //                workspace is tiled (dq_tile_chunk in common.cuh; set by the launcher, never by hand)
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
@@ -79,6 +80,9 @@
 #ifndef DQ_TILED
 #define DQ_TILED 0
 #endif
+#ifndef STAGES
+#define STAGES 2
+#endif
 #ifndef ROWS
 #define ROWS 0
 #endif
@@ -98,7 +102,7 @@ namespace config_detail {
 inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m = BLOCK_M, block_n = BLOCK_N;
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
-inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, rows = ROWS, dq_split = DQ_SPLIT;
+inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -121,6 +125,7 @@ inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_t
 #undef OVERLAP
 #undef DQ_BULK
 #undef DQ_TILED
+#undef STAGES
 #undef ROWS
 #undef DQ_SPLIT
 
@@ -144,6 +149,7 @@ inline constexpr int NSPLIT = config_detail::nsplit;
 inline constexpr bool OVERLAP = config_detail::overlap != 0;
 inline constexpr bool DQ_BULK = config_detail::dq_bulk != 0;
 inline constexpr bool DQ_TILED = config_detail::dq_tiled != 0;
+inline constexpr int STAGES = config_detail::stages;
 inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 }  // namespace fmha

@@ -34,11 +34,7 @@ static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && 
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
 static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
 
-#ifndef STAGES
-#define STAGES 2
-#endif
 constexpr int MMA_THREADS = 128 * NWG;
-constexpr int PRODUCER_REGS = 24, MMA_REGS = 240;
 
 struct Smem {
     uint16_t k[BLOCK_N * HDIM_Q];              // column-blocked
@@ -86,7 +82,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<PRODUCER_REGS>();
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x >= 32) return;
         const int lane = threadIdx.x;
         if (lane == 0) {
@@ -116,7 +112,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<MMA_REGS>();
+    setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     const int wg = warp >> 2, wi = warp & 3;
     const AccFrag frag(tid);

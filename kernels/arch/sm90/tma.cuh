@@ -20,6 +20,11 @@
 
 namespace fmha {
 
+// Registers per thread of the warp-specialized kernels' roles after setmaxnreg: a producer
+// warpgroup that only issues TMA copies, and MMA warpgroups (one producer and two MMA warpgroups:
+// 128 * (24 + 2 * 240) = 64512 of the SM's 65536).
+inline constexpr int WS_PRODUCER_REGS = 24, WS_MMA_REGS = 240;
+
 // An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
 struct __align__(64) TmaMap {
     unsigned long long opaque[16];
