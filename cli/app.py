@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 
 import typer
@@ -318,8 +319,15 @@ def info(json_out: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Output that cannot be written (a full disk, a closed pipe)
+    ends the run with one line on stderr and exit status 1: the result was not delivered."""
+    try:
+        app()
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # the reader left (`| head`): stdout is gone, say nothing there
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"cupy-fmha: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

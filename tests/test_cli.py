@@ -798,3 +798,17 @@ def test_refusal_imports_neither_cupy_nor_ml_dtypes():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.stdout.strip() == "2 []", (res.stdout, res.stderr)
     assert "would need about" in res.stderr
+
+
+def test_unwritable_output_is_one_line(monkeypatch, capsys):
+    """A full disk (`> /dev/full`) while writing the result: one line on stderr, exit 1, no traceback."""
+    import errno
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli, "app", full)
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.strip() == "cupy-fmha: cannot write the output: No space left on device"
