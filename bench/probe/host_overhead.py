@@ -6,6 +6,13 @@ minimum and the median over the loops of the host time per call (the time the Py
 to return, the GPU still busy) and of host+GPU time per call. The minimum is the figure to
 compare between trees: scheduling noise on the host only ever adds time.
 
+Loops are short (20 calls, 3 to 5 launches each) so that the launch queue never fills: the GPU
+takes longer per call than the host here, and once the driver's queue is full a launch waits
+for the GPU, which turns "host time" into GPU time. How soon the queue fills depends on the size
+of the kernel parameters (the warp-specialized backward passes four 128-byte tensor maps), so
+long loops compared kernels, not host code (200-call loops: 150 against 282 us per call on the
+H200 for the same Python, bench/NOTES.md step 23).
+
     python bench/probe/host_overhead.py [--json out.json]
 
 ``bench/probe/host_ab.py`` runs this script under two source trees, alternating.
@@ -23,8 +30,8 @@ import cupy_fmha
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     rows = []
