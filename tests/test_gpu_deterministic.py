@@ -155,7 +155,7 @@ def test_deterministic_at_seqlen_65536_without_slabs():
     spec = bwd_specs("bf16", 128, 128, 90, deterministic=True).dq_dk_dv
     assert L.dq_workspace(spec, 1, 16, 65536, 65536, 128, True).nsplit == 0
     rng = cp.random.default_rng(seed_for("det-65536"))
-    q, k, v, do = (rng.standard_normal((1, 65536, 16, 128), dtype=cp.float32).astype(cp.bfloat16) for _ in range(4))
+    q, k, v, do = (rng.standard_normal((1, 65536, 16, 128), dtype=cp.float32).astype(BF16) for _ in range(4))
     o, lse = cupy_fmha.attention_forward(q, k, v, causal=True)
     det = [cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=True, deterministic=True) for _ in range(2)]
     atomic = cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=True)
