@@ -475,16 +475,21 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
             one fp32 accumulator [batch, nhead_q, seqlen_q, hdim_q] with float atomics, so dQ
             may differ in the last bits from run to run. True: dq, dk and dv are bit-identical
-            on every run with the same inputs on the same device and library version. Each CTA
+            on every run with the same inputs on the same device and library version. On the
+            warp-specialized Hopper kernel (sm_90, head dims padding to 64 or 128, no dropout
+            or bias) the key blocks add their dQ tiles into the one accumulator in ascending
+            order, admitted one at a time by an int32 semaphore per (batch, head, 64-row query
+            tile): the same memory as the default plus those semaphores. Elsewhere each CTA
             stores its key block kb's dQ contribution with plain stores into slab kb of an fp32
             workspace [nsplit, batch, nhead_q, seqlen_q, hdim_q], nsplit = ceil(seqlen_k /
-            BLOCK_N) (BLOCK_N = 128 on the Hopper kernel, 16 * NWARPS = 128 or 64 on the
+            BLOCK_N) (BLOCK_N = 128 on the other Hopper kernel, 16 * NWARPS = 128 or 64 on the
             mma.sync kernels), and ``convert_dq`` sums, in kb order, only the slabs whose key
-            block sees that row (nothing is zero-filled). Memory: nsplit times the atomic
+            block sees that row (nothing is zero-filled). Memory there: nsplit times the atomic
             accumulator, i.e. ``4 * nsplit * batch * nhead_q * seqlen_q * hdim_q`` bytes, e.g.
             4.3 GB for batch 4, 16 heads, seqlen 4096, hdim 128 (32 slabs) instead of 134 MB;
-            see :func:`cupy_fmha.launch.dq_workspace`. dK/dV are deterministic in both modes
-            (plain stores; GQA sums per-head fp32 copies in a fixed order).
+            see :func:`cupy_fmha.launch.dq_workspace` and :func:`cupy_fmha.backward_workspace_bytes`.
+            dK/dV are deterministic in both modes (plain stores; GQA sums per-head fp32 copies
+            in a fixed order).
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
@@ -518,12 +523,13 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     p, specs, launches, gm = plan.problem, plan.specs, plan.launches, plan.group_mode
     seq, mask = _seq(plan, cu_q, cu_k), _mask(plan)
 
-    # atomic mode adds into zeros (dot_do_o zero-fills it); deterministic slabs are stored
-    # before convert_dq reads them
+    # atomic mode and the ordered deterministic adds add into zeros (dot_do_o zero-fills it);
+    # deterministic slabs are stored before convert_dq reads them
     dq_acc = cp.empty(plan.dq_ws.shape, dtype=cp.float32)
+    dq_sem = cp.zeros(plan.dq_ws.nsem, dtype=cp.int32) if plan.dq_ws.nsem else None  # ordered deterministic adds
     delta = cp.empty(plan.lse_shape, dtype=cp.float32)
     _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.DOT_DO_O, (
-        _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.deterministic else _ptr(dq_acc), seq,
+        _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.dq_ws.nsplit else _ptr(dq_acc), seq,
         p.hdim_q, p.hdim_v, plan.dq_ws.pitch, plan.dq_ws.cols))
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
@@ -540,11 +546,11 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         prefix = _ws_maps(specs.dq_dk_dv, plan, tensors)
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *tensors, dk_arg, dv_arg,
-        _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), plan.dq_ws.split_stride, seq,
+        _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
         mask, alibi, bias_arg, _dropout(plan)), prefix)
 
-    conv_dq = specs.convert_dq_split if plan.deterministic else specs.convert_dq
+    conv_dq = specs.convert_dq_split if plan.dq_ws.nsplit else specs.convert_dq
     _launch(cp, conv_dq, launches["convert_dq"], P.CONVERT, (
         _ptr(dq_acc), _tensor(dq, layout), plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
         plan.block_n, plan.block_m, plan.dq_ws.pitch, plan.dq_ws.cols, int(plan.dq_ws.tiled), p.softmax_scale, 0, mask))

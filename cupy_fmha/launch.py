@@ -14,7 +14,7 @@ from .backends.cuda import SMEM_LIMIT, smem_pitch  # noqa: F401 - re-exported (t
 from .spec import KernelSpec, dropout_mask_spec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
-           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "DqWorkspace", "dq_workspace",
+           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "key_block_range", "first_key_block", "DqWorkspace", "dq_workspace",
            "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
@@ -137,11 +137,40 @@ def query_block_range(win_y: int, win_x: int, k0: int, n: int, m: int, seqlen_q:
     return begin, end
 
 
-class DqWorkspace(tuple):
-    """(shape, nsplit, split_stride, tiled): the fp32 dQ workspace of one backward call."""
+def first_key_block(win_y: int, win_x: int, qb: int, first: int, first_call: bool, n: int, m: int,
+                    seqlen_q: int, seqlen_k: int) -> int:
+    """Mirrors ``first_key_block`` in kernels/common.cuh (the deterministic ordered dQ adds)."""
+    if first_call:
+        while first > 0:
+            b, e = query_block_range(win_y, win_x, (first - 1) * n, n, m, seqlen_q, seqlen_k)
+            if qb < b or qb >= e:
+                break
+            first -= 1
+        return first
+    while True:
+        b, e = query_block_range(win_y, win_x, first * n, n, m, seqlen_q, seqlen_k)
+        if b <= qb < e:
+            return first
+        first += 1
 
-    def __new__(cls, shape, nsplit, split_stride, tiled=False):
-        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride), bool(tiled)))
+
+def key_block_range(win_y: int, win_x: int, q0: int, m: int, n: int, seqlen_q: int,
+                    seqlen_k: int) -> tuple[int, int]:
+    """Key blocks ``[begin, end)`` of width ``n`` seen by query rows ``[q0, q0 + m)``; empty when
+    ``end <= begin``. Mirrors ``key_block_range`` in kernels/common.cuh (the deterministic ordered
+    dQ adds: key block kb waits for kb - begin earlier adds of its query tile)."""
+    lo = max(q0 - win_y + 1, 0)
+    hi = min(min(q0 + m, seqlen_q) - 1 + win_x, seqlen_k)
+    begin = lo // n
+    end = -(-hi // n) if hi > lo else begin
+    return begin, end
+
+
+class DqWorkspace(tuple):
+    """(shape, nsplit, split_stride, tiled, nsem): the fp32 dQ workspace of one backward call."""
+
+    def __new__(cls, shape, nsplit, split_stride, tiled=False, nsem=0):
+        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride), bool(tiled), int(nsem)))
 
     shape = property(lambda s: s[0])
     nsplit = property(lambda s: s[1])  # 0: one accumulator (atomic adds)
@@ -149,13 +178,14 @@ class DqWorkspace(tuple):
     tiled = property(lambda s: s[3])  # whole query-block tiles, chunks placed as dq_tile_chunk
     pitch = property(lambda s: s[0][-2])  # rows per (batch, head)
     cols = property(lambda s: s[0][-1])  # floats per row
+    nsem = property(lambda s: s[4])  # deterministic by ordered adds: int32 semaphores, one per query tile
 
     @property
     def nbytes(self) -> int:
         n = 4
         for d in self.shape:
             n *= d
-        return n
+        return n + 4 * self.nsem
 
 
 def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
@@ -171,7 +201,12 @@ def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seql
     Tiled (instances with ``DQ_TILED``, which add a query block's dQ with one bulk copy): rows
     rounded up to a multiple of BLOCK_M and rows of HDIM_Q (the padded head dim) floats, so that
     each block's rows are one contiguous tile; inside a row the 16-byte chunks are permuted as
-    ``dq_tile_chunk`` in kernels/common.cuh says (convert_dq undoes it)."""
+    ``dq_tile_chunk`` in kernels/common.cuh says (convert_dq undoes it).
+
+    Deterministic on instances with ``DQ_ORDERED`` (the warp-specialized Hopper backward): no
+    slabs; the one workspace (zero-filled, as in atomic mode) plus an int32 semaphore per
+    (batch, head, query tile), zeroed, which admits the key blocks' adds of a tile in ascending
+    order (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu)."""
     tiled = bool(spec.macro("DQ_TILED", 0))
     if tiled:
         bm = spec.macro("BLOCK_M")
@@ -181,6 +216,8 @@ def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seql
     plane = per[0] * per[1] * per[2] * per[3]
     if not deterministic:
         return DqWorkspace(per, 0, 0, tiled)
+    if spec.macro("DQ_ORDERED", 0):
+        return DqWorkspace(per, 0, 0, tiled, batch * nhead_q * cdiv(seqlen_q, spec.macro("BLOCK_M")))
     bn, _ = dq_dk_dv_blocks(spec)
     nsplit = cdiv(seqlen_k, bn)
     return DqWorkspace((nsplit, *per), nsplit, plane, tiled)

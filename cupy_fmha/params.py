@@ -46,7 +46,8 @@ FWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("o", TENSOR), ("lse"
 DOT_DO_O = _struct(("dout", TENSOR), ("o", TENSOR), ("delta", _P), ("dq_acc", _P), ("seq", SEQ),
                    ("hdim_q", _I32), ("hdim_v", _I32), ("dq_pitch", _I32), ("dq_cols", _I32))
 BWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("dout", TENSOR), ("dk", TENSOR), ("dv", TENSOR),
-              ("lse", _P), ("delta", _P), ("dq_acc", _P), ("dbias_acc", _P), ("dq_split_stride", _I64),
+              ("lse", _P), ("delta", _P), ("dq_acc", _P), ("dbias_acc", _P), ("dq_sem", _P),
+              ("dq_split_stride", _I64),
               ("seq", SEQ), ("hdim_q", _I32), ("hdim_v", _I32), ("group", _I32), ("dkdv_fp32", _I32),
               ("scale_log2", _F32), ("scale", _F32), ("mask", MASK), ("alibi", ALIBI), ("bias", BIAS),
               ("dropout", DROPOUT))

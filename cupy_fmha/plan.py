@@ -271,7 +271,8 @@ def _backward_kernels(checked, cc) -> BwdPlan:
     tk = p.total_k if base.group_mode else base.rows_k
     kv_batch = 1 if base.group_mode else b
     dkdv_ws = ((kv_batch, hq, tk, p.hdim_q), (kv_batch, hq, tk, p.hdim_v)) if p.group > 1 else ()
-    conv_dq = specs.convert_dq_split if deterministic else specs.convert_dq
+    dq_ws = L.dq_workspace(specs.dq_dk_dv, b, hq, base.rows_q, base.rows_k, p.hdim_q, deterministic)
+    conv_dq = specs.convert_dq_split if dq_ws.nsplit else specs.convert_dq
     launches = {
         "dot_do_o": L.dot_do_o_launch(specs.dot_do_o, b, hq, base.rows_q),
         "dq_dk_dv": L.dq_dk_dv_launch(specs.dq_dk_dv, b, hq, base.rows_k),
@@ -280,7 +281,7 @@ def _backward_kernels(checked, cc) -> BwdPlan:
     }
     block_n, block_m = L.dq_dk_dv_blocks(specs.dq_dk_dv)
     return BwdPlan(**vars(base), deterministic=deterministic, want_dbias=want_dbias, specs=specs,
-                   dq_ws=L.dq_workspace(specs.dq_dk_dv, b, hq, base.rows_q, base.rows_k, p.hdim_q, deterministic),
+                   dq_ws=dq_ws,
                    block_n=block_n, block_m=block_m,
                    grad_shapes=(base.shape(tq, hq, p.hdim_q), base.shape(tk, hk, p.hdim_q),
                                 base.shape(tk, hk, p.hdim_v)),

@@ -53,6 +53,27 @@ __device__ __forceinline__ void query_block_range(const Window& w, int k0, int n
     end = hi > lo ? (hi + m - 1) / m : begin;
 }
 
+// Deterministic dQ by ordered adds: the first key block (of width n) whose query_block_range holds
+// query block qb, from `first`, a key block at or below it whose range held an earlier query block
+// of this CTA (or this CTA's own key block, kb, for its first one). The key blocks seeing one query
+// block are contiguous, and the first moves right with qb, so a CTA's walk costs O(key blocks) in
+// all. Mirrored in cupy_fmha/launch.py (first_key_block), checked against counting.
+__device__ __forceinline__ int first_key_block(const Window& w, int qb, int first, bool first_call, int n, int m,
+                                               int seqlen_q, int seqlen_k) {
+    int b, e;
+    if (first_call) {
+        for (; first > 0; --first) {
+            query_block_range(w, (first - 1) * n, n, m, seqlen_q, seqlen_k, b, e);
+            if (qb < b || qb >= e) break;
+        }
+        return first;
+    }
+    for (;; ++first) {
+        query_block_range(w, first * n, n, m, seqlen_q, seqlen_k, b, e);
+        if (qb >= b && qb < e) return first;
+    }
+}
+
 // The dQ workspace of the kernels that add a query block's dQ with one bulk copy (DQ_TILED): per
 // (batch, query head), ceil(pitch_q / BLOCK_M) * BLOCK_M rows of HDIM_Q floats, so that a block's
 // rows are one contiguous tile; inside row r, the 16-byte chunk j of columns [4j, 4j + 4) is

@@ -20,6 +20,14 @@
 // still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
 // tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
 //
+// Deterministic dQ (p.dq_sem non-null): each query tile's semaphore admits the key blocks that see
+// the tile one at a time in ascending order (first_key_block, common.cuh, finds the first, so key
+// block kb waits for the count kb - first); each adds its tile with the bulk reduce-add, waits for it to
+// complete and releases the next. The sum's order is fixed, so dQ is bit-identical run to run;
+// memory is the ordinary workspace plus one int per tile. CTAs wait only on lower key blocks of
+// their (batch, head), which the grid (key blocks fastest) launches earlier. (No dQ slabs here:
+// dq_split_stride is 0; the launcher asks for DQ_ORDERED's workspace.)
+//
 // Parameters: four tensor maps (Q, K, V, dO as column-blocked views; zeros for an empty tensor),
 // then BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
 #include "common.cuh"
@@ -62,7 +70,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;  // (kb: the grid's key block)
     BwdBlock blk;
     if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;  // uniform over the CTA
 
@@ -133,6 +141,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         named_barrier_sync(3, MMA_THREADS);
     }
 
+    int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         const int s = i % STAGES;
         const unsigned phase = (i / STAGES) & 1;
@@ -199,15 +208,25 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         fence_operand<BLOCK_M / 4>(&dsa[0][0]);
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
-        // this warpgroup's columns of the tile into sdQ, then one bulk add (or store) of the tile
+        // this warpgroup's columns of the tile into sdQ, then one bulk add of the tile (in order when deterministic)
         stage_dq_tile<DQ_HALF / 8, HDIM_Q>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
         fence_proxy_async();
         named_barrier_sync(2, MMA_THREADS);
         if (tid == 0) {
             float* dst = blk.dq_g + (index_t)q0 * HDIM_Q;
-            if (p.dq_split_stride) bulk_store(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);  // deterministic: own slab
-            else bulk_reduce_add_f32(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);
-            bulk_commit();
+            if (p.dq_sem) {  // deterministic, ordered: the key blocks seeing this tile add it in ascending order
+                int* sem = p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb;
+                kb_first = first_key_block(blk.win, qb, kb_first, qb == blk.qb_begin, BLOCK_N, BLOCK_M, blk.seqlen_q,
+                                           blk.seqlen_k);
+                sem_wait(sem, kb - kb_first);
+                bulk_reduce_add_f32(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);
+                bulk_commit();
+                bulk_wait<0>();  // complete in global memory before the next key block is admitted
+                sem_release(sem);
+            } else {
+                bulk_reduce_add_f32(dst, smem_u32(sdQ), 4u * BLOCK_M * HDIM_Q);
+                bulk_commit();
+            }
         }
     }
 

@@ -56,12 +56,12 @@ def fake_cupy(cc: str):
         zeros=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
         empty=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
         where=np.where, isnan=np.isnan, bool_=np.bool_,
-        float16=np.float16, float32=np.float32, float64=np.float64, uint16=np.uint16, uint32=np.uint32,
+        float16=np.float16, float32=np.float32, float64=np.float64, uint16=np.uint16, uint32=np.uint32, int32=np.int32,
     )
 
 
 #: params-struct fields that hold device pointers
-_POINTERS = {"ptr", "lse", "delta", "dq_acc", "dbias_acc", "acc", "keep", "slopes", "cu_seqlens_q", "cu_seqlens_k"}
+_POINTERS = {"ptr", "lse", "delta", "dq_acc", "dbias_acc", "dq_sem", "acc", "keep", "slopes", "cu_seqlens_q", "cu_seqlens_k"}
 
 
 def decode_params(params) -> dict:

@@ -89,13 +89,19 @@ def test_backward_params_with_gqa(rec, layout, deterministic):
     assert (m["dout_sb"], m["dout_sh"], m["dout_ss"]) == _strides(do, layout)
     assert m["lse"].shape == (2, 4, 37) and m["delta"] is dot["args"]["delta"]
     block_n, block_m = dq_dk_dv_blocks(main["spec"])
-    if deterministic:
+    if deterministic and main["spec"].macro("DQ_ORDERED", 0):  # the ws kernel: ordered adds, no slabs
+        ntiles = -(-37 // block_m)
+        assert m["dq_split_stride"] == 0 and m["dq_sem"].shape == (2 * 4 * ntiles,) and m["dq_sem"].dtype == np.int32
+        assert not m["dq_sem"].any()  # zeros
+        assert dot["args"]["dq_acc"] is m["dq_acc"]  # zero-filled: the ordered adds add into it
+        assert conv[0]["spec"].macro("DQ_SPLIT", 0) == 0 and conv[0]["args"]["nsplit"] == 0
+    elif deterministic:
         nsplit = -(-53 // block_n)
         assert m["dq_split_stride"] == 2 * 4 * 37 * 64 and m["dq_acc"].shape == (nsplit, 2, 4, 37, 64)
         assert int(dot["args"]["dq_acc"]) == 0  # slabs are stored, not zero-filled
         assert conv[0]["spec"].macro("DQ_SPLIT") == 1 and conv[0]["args"]["nsplit"] == nsplit
     else:
-        assert m["dq_split_stride"] == 0 and dot["args"]["dq_acc"] is m["dq_acc"]
+        assert m["dq_split_stride"] == 0 and dot["args"]["dq_acc"] is m["dq_acc"] and int(m["dq_sem"]) == 0
         assert conv[0]["args"]["nsplit"] == 0
     c = conv[0]["args"]
     assert c["acc"] is m["dq_acc"] and (c["seqlen_q"], c["nsum"]) == (37, 1)

@@ -29,11 +29,15 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
     nsplit_cols = spec.macro("NSPLIT", 1)
     assert launch.grid[0] == -(-1000 // bn) * nsplit_cols  # the grid's key blocks
     ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)
+    atomic = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
+    if spec.macro("DQ_ORDERED", 0):  # the ws kernel: no slabs, one semaphore per query tile
+        assert ws == (atomic.shape, 0, 0, True, 2 * 3 * -(-777 // bm)) and atomic.tiled and not atomic.nsem
+        assert ws.nbytes == 4 * 2 * 3 * 832 * spec.macro("HDIM_Q") + 4 * ws.nsem
+        return
     assert ws.nsplit == -(-1000 // bn) and ws.shape == (ws.nsplit, 2, 3, 777, hdim)
     assert ws.split_stride == 2 * 3 * 777 * hdim
     assert ws.nbytes == 4 * ws.nsplit * ws.split_stride
-    atomic = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
-    assert atomic == ((2, 3, 777, hdim), 0, 0, False)
+    assert atomic == ((2, 3, 777, hdim), 0, 0, False, 0)
     if spec.target == "sm90a":
         assert (bn, bm) == (128, 64)
     else:
@@ -47,16 +51,19 @@ def test_tiled_workspace_rounds_rows_and_columns(hdim):
     spec = bwd_ws_spec("bf16", hdim, hdim)
     assert spec.macro("DQ_TILED") == 1
     ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
-    assert ws == ((2, 3, 832, 128 if hdim > 64 else 64), 0, 0, True) and (ws.pitch, ws.cols) == ws.shape[2:]
-    det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)
-    assert det.shape == (8, *ws.shape) and det.split_stride == 2 * 3 * 832 * ws.cols and det.tiled
+    assert ws == ((2, 3, 832, 128 if hdim > 64 else 64), 0, 0, True, 0) and (ws.pitch, ws.cols) == ws.shape[2:]
+    det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)  # ordered adds: the same tiles + semaphores
+    assert det == (ws.shape, 0, 0, True, 2 * 3 * 13)
 
 
 def test_workspace_bytes_of_the_benchmark_shape():
-    # the number quoted in attention_backward's docstring
-    spec = bwd_specs("bf16", 128, 128, 90).dq_dk_dv
+    # the numbers quoted in attention_backward's docstring: slabs on the other kernels (here the
+    # mma.sync one at hdim 128 on an A100, BLOCK_N 128), the ordered adds on the ws kernel
+    spec = bwd_specs("bf16", 128, 128, 80, deterministic=True).dq_dk_dv
     ws = L.dq_workspace(spec, 4, 16, 4096, 4096, 128, True)
-    assert ws.nsplit == 32 and ws.nbytes == 32 * 4 * 16 * 4096 * 128 * 4  # 4.29e9 B
+    assert ws.nsplit == 4096 // L.dq_dk_dv_blocks(spec)[0] and ws.nbytes == ws.nsplit * 4 * 16 * 4096 * 128 * 4
+    ws90 = L.dq_workspace(bwd_specs("bf16", 128, 128, 90, deterministic=True).dq_dk_dv, 4, 16, 4096, 4096, 128, True)
+    assert ws90.nbytes == 4 * 16 * 4096 * 128 * 4 + 4 * 4 * 16 * 64  # 134 MB + 4 KB of semaphores
     assert L.dq_workspace(spec, 4, 16, 4096, 4096, 128, False).nbytes == 4 * 16 * 4096 * 128 * 4
 
 
@@ -238,9 +245,11 @@ def test_dq_path_per_instance():
             for d in (64, 128):
                 for det in (False, True):
                     spec = bwd_specs(dtype, d, d, 90, **feats, deterministic=det).dq_dk_dv
+                    if spec.source.endswith("_ws"):  # no dropout or bias: bulk copies, ordered in deterministic mode
+                        assert not (feats.get("dropout") or feats.get("bias")) and spec.macro("DQ_ORDERED") == 1
                     bulk = not det and not feats.get("dropout")
-                    assert spec.macro("DQ_BULK", 1) == int(bulk), spec.name
-                    assert spec.macro("DQ_TILED") == int(bulk), spec.name
+                    assert spec.macro("DQ_BULK", 1) == int(bulk) or spec.source.endswith("_ws"), spec.name
+                    assert spec.macro("DQ_TILED") == int(bulk or spec.source.endswith("_ws")), spec.name
                     assert spec.name in names
         # the mma.sync kernel has no such switch: one instance for both modes
         assert bwd_specs(dtype, 96, 96, 90) == bwd_specs(dtype, 96, 96, 90, deterministic=True)

@@ -71,13 +71,14 @@ def test_sm80_devices_never_get_wgmma():
 
 
 def test_ws_backward_routing(monkeypatch):
-    """The warp-specialized Hopper backward: by default at equal padded hdims 64 / 128 in atomic dQ mode,
+    """The warp-specialized Hopper backward: by default at equal padded hdims 64 / 128 (deterministic too),
     never with dropout or bias; CUPY_FMHA_BWD_WS=1 / 0 force it on (where it applies) / off."""
     from cupy_fmha.backends.cuda import bwd_specs
     src = lambda *a, **kw: bwd_specs("bf16", *a, 90, **kw).dq_dk_dv.source
     monkeypatch.delenv("CUPY_FMHA_BWD_WS", raising=False)
     assert src(128, 128) == src(120, 120) == src(128, 128, alibi=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
-    for kw in ({"dropout": True}, {"bias": True}, {"deterministic": True}):
+    assert src(128, 128, deterministic=True) == src(64, 64, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
+    for kw in ({"dropout": True}, {"bias": True}):
         assert src(128, 128, **kw) == "fmha_bwd_dq_dk_dv_sm90", kw
     assert src(64, 64) == src(56, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 64) == "fmha_bwd_dq_dk_dv_sm90"

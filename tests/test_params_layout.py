@@ -76,7 +76,7 @@ def test_flattened_backward_abi_matches_the_struct():
 
 
 def test_kernel_args_flat_equals_the_struct_flattened():
-    values = ((1, 2, 3, 4),) * 6 + (5, 6, 7, 8, -9, (10, 11, 12, 13), 64, 72, 2, 1, 0.125, 0.5, (-3, 7, 1, 0),
+    values = ((1, 2, 3, 4),) * 6 + (5, 6, 7, 8, 21, -9, (10, 11, 12, 13), 64, 72, 2, 1, 0.125, 0.5, (-3, 7, 1, 0),
                                     (14, 4), (15, 16, 17, 18, 19, 3, 0), (2**64 - 1, 20, 40000, 1.25))
     struct_one = P.kernel_args(P.BWD, values, flat=False)
     assert len(struct_one) == 1 and struct_one[0].dtype == np.dtype((np.void, P.BWD.itemsize))

@@ -43,7 +43,8 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     """The macros that follow from an instance's table entries: BLOCK_M / BLOCK_N (where the table
     gives warps), NTHREADS, SMEM_BYTES, the dynamic shared memory of the kernel's layout
     struct (each kernel ``static_assert``s that its struct has exactly this size; the launcher
-    passes it), and DQ_TILED for the dq_dk_dv kernels that write the tiled dQ workspace
+    passes it), DQ_TILED for the dq_dk_dv kernels that write the tiled dQ workspace and
+    DQ_ORDERED for those whose deterministic mode adds in order instead of using slabs
     (:func:`cupy_fmha.launch.dq_workspace`)."""
     if source == "fmha_fwd":  # NWARPS warps of 16 query rows; Q (also O's staging), K, V x 2
         bm, bn, pq, pv = 16 * m["NWARPS"], m["BLOCK_N"], smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"])
@@ -68,7 +69,7 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * dq
                 + 4 * 2 * st * bm + 8 * (2 * st + 1))
-        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem, DQ_TILED=1)
+        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem, DQ_TILED=1, DQ_ORDERED=1)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
@@ -209,16 +210,16 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
-    which has no dropout or bias): by default at equal padded head dims 64 or 128 in atomic dQ
-    mode, where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
+    which has no dropout or bias): by default at equal padded head dims 64 or 128 (deterministic
+    mode too, by ordered adds instead of slabs: not yet timed), where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
     ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22). ``CUPY_FMHA_BWD_WS=1`` takes it wherever
-    it applies (unequal head dims, deterministic mode too), ``=0`` never (comparisons)."""
+    it applies (unequal head dims too), ``=0`` never (comparisons)."""
     if bias or dropout:
         return False
     switch = os.environ.get("CUPY_FMHA_BWD_WS", "").strip()
     if switch:
         return switch != "0"
-    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS and not deterministic
+    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,

@@ -29,4 +29,22 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
 
+// Ordered accumulation across CTAs (deterministic dQ): a counter in global memory admits one CTA
+// at a time. sem_wait waits until *sem == value (acquire, GPU scope) and then orders the bulk
+// copies this thread issues after it behind what it observed; sem_release makes this thread's
+// completed bulk copies (bulk_wait<0>() first) visible before it adds 1 (release, GPU scope).
+__device__ __forceinline__ void sem_wait(const int* sem, int value) {
+    int seen;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
+        if (seen == value) break;
+        __nanosleep(64);
+    }
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void sem_release(int* sem) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" :: "l"(sem) : "memory");
+}
+
 }  // namespace fmha
