@@ -32,11 +32,7 @@ static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT && !BIAS, "fmha_fwd_sm90_ws: dropout and bias run on fmha_fwd_sm90");
 
-#ifndef STAGES
-#define STAGES 2
-#endif
 constexpr int MMA_THREADS = 128 * NWG;
-constexpr int PRODUCER_REGS = 24, MMA_REGS = 240;
 
 struct Smem {
     uint16_t q[BLOCK_M * HDIM_Q];              // column-blocked
@@ -80,7 +76,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<PRODUCER_REGS>();
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
         tma_load_5d(smem_u32(sm.q), tm_q, smem_u32(&sm.q_full), 0, h, tq + q0, 0, bq);
@@ -96,7 +92,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<MMA_REGS>();
+    setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     const int wg = warp >> 2, wi = warp & 3;  // warpgroup (of the two), warp inside it (16 rows each)
     const AccFrag frag(tid);
