@@ -241,6 +241,23 @@ def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -
     return tma.encode_tile_map(args)
 
 
+def _fwd_ws_maps(spec, plan, tensors) -> tuple:
+    """The TMA tensor maps of ``fmha_fwd_sm90_ws`` (Q, K, V), as :func:`_ws_maps` builds the
+    backward's: Q in boxes of BLOCK_M rows, K and V of BLOCK_N."""
+    p = plan.problem
+    name = "bfloat16" if spec.dtype == "bf16" else "float16"
+    rows = ((plan.rows_q, p.nhead_q, p.hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
+            (plan.rows_k, p.nhead_k, p.hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
+            (plan.rows_k, p.nhead_k, p.hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")))
+    maps = []
+    for i, ((ptr, sb, sh, ss), (n_rows, heads, d, box_rows, d_pad)) in enumerate(zip(tensors, rows)):
+        batch = p.batch
+        if plan.group_mode:  # packed tokens: one batch entry of total rows
+            n_rows, batch = (p.total_q if i == 0 else p.total_k), 1
+        maps.append(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
+    return tuple(maps)
+
+
 def _ws_maps(spec, plan, tensors) -> tuple:
     """The TMA tensor maps of ``fmha_bwd_dq_dk_dv_sm90_ws`` (Q, K, V, dO), from their ``TensorArg``
     tuples (pointer and element strides): each a column-blocked 5-D view (batch, hdim / 8, rows,
@@ -427,11 +444,15 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
     p = plan.problem
+    tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout))
     params = (P.FWD, (
-        _tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout), _ptr(lse),
+        *tensors, _tensor(o, layout), _ptr(lse),
         _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
         alibi, bias_arg, _dropout(plan)))
-    _launch(cp, plan.spec, plan.launch, *params)
+    prefix = ()
+    if plan.spec.source == "fmha_fwd_sm90_ws" and not L.empty_grid(plan.launch):
+        prefix = _fwd_ws_maps(plan.spec, plan, tensors)
+    _launch(cp, plan.spec, plan.launch, *params, prefix)
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
         return o, lse, _dropout_mask(cp, plan, p.nhead_q)
     return o, lse

@@ -86,7 +86,7 @@ def pack(dtype: np.dtype, values: tuple) -> np.ndarray:
 
 
 #: the params struct of each kernel source (its entry function's one parameter, or FLAT_ABI)
-KERNEL_STRUCTS = {"fmha_fwd": FWD, "fmha_fwd_sm90": FWD, "fmha_bwd_dot_do_o": DOT_DO_O, "fmha_bwd_dq_dk_dv": BWD,
+KERNEL_STRUCTS = {"fmha_fwd": FWD, "fmha_fwd_sm90": FWD, "fmha_fwd_sm90_ws": FWD, "fmha_bwd_dot_do_o": DOT_DO_O, "fmha_bwd_dq_dk_dv": BWD,
                   "fmha_bwd_dq_dk_dv_sm90": BWD, "fmha_bwd_dq_dk_dv_sm90_ws": BWD, "fmha_bwd_convert_dq": CONVERT, "fmha_dropout_mask": DROPOUT_MASK}
 
 #: kernels that take their struct flattened into separate arguments (``FMHA_BWD_PARAMS_ARGS`` in

@@ -76,7 +76,8 @@ def _mk(source: str, dtype: str, target: str = "sm80", **macros: int) -> KernelS
 #: Environment variables the tile table and the kernel choice read (tuning only); callers that
 #: memoize specs key them by these values (:func:`tuning_key`).
 TUNING_VARS = ("CUPY_FMHA_FWD_TILES", "CUPY_FMHA_BWD_TILES", "CUPY_FMHA_FWD_SM90_TILES",
-               "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA", "CUPY_FMHA_BWD_WS")
+               "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA", "CUPY_FMHA_BWD_WS",
+               "CUPY_FMHA_FWD_WS")
 
 
 def tuning_key() -> tuple[str, ...]:

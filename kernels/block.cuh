@@ -73,6 +73,33 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
     return og;
 }
 
+// Forward epilogue of a warp's rows row0 + f.row(e) (NO n8 tiles of O): 1/l and LSE from the
+// running max and sum (finish_rows), then O in the input dtype and the LSE row, rows past the
+// sequence skipped.
+template <int NO>
+__device__ __forceinline__ void fwd_store_rows(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0,
+                                               const float* acc_o, const float row_max[2], const float row_sum[2],
+                                               const AccFrag& f) {
+    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
+    uint16_t* og = fwd_out_rows(p, b, h);
+    float inv[2], row_lse[2];
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = row0 + f.row(2 * r);
+        if (i < blk.seqlen_q) {
+            if (f.row_leader()) lse_g[i] = row_lse[r];
+            uint16_t* orow = og + (index_t)i * p.o.ss;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = f.col(n, 0);
+                if (col < p.hdim_v)
+                    *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
+            }
+        }
+    }
+}
+
 // Optional parts at the end of a kernel's shared-memory layout (the dropout keep bits of the
 // backward kernels, the sm90 backward's dQ staging block): bases of the layout struct, empty (no
 // bytes) when unused, so sizeof(layout) is what the launcher passes. Kernels address them by

@@ -153,22 +153,5 @@ fmha_fwd_sm90(const __grid_constant__ FwdParams p) {
             fwd_step<WG_SKIP>(p, blk, kb, wkb_begin, wkb_end, sQ, sK, sV, tid, wg, wi, frag, wq0, acc_o, row_max, row_sum);
     }
 
-    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
-    uint16_t* og = fwd_out_rows(p, b, h);
-    float inv[2], row_lse[2];
-    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = q0 + warp_row0 + frag.row(2 * r);
-        if (i < blk.seqlen_q) {
-            if (frag.row_leader()) lse_g[i] = row_lse[r];
-            uint16_t* orow = og + (index_t)i * p.o.ss;
-#pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const int col = frag.col(n, 0);
-                if (col < p.hdim_v)
-                    *reinterpret_cast<uint32_t*>(orow + col) = pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
-            }
-        }
-    }
+    fwd_store_rows<NO>(p, blk, b, h, q0 + warp_row0, acc_o, row_max, row_sum, frag);
 }

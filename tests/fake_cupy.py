@@ -103,13 +103,19 @@ class Recorder:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 struct = P.KERNEL_STRUCTS[spec.source]
+                maps = 0
                 if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments (after any maps)
-                    args = (P.unflatten(struct, args[len(args) - len(P.flat_names(struct)):]),)
+                    maps = len(args) - len(P.flat_names(struct))
+                    args = (P.unflatten(struct, args[maps:]),)
+                elif spec.source.endswith("_ws"):  # tensor maps (128-byte void arrays), then the struct
+                    maps = len(args) - 1
+                    assert all(a.dtype == np.dtype((np.void, 128)) for a in args[:maps]), spec.source
+                    args = args[maps:]
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
                 # its bytes, as an unstructured void array of the struct's size
                 assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)
                 args = (args[0].view(struct),)
-                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]))
+                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]), maps=maps)
                 rec.launches.append(launch)
                 if rec.hook is not None:
                     rec.hook(launch)

@@ -265,3 +265,18 @@ def test_ws_backward_empty_and_unit_axes(monkeypatch):
     # (128-row boxes) another
     assert len(seen) == 2 and all(s > 0 and s % 16 == 0 for a in seen for s in a.strides[:-1])
     assert sorted(a.box[2] for a in seen) == [64, 128]
+
+
+def test_forward_ws_params_and_maps(rec, monkeypatch):
+    """Under CUPY_FMHA_FWD_WS=1 the Hopper forward launches fmha_fwd_sm90_ws with three tensor maps
+    (Q, K, V) before the same FwdParams; sm_80 devices keep fmha_fwd."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
+    q, k, v, _ = _inputs("bshd")
+    cupy_fmha.attention_forward(q, k, v, causal=True)
+    (f,) = rec.launches
+    if f["spec"].target == "sm90a":
+        assert f["spec"].source == "fmha_fwd_sm90_ws" and f["maps"] == 3
+        assert f["grid"] == (1, 4, 2)  # 37 rows in one block of 128
+    else:
+        assert f["spec"].source == "fmha_fwd" and f["maps"] == 0
+    assert (f["args"]["q_sb"], f["args"]["q_sh"], f["args"]["q_ss"]) == _strides(q, "bshd")

@@ -87,3 +87,18 @@ def test_ws_backward_routing(monkeypatch):
     assert src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
     assert src(128, 128) == src(64, 64) == "fmha_bwd_dq_dk_dv_sm90"
+
+
+def test_fwd_ws_routing_and_geometry(monkeypatch):
+    """The warp-specialized Hopper forward: only under CUPY_FMHA_FWD_WS=1 (not yet run on a GPU),
+    never with dropout or bias; a producer and two MMA warpgroups over 128 query rows."""
+    from cupy_fmha.backends.cuda import fwd_spec
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS", raising=False)
+    assert fwd_spec("bf16", 128, 128, 90).source == "fmha_fwd_sm90"
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
+    s = fwd_spec("bf16", 128, 128, 90)
+    assert s.source == "fmha_fwd_sm90_ws" and fwd_spec("fp16", 120, 120, 90, alibi=True).source == s.source
+    assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"
+    assert fwd_spec("bf16", 128, 128, 80).source == "fmha_fwd"
+    launch = L.fwd_launch(s, 2, 3, 1000)
+    assert launch.grid == (-(-1000 // 128), 3, 2) and launch.block == (384, 1, 1) and launch.smem <= L.SMEM_LIMIT

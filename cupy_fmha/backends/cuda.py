@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "use_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "use_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -53,6 +53,10 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_fwd_sm90":  # NWG warpgroups of 64 query rows; blocked Q, K, V x 2
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
+    if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES; mbarriers
+        bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
+        return dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1),
+                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (1 + 3 * st))
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -186,6 +190,8 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
+    if use_sm90(hdim_q, hdim_v, cc) and os.environ.get("CUPY_FMHA_FWD_WS", "") not in ("", "0") and not (bias or dropout):
+        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)  # opt-in while it is being checked
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
         if not feats and tiles["NWG"] == 3 and wg_skip:
@@ -278,12 +284,23 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) ->
                NWG=2, BLOCK_N=128, BLOCK_M=64, **feature_macros(alibi, False, False))
 
 
+def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+    """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11, opt-in with
+    ``CUPY_FMHA_FWD_WS=1`` while it is being checked: a producer warpgroup loading with TMA, two
+    MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no dropout or bias."""
+    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
+               NWG=2, BLOCK_N=128, **feature_macros(alibi, False, False))
+
+
 def experimental_table() -> list[KernelSpec]:
-    """Instances built and compile-checked that the library dispatches only under a switch
-    (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`): the ``fmha_bwd_dq_dk_dv_sm90`` builds the
-    warp-specialized backward replaced at hdim 64 and 128."""
-    return [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
-                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    """Instances built and compile-checked that the library dispatches only under a switch: the
+    ``fmha_bwd_dq_dk_dv_sm90`` builds the warp-specialized backward replaced at hdim 64 and 128
+    (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`), and the warp-specialized forward
+    (``CUPY_FMHA_FWD_WS=1``, :func:`fwd_ws_spec`)."""
+    out = [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
+               **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    return out
 
 
 def dropout_mask_spec() -> KernelSpec:
