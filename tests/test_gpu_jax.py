@@ -5,9 +5,13 @@ that are not multiples of any tile. Skipped without JAX (with a GPU backend) or 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+# JAX takes 75% of the GPU's memory at its first use unless told not to; CuPy allocates here too
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
