@@ -98,11 +98,22 @@ def _cupy_views(cp, *buffers):
     return tuple(None if b is None else cp.from_dlpack(b) for b in buffers)
 
 
+def _xla_stream(cp, handle: int):
+    """XLA's CUDA stream as a CuPy stream (``ExternalStream``; CuPy 14 marks it deprecated in
+    favour of ``Stream.from_external``, which takes an object with the ``__cuda_stream__``
+    protocol rather than the raw handle ``buffer_callback`` gives)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(handle)
+
+
 def _fwd_callback(opts: _Options):
     def run(ctx, out, q, k, v, *slopes):
         import cupy as cp
 
-        with cp.cuda.ExternalStream(ctx.stream):
+        with _xla_stream(cp, ctx.stream):
             o, lse = _cupy_views(cp, *out)
             qc, kc, vc = _cupy_views(cp, q, k, v)
             sl = _cupy_views(cp, *slopes)[0] if slopes else None
@@ -115,7 +126,7 @@ def _bwd_callback(opts: _Options):
     def run(ctx, out, do, q, k, v, o, lse, *slopes):
         import cupy as cp
 
-        with cp.cuda.ExternalStream(ctx.stream):
+        with _xla_stream(cp, ctx.stream):
             dq, dk, dv = _cupy_views(cp, *out)
             doc, qc, kc, vc, oc, lsec = _cupy_views(cp, do, q, k, v, o, lse)
             sl = _cupy_views(cp, *slopes)[0] if slopes else None

@@ -53,7 +53,9 @@ def test_dropout_instances_are_separate_specs():
         for d in (32, 64, 128, 256):
             plain, drop = S.fwd_spec("fp16", d, d, cc), S.fwd_spec("fp16", d, d, cc, dropout=True)
             assert plain.macro("DROPOUT") is None and "DROPOUT" not in plain.name
-            assert drop.macro("DROPOUT") == 1 and "DROPOUT1" in drop.name and drop.source == plain.source
+            ws = plain.source == "fmha_fwd_sm90_ws"  # no dropout there: the other sm_90a family
+            assert drop.macro("DROPOUT") == 1 and "DROPOUT1" in drop.name
+            assert drop.source == ("fmha_fwd_sm90" if ws else plain.source) and drop.target == plain.target
             b0, b1 = S.bwd_specs("bf16", d, d, cc), S.bwd_specs("bf16", d, d, cc, dropout=True)
             assert b1.dq_dk_dv.macro("DROPOUT") == 1 and b0.dq_dk_dv.macro("DROPOUT") is None
             assert b1.dot_do_o == b0.dot_do_o and b1.convert_dq == b0.convert_dq
@@ -61,8 +63,10 @@ def test_dropout_instances_are_separate_specs():
         S.fwd_spec("fp16", 64, 64, 80, dropout=1)
 
 
-def test_sm90_forward_dropout_tiles_fit_registers():
-    # the default wgmma instances are unchanged; the dropout ones trade warpgroups for registers
+def test_sm90_forward_dropout_tiles_fit_registers(monkeypatch):
+    # the plain fmha_fwd_sm90 instances (the default under CUPY_FMHA_FWD_WS=0) are unchanged; the
+    # dropout ones trade warpgroups for registers
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
     assert S.fwd_spec("fp16", 128, 128, 90).macro("NWG") == 3
     assert S.fwd_spec("fp16", 64, 64, 90).macro("MIN_BLOCKS") == 2
     assert S.fwd_spec("fp16", 128, 128, 90, dropout=True).macro("NWG") == 2

@@ -1,5 +1,6 @@
-"""The warp-specialized Hopper forward (kernels/fmha_fwd_sm90_ws.cu, opt-in with
-CUPY_FMHA_FWD_WS=1 while it is being checked) against the NumPy reference: the forward cases of
+"""The warp-specialized Hopper forward (kernels/fmha_fwd_sm90_ws.cu; the default at equal padded
+head dims 64/128, CUPY_FMHA_FWD_WS=1 takes it wherever it applies) against the NumPy reference:
+the forward cases of
 the main GPU suites (batch mode: masks, GQA, both layouts, lengths that are not multiples of any
 tile; strided inputs; group mode with empty sequences; ALiBi; Inf in a neighbouring sequence)
 rerun with the switch on, plus a check that the switch really selects the kernel. The backward

@@ -58,9 +58,10 @@ def test_sm90_instances_fit(hq, hv):
     lf = L.fwd_launch(f, 2, 3, 1000)
     lb = L.dq_dk_dv_launch(b, 2, 3, 1000)
     assert 0 < lf.smem <= L.SMEM_LIMIT and 0 < lb.smem <= L.SMEM_LIMIT
-    # the warp-specialized backward (hdim 128) adds a producer warpgroup to the two MMA ones
-    assert lf.block[0] == 128 * f.macro("NWG") and lb.block == (128 * (2 + b.source.endswith("_ws")), 1, 1)
-    assert b.source.endswith("_ws") == (hq == hv)
+    # the warp-specialized kernels (equal padded head dims) add a producer warpgroup to the MMA ones
+    assert lf.block == (128 * (f.macro("NWG") + f.source.endswith("_ws")), 1, 1)
+    assert lb.block == (128 * (2 + b.source.endswith("_ws")), 1, 1)
+    assert b.source.endswith("_ws") == f.source.endswith("_ws") == (hq == hv)
     assert lb.grid == (-(-1000 // 128), 3, 2)
 
 
@@ -90,12 +91,17 @@ def test_ws_backward_routing(monkeypatch):
 
 
 def test_fwd_ws_routing_and_geometry(monkeypatch):
-    """The warp-specialized Hopper forward: only under CUPY_FMHA_FWD_WS=1 (not yet run on a GPU),
-    never with dropout or bias; a producer and two MMA warpgroups over 128 query rows."""
+    """The warp-specialized Hopper forward: the default at equal padded head dims 64/128 (unequal
+    ones under CUPY_FMHA_FWD_WS=1, none under =0), never with dropout or bias; a producer and two
+    MMA warpgroups over 128 query rows."""
     from cupy_fmha.backends.cuda import fwd_spec
     monkeypatch.delenv("CUPY_FMHA_FWD_WS", raising=False)
-    assert fwd_spec("bf16", 128, 128, 90).source == "fmha_fwd_sm90"
+    assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("fp16", 56, 64, 90).source == "fmha_fwd_sm90_ws"
+    assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90"
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
+    assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("bf16", 64, 64, 90).source == "fmha_fwd_sm90"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
+    assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90_ws"
     s = fwd_spec("bf16", 128, 128, 90)
     assert s.source == "fmha_fwd_sm90_ws" and fwd_spec("fp16", 120, 120, 90, alibi=True).source == s.source
     assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"

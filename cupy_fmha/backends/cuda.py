@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "use_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -190,8 +190,8 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
-    if use_sm90(hdim_q, hdim_v, cc) and os.environ.get("CUPY_FMHA_FWD_WS", "") not in ("", "0") and not (bias or dropout):
-        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)  # opt-in while it is being checked
+    if use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias, dropout=dropout):
+        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
         if not feats and tiles["NWG"] == 3 and wg_skip:
@@ -223,6 +223,20 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     if bias or dropout:
         return False
     switch = os.environ.get("CUPY_FMHA_BWD_WS", "").strip()
+    if switch:
+        return switch != "0"
+    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
+
+
+def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False) -> bool:
+    """Whether a Hopper forward runs the warp-specialized kernel (``fmha_fwd_sm90_ws``, which has
+    no dropout or bias): by default at equal padded head dims 64 or 128, where it measured
+    0.77-0.89 of the time of ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024;
+    bench/NOTES.md step 23). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal head
+    dims too), ``=0`` never (comparisons)."""
+    if bias or dropout:
+        return False
+    switch = os.environ.get("CUPY_FMHA_FWD_WS", "").strip()
     if switch:
         return switch != "0"
     return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
@@ -285,21 +299,27 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) ->
 
 
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
-    """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11, opt-in with
-    ``CUPY_FMHA_FWD_WS=1`` while it is being checked: a producer warpgroup loading with TMA, two
-    MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no dropout or bias."""
+    """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
+    loading with TMA, two MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no
+    dropout or bias (:func:`use_fwd_ws` says when it is dispatched)."""
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                NWG=2, BLOCK_N=128, **feature_macros(alibi, False, False))
 
 
 def experimental_table() -> list[KernelSpec]:
     """Instances built and compile-checked that the library dispatches only under a switch: the
-    ``fmha_bwd_dq_dk_dv_sm90`` builds the warp-specialized backward replaced at hdim 64 and 128
-    (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`), and the warp-specialized forward
-    (``CUPY_FMHA_FWD_WS=1``, :func:`fwd_ws_spec`)."""
+    ``fmha_bwd_dq_dk_dv_sm90`` and ``fmha_fwd_sm90`` builds the warp-specialized kernels replaced
+    at hdim 64 and 128 (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`; ``CUPY_FMHA_FWD_WS=0``,
+    :func:`use_fwd_ws`)."""
     out = [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    for dtype in DTYPES:
+        for d in (64, 128):
+            tiles = fwd_sm90_tiles(d, d, False)
+            skips = (False, True) if tiles["NWG"] == 3 else (False,)
+            out += [_mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, **tiles,
+                        **({"WG_SKIP": 1} if skip else {}), **feature_macros(alibi, False, False))
+                    for alibi in (False, True) for skip in skips if not (alibi and skip)]
     return out
 
 
