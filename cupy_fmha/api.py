@@ -225,7 +225,7 @@ def _launch(cp, spec, launch, struct, values, prefix: tuple = ()):
 
 @functools.lru_cache(maxsize=256)
 def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -> np.ndarray:
-    """One column-blocked tensor map of :func:`_ws_maps`, encoded once per address, shape and
+    """One column-blocked tensor map of :func:`_maps`, encoded once per address, shape and
     strides: the driver call through cuda-bindings costs tens of microseconds, and training
     loops hand the same buffers back call after call. The arrays are shared: never written."""
     from .backends import tma
@@ -241,41 +241,13 @@ def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -
     return tma.encode_tile_map(args)
 
 
-def _fwd_ws_maps(spec, plan, tensors) -> tuple:
-    """The TMA tensor maps of ``fmha_fwd_sm90_ws`` (Q, K, V), as :func:`_ws_maps` builds the
-    backward's: Q in boxes of BLOCK_M rows, K and V of BLOCK_N."""
-    p = plan.problem
-    name = "bfloat16" if spec.dtype == "bf16" else "float16"
-    rows = ((plan.rows_q, p.nhead_q, p.hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
-            (plan.rows_k, p.nhead_k, p.hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
-            (plan.rows_k, p.nhead_k, p.hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")))
-    maps = []
-    for i, ((ptr, sb, sh, ss), (n_rows, heads, d, box_rows, d_pad)) in enumerate(zip(tensors, rows)):
-        batch = p.batch
-        if plan.group_mode:  # packed tokens: one batch entry of total rows
-            n_rows, batch = (p.total_q if i == 0 else p.total_k), 1
-        maps.append(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
-    return tuple(maps)
-
-
-def _ws_maps(spec, plan, tensors) -> tuple:
-    """The TMA tensor maps of ``fmha_bwd_dq_dk_dv_sm90_ws`` (Q, K, V, dO), from their ``TensorArg``
-    tuples (pointer and element strides): each a column-blocked 5-D view (batch, hdim / 8, rows,
-    heads, 8) read one box per tile (cupy_fmha/backends/tma.py)."""
-    p = plan.problem
-    name = "bfloat16" if spec.dtype == "bf16" else "float16"
-    rows = {"q": (plan.rows_q, p.nhead_q, p.hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
-            "k": (plan.rows_k, p.nhead_k, p.hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
-            "v": (plan.rows_k, p.nhead_k, p.hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")),
-            "do": (plan.rows_q, p.nhead_q, p.hdim_v, spec.macro("BLOCK_M"), spec.macro("HDIM_V"))}
-    maps = []
-    for key, (ptr, sb, sh, ss) in zip(("q", "k", "v", "do"), tensors):
-        n_rows, heads, d, box_rows, d_pad = rows[key]
-        batch = p.batch
-        if plan.group_mode:  # packed tokens: one batch entry of total rows
-            n_rows, batch = (p.total_q if key in ("q", "do") else p.total_k), 1
-        maps.append(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
-    return tuple(maps)
+def _maps(boxes, tensors) -> tuple:
+    """The TMA tensor maps of a warp-specialized kernel: ``boxes`` from the plan
+    (:func:`cupy_fmha.launch.tma_boxes`), ``tensors`` the ``TensorArg`` tuples (pointer and element
+    strides) of the same tensors, each read as a column-blocked 5-D view (batch, hdim / 8, rows,
+    heads, 8), one box per tile (cupy_fmha/backends/tma.py)."""
+    return tuple(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad)
+                 for (name, batch, heads, n_rows, d, box_rows, d_pad), (ptr, sb, sh, ss) in zip(boxes, tensors))
 
 
 # --------------------------------------------------------------------------- feature groups
@@ -449,9 +421,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         *tensors, _tensor(o, layout), _ptr(lse),
         _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
         alibi, bias_arg, _dropout(plan)))
-    prefix = ()
-    if plan.spec.source == "fmha_fwd_sm90_ws" and not L.empty_grid(plan.launch):
-        prefix = _fwd_ws_maps(plan.spec, plan, tensors)
+    prefix = _maps(plan.maps, tensors) if plan.maps and not L.empty_grid(plan.launch) else ()
     _launch(cp, plan.spec, plan.launch, *params, prefix)
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
         return o, lse, _dropout_mask(cp, plan, p.nhead_q)
@@ -562,9 +532,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     else:
         dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
     tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout))
-    prefix = ()
-    if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws" and not L.empty_grid(launches["dq_dk_dv"]):
-        prefix = _ws_maps(specs.dq_dk_dv, plan, tensors)
+    prefix = _maps(plan.maps, tensors) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *tensors, dk_arg, dv_arg,
         _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,

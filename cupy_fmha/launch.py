@@ -15,7 +15,7 @@ from .spec import KernelSpec, dropout_mask_spec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
            "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "key_block_range", "first_key_block", "DqWorkspace", "dq_workspace",
-           "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch"]
+           "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch", "tma_boxes"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
 WINDOW_INF = 1 << 30
@@ -83,6 +83,28 @@ def sequence_window(y: int, x: int, bottom_right: int, seqlen_q: int, seqlen_k: 
 def empty_grid(launch: "Launch") -> bool:
     """True when the grid has no blocks (group mode: every sequence empty), so nothing launches."""
     return any(int(n) == 0 for n in launch.grid)
+
+
+#: kernels that take TMA tensor maps before their params, and of which tensors (in that order)
+TMA_TENSORS = {"fmha_fwd_sm90_ws": ("q", "k", "v"), "fmha_bwd_dq_dk_dv_sm90_ws": ("q", "k", "v", "do")}
+
+
+def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: int, hdim_v: int,
+              rows_q: int, rows_k: int) -> tuple:
+    """The tensor maps ``spec``'s kernel takes before its params (``()`` for kernels without): per
+    tensor, (element type name, batch, heads, rows, head dim, box rows, padded head dim), for
+    ``api._tile_map``. Q and dO are read in boxes of BLOCK_M rows, K and V of BLOCK_N. Group
+    mode passes batch 1 and the total token counts as ``rows_q`` / ``rows_k`` (packed tokens);
+    batch mode the padded lengths. Resolved once per plan, so a call only looks the maps up."""
+    names = TMA_TENSORS.get(spec.source, ())
+    if not names:
+        return ()
+    dtype = "bfloat16" if spec.dtype == "bf16" else "float16"
+    geom = {"q": (nhead_q, rows_q, hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
+            "k": (nhead_k, rows_k, hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
+            "v": (nhead_k, rows_k, hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")),
+            "do": (nhead_q, rows_q, hdim_v, spec.macro("BLOCK_M"), spec.macro("HDIM_V"))}
+    return tuple((dtype, batch, *geom[n]) for n in names)
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:

@@ -75,6 +75,7 @@ class FwdPlan(_Plan):
     launch: L.Launch | None = None
     o_shape: tuple[int, ...] = ()
     lse_shape: tuple[int, ...] = ()
+    maps: tuple = ()                        #: the kernel's TMA tensor maps (launch.tma_boxes)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class BwdPlan(_Plan):
     kv_rows: int = 0                        #: rows of the GQA fp32 dK/dV workspaces (seqlen_k or total_k)
     dkdv_ws: tuple = ()                     #: GQA: (dk, dv) fp32 workspace shapes [kv_batch, nhead_q, kv_rows, d]; () without GQA
     launches: dict | None = None            #: kernel name -> Launch
+    maps: tuple = ()                        #: dq_dk_dv's TMA tensor maps (launch.tma_boxes)
 
     @property
     def kv_batch(self) -> int:
@@ -231,7 +233,9 @@ def _forward_kernels(checked, cc) -> FwdPlan:
     spec = _fwd_spec(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
                      base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), tuning_key())
     o_rows = p.total_q if base.group_mode else base.rows_q
-    return FwdPlan(**vars(base), want_keep=want_keep, spec=spec,
+    tk = p.total_k if base.group_mode else base.rows_k
+    maps = L.tma_boxes(spec, 1 if base.group_mode else p.batch, p.nhead_q, p.nhead_k, p.hdim_q, p.hdim_v, o_rows, tk)
+    return FwdPlan(**vars(base), want_keep=want_keep, spec=spec, maps=maps,
                    launch=L.fwd_launch(spec, p.batch, p.nhead_q, base.rows_q),
                    o_shape=base.shape(o_rows, p.nhead_q, p.hdim_v), lse_shape=(p.batch, p.nhead_q, base.rows_q))
 
@@ -285,7 +289,8 @@ def _backward_kernels(checked, cc) -> BwdPlan:
                    block_n=block_n, block_m=block_m,
                    grad_shapes=(base.shape(tq, hq, p.hdim_q), base.shape(tk, hk, p.hdim_q),
                                 base.shape(tk, hk, p.hdim_v)),
-                   lse_shape=(b, hq, base.rows_q), kv_rows=tk, dkdv_ws=dkdv_ws, launches=launches)
+                   lse_shape=(b, hq, base.rows_q), kv_rows=tk, dkdv_ws=dkdv_ws, launches=launches,
+                   maps=L.tma_boxes(specs.dq_dk_dv, kv_batch, hq, hk, p.hdim_q, p.hdim_v, tq, tk))
 
 
 def plan_backward(do, q, k, v, o, lse, *, bias=None, alibi_slopes=None, cc, **kw) -> BwdPlan:
