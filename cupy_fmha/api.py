@@ -241,12 +241,49 @@ def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -
     return tma.encode_tile_map(args)
 
 
-def _maps(boxes, tensors) -> tuple:
-    """The TMA tensor maps of a warp-specialized kernel: ``boxes`` from the plan
-    (:func:`cupy_fmha.launch.tma_boxes`), ``tensors`` the ``TensorArg`` tuples (pointer and element
-    strides) of the same tensors, each read as a column-blocked 5-D view (batch, hdim / 8, rows,
-    heads, 8), one box per tile (cupy_fmha/backends/tma.py)."""
-    return tuple(_tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad)
+_WRAPPER: list = []
+
+
+def _by_value_wrapper(cp):
+    """CuPy's wrapper of a one-element NumPy array passed by value (``cupy.cuda.function.
+    CNumpyArray``, a ``CPointer``), or None where this CuPy (or a test's stand-in) has none."""
+    if getattr(cp, "__name__", "") != "cupy":
+        return None
+    if not _WRAPPER:
+        try:
+            from cupy.cuda.function import CNumpyArray
+        except Exception:  # pragma: no cover - other CuPy versions
+            CNumpyArray = None
+        _WRAPPER.append(CNumpyArray)
+    return _WRAPPER[0]
+
+
+_BY_VALUE: dict = {}
+
+
+def _by_value(cp, a):
+    """``a`` (a cached one-element NumPy array, e.g. a tensor map) as CuPy's by-value kernel
+    argument, wrapped once: for a NumPy array CuPy builds that wrapper on every launch, reading
+    ``__array_interface__`` (2.9 us per argument on the H200 host: the ws backward's four maps
+    cost 11 us per call; wrapped, 1.7 us for all four; bench/NOTES.md step 23). The entry holds
+    ``a``, so its id is not reused while it is cached."""
+    hit = _BY_VALUE.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    wrap = _by_value_wrapper(cp)
+    w = a if wrap is None else wrap(a)
+    if len(_BY_VALUE) > 1024:  # _tile_map keeps 256 maps; older entries are dropped wholesale
+        _BY_VALUE.clear()
+    _BY_VALUE[id(a)] = (a, w)
+    return w
+
+
+def _maps(cp, boxes, tensors) -> tuple:
+    """The TMA tensor maps of a warp-specialized kernel as kernel arguments: ``boxes`` from the
+    plan (:func:`cupy_fmha.launch.tma_boxes`), ``tensors`` the ``TensorArg`` tuples (pointer and
+    element strides) of the same tensors, each read as a column-blocked 5-D view (batch,
+    hdim / 8, rows, heads, 8), one box per tile (cupy_fmha/backends/tma.py)."""
+    return tuple(_by_value(cp, _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
                  for (name, batch, heads, n_rows, d, box_rows, d_pad), (ptr, sb, sh, ss) in zip(boxes, tensors))
 
 
@@ -421,7 +458,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         *tensors, _tensor(o, layout), _ptr(lse),
         _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
         alibi, bias_arg, _dropout(plan)))
-    prefix = _maps(plan.maps, tensors) if plan.maps and not L.empty_grid(plan.launch) else ()
+    prefix = _maps(cp, plan.maps, tensors) if plan.maps and not L.empty_grid(plan.launch) else ()
     _launch(cp, plan.spec, plan.launch, *params, prefix)
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
         return o, lse, _dropout_mask(cp, plan, p.nhead_q)
@@ -532,7 +569,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     else:
         dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
     tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout))
-    prefix = _maps(plan.maps, tensors) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
+    prefix = _maps(cp, plan.maps, tensors) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *tensors, dk_arg, dv_arg,
         _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,

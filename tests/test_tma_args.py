@@ -140,3 +140,27 @@ def test_ws_maps_are_encoded_once_per_buffer(monkeypatch):
     api._tile_map(*key[:1], (1 << 20) + 4096, *key[2:])  # another buffer: encoded again
     assert len(calls) == 2 and calls[1].address == (1 << 20) + 4096
     api._tile_map.cache_clear()
+
+
+def test_maps_are_wrapped_once_as_by_value_arguments():
+    """A cached map goes to CuPy already wrapped as its by-value argument (CuPy's CNumpyArray,
+    built once instead of on every launch); a stand-in module without that class gets the array."""
+    import types
+
+    import numpy as np
+
+    from cupy_fmha import api
+
+    a = np.zeros(1, np.dtype((np.void, 128)))
+    assert api._by_value(types.SimpleNamespace(__name__="fake"), a) is a
+    try:
+        import cupy
+        from cupy.cuda.function import CNumpyArray
+    except Exception:
+        return  # the stand-in case above is all this machine can check
+    api._BY_VALUE.clear()
+    w = api._by_value(cupy, a)
+    assert isinstance(w, CNumpyArray) and api._by_value(cupy, a) is w
+    b = np.zeros(1, np.dtype((np.void, 128)))
+    assert api._by_value(cupy, b) is not w
+    api._BY_VALUE.clear()
