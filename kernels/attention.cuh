@@ -63,22 +63,26 @@ __device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_
     return ElemBias{p, sq, sk, kind, seqlen_q, seqlen_k};
 }
 
-// The forward's keep bits of one key block for this thread: word [r][a] holds tiles 4a .. 4a + 3
-// of row row0 + f.row(2r) (AccFrag::row_keep_bits). They depend only on coordinates, so the sm90 kernel
-// computes them while the S = Q K^T wgmma runs (the Philox ALU work then hides under the tensor
-// cores); the mma.sync kernel right before online_softmax.
+// The forward's keep bits of one key block for this thread: word [r][a] holds tiles
+// KEEP_TILES a .. KEEP_TILES (a + 1) - 1 of row slot r (row row0 + f.row(SLOT_ELEMS r)),
+// SLOT_ELEMS bits per tile (AccFrag::row_keep_bits). They depend only on coordinates, so the sm90
+// kernel computes them while the S = Q K^T wgmma runs (the Philox ALU work then hides under the
+// tensor cores); the mma.sync kernel right before online_softmax.
 template <int NS>
 struct KeepBits {
-    uint32_t w[2][(NS + 3) / 4];
+    uint32_t w[AccFrag::ROW_SLOTS][(NS + AccFrag::KEEP_TILES - 1) / AccFrag::KEEP_TILES];
 };
 
 template <int NS>
 __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, const AccFrag& f) {
+    constexpr int T = AccFrag::KEEP_TILES;
     KeepBits<NS> kb;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
 #pragma unroll
-        for (int a = 0; a < (NS + 3) / 4; ++a) kb.w[r][a] = f.row_keep_bits(drop, row0 + f.row(2 * r), (k0 >> 3) + 4 * a);
+        for (int a = 0; a < (NS + T - 1) / T; ++a)
+            kb.w[r][a] = f.row_keep_bits(drop, row0 + f.row(AccFrag::SLOT_ELEMS * r), (k0 >> 3) + T * (AccFrag::N / 8) * a,
+                                         NS - T * a < T ? NS - T * a : T);
     return kb;
 }
 
@@ -114,42 +118,47 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
                 s[4 * n + e] = win.visible(i, j, seqlen_k) ? s[4 * n + e] : -FMHA_INF;
             }
     }
+    constexpr int E = AccFrag::SLOT_ELEMS, T = AccFrag::KEEP_TILES;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
         float mx = row_max[r];
 #pragma unroll
-        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
         mx = f.reduce_max(mx);
         const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
         const float corr = fast_exp2(row_max[r] - m_use);
         row_max[r] = mx;
         float sum = 0.f;
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            s[4 * n + 2 * r] = fast_exp2(s[4 * n + 2 * r] - m_use);
-            s[4 * n + 2 * r + 1] = fast_exp2(s[4 * n + 2 * r + 1] - m_use);
-            sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
-        }
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < E; c += 2) {
+                s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] - m_use);
+                s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] - m_use);
+                sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
+            }
         row_sum[r] = row_sum[r] * corr + sum;
 #pragma unroll
-        for (int n = 0; n < NO; ++n) {
-            acc_o[4 * n + 2 * r] *= corr;
-            acc_o[4 * n + 2 * r + 1] *= corr;
-        }
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= corr;
     }
     if constexpr (DROPOUT) {
-        // groups of four n8 tiles; with BLOCK_N = 16 (NS = 2) half of the one group's bits go unused
+        // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
 #pragma unroll
-            for (int a = 0; a < (NS + 3) / 4; ++a) {
+            for (int a = 0; a < (NS + T - 1) / T; ++a) {
                 const uint32_t bits = keep.w[r][a];
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    const int n = 4 * a + m;
+                for (int m = 0; m < T; ++m) {
+                    const int n = T * a + m;
                     if (n >= NS) break;
-                    if (!((bits >> (2 * m)) & 1u)) s[4 * n + 2 * r] = 0.f;
-                    if (!((bits >> (2 * m + 1)) & 1u)) s[4 * n + 2 * r + 1] = 0.f;
+#pragma unroll
+                    for (int c = 0; c < E; ++c)
+                        if (!((bits >> (E * m + c)) & 1u)) s[4 * n + E * r + c] = 0.f;
                 }
             }
     }
@@ -160,7 +169,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
 __device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2],
                                             const Dropout& drop, const AccFrag& f) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
         const float l = f.reduce_sum(row_sum[r]);
         if constexpr (DROPOUT) inv[r] = l > 0.f ? drop.rp_keep / l : 0.f;
         else inv[r] = l > 0.f ? 1.f / l : 0.f;

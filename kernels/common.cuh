@@ -82,4 +82,13 @@ __device__ __forceinline__ int first_key_block(const Window& w, int qb, int firs
 // [8m, 8m + 8) stay 32 contiguous bytes. Needs rows of at least 64 floats.
 __host__ __device__ __forceinline__ constexpr int dq_tile_chunk(int r, int j) { return j ^ ((r & 7) << 1); }
 
+// Zeroes N accumulator tiles of 4 elements per thread (the layout of every architecture's AccFrag).
+template <int N>
+__device__ __forceinline__ void zero(float (*acc)[4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+}
+
 }  // namespace fmha

@@ -1,13 +1,16 @@
 // Attention forward: O = softmax(scale * Q K^T + mask) V and LSE, FlashAttention-2's algorithm
 // (Dao, "FlashAttention-2", 2023, Algorithm 1): one CTA owns BLOCK_M query rows (16 per warp),
-// streams K/V blocks of BLOCK_N keys through double-buffered shared memory (cp.async), keeps the
-// running row max and sum in registers and rescales O once at the end.
+// streams K/V blocks of BLOCK_N keys through double-buffered shared memory (cp.async on NVIDIA,
+// plain loads on AMD), keeps the running row max and sum in registers and rescales O once at the
+// end. The same source builds for sm80 (mma.sync, warps of 32) and gfx9 (MFMA, wavefronts of 64,
+// "warp" below): the fragment layouts, loads and matrix instructions come from the architecture
+// layer (AccFrag, FragA, load_a, mma_row_nmajor / kmajor, acc_to_a; arch/arch.cuh).
 //
 // Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
 //            BIAS (1: add the elementwise bias given by p.bias).
 //            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
-// Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * 32, dynamic shared memory
+// Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * WARP_LANES, dynamic shared memory
 // SMEM_BYTES (spec.py; the Smem struct below).
 // Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):
 // p.seq.seqlen_q/k are the max lengths, the window comes in top-left form (+ p.mask.bottom_right),
@@ -19,7 +22,7 @@
 
 using namespace fmha;
 
-static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
+static_assert(BLOCK_M == 16 * NWARPS && NTHREADS == WARP_LANES * NWARPS, "fmha_fwd: one warp per 16 query rows (spec.py)");
 
 // Shared memory: Q (O's staging area in the epilogue), then K and V, double-buffered; row-major
 // tiles with pitch smem_pitch(D).
@@ -33,7 +36,10 @@ static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd: shared-memory layout and sp
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 fmha_fwd(const __grid_constant__ FwdParams p) {
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V);
-    constexpr int NT_S = BLOCK_N / 8, NT_O = HDIM_V / 8, KQ = HDIM_Q / 16;
+    // accumulator tiles of S and O (AccFrag::N columns each), k-steps of 16 over the head dim;
+    // each thread holds R row slots of E adjacent columns per tile
+    constexpr int NT_S = BLOCK_N / AccFrag::N, NT_O = HDIM_V / AccFrag::N, KQ = HDIM_Q / 16;
+    constexpr int R = AccFrag::ROW_SLOTS, E = AccFrag::SLOT_ELEMS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     uint16_t* sQ = sm.q;  // doubles as O's staging area
@@ -57,8 +63,13 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
 
     float acc_o[NT_O][4];
     zero<NT_O>(acc_o);
-    float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-    uint32_t qf[KQ][4];  // Q_IN_REGS: Q's fragments, loaded once
+    float row_max[R], row_sum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        row_max[r] = -FMHA_INF;
+        row_sum[r] = 0.f;
+    }
+    FragA qf[KQ];  // Q_IN_REGS: Q's fragments, loaded once
     const int m0 = warp * 16;
 
     for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb) {
@@ -89,7 +100,7 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
             if constexpr (Q_IN_REGS) {
                 mma_row_nmajor<NT_S>(s, qf[kk], sKb, PQ, 0, kk * 16, lane);
             } else {
-                uint32_t a[4];
+                FragA a;
                 load_a(a, sQ, PQ, m0, kk * 16, lane);
                 mma_row_nmajor<NT_S>(s, a, sKb, PQ, 0, kk * 16, lane);
             }
@@ -106,35 +117,30 @@ fmha_fwd(const __grid_constant__ FwdParams p) {
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            FragA a;
+            acc_to_a(a, s, kk);
             mma_row_kmajor<NT_O>(acc_o, a, sVb, PV, 0, kk * 16, lane);
         }
     }
 
     // epilogue: normalize, LSE (natural log), stage O through shared memory for 16-byte stores
     float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
-    float inv[2], row_lse[2];
+    float inv[R], row_lse[R];
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, frag);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = q0 + m0 + frag.row(2 * r);
+    for (int r = 0; r < R; ++r) {
+        const int i = q0 + m0 + frag.row(E * r);
         if (frag.row_leader() && i < blk.seqlen_q) lse_g[i] = row_lse[r];
 #pragma unroll
-        for (int n = 0; n < NT_O; ++n) {
-            acc_o[n][2 * r] *= inv[r];
-            acc_o[n][2 * r + 1] *= inv[r];
-        }
+        for (int n = 0; n < NT_O; ++n)
+#pragma unroll
+            for (int c = 0; c < E; ++c) acc_o[n][E * r + c] *= inv[r];
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done reading sQ / sK
     uint16_t* sO = sQ;
-#pragma unroll
-    for (int n = 0; n < NT_O; ++n) {
-        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(0)) * PV + frag.col(n, 0)) = pack2(acc_o[n][0], acc_o[n][1]);
-        *reinterpret_cast<uint32_t*>(sO + (m0 + frag.row(2)) * PV + frag.col(n, 0)) = pack2(acc_o[n][2], acc_o[n][3]);
-    }
-    __syncwarp();
+    frag.store_16bit<NT_O>(sO, PV, m0, acc_o);
+    warp_sync();
     uint16_t* og = fwd_out_rows(p, b, h);
     constexpr int CH = HDIM_V / 8;
     for (int c = lane; c < 16 * CH; c += WARP_LANES) {

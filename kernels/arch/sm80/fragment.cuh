@@ -10,6 +10,8 @@ namespace fmha {
 inline constexpr int WARP_LANES = 32;  // threads per warp
 __device__ __forceinline__ int lane_of(int tid) { return tid & 31; }
 __device__ __forceinline__ int warp_of(int tid) { return tid >> 5; }
+// Orders the shared-memory accesses of the warp's lanes (their stores before the loads after it).
+__device__ __forceinline__ void warp_sync() { __syncwarp(); }
 // x summed over the warp's lanes (every lane gets the sum).
 __device__ __forceinline__ float warp_reduce_sum(float x) {
 #pragma unroll
@@ -22,6 +24,11 @@ __device__ __forceinline__ float warp_reduce_sum(float x) {
 // of 8 (row_group(e)), at row_in_group() inside the group. The threads holding one row (a quad of
 // lanes here) combine their values with reduce_max / reduce_sum.
 struct AccFrag {
+    static constexpr int N = 8;  // columns per accumulator tile (an n8 tile)
+    // Each thread holds ROW_SLOTS rows of a tile, SLOT_ELEMS adjacent columns each: element
+    // e = SLOT_ELEMS * r + c is column c of row slot r (row(e), col(n, e)).
+    static constexpr int ROW_SLOTS = 2, SLOT_ELEMS = 2;
+    static constexpr int KEEP_TILES = 4;  // tiles per word of row_keep_bits (SLOT_ELEMS bits each)
     int g, t;  // lane / 4: the row in each group of 8; lane % 4: the column pair in each n8 tile
 
     __device__ __forceinline__ explicit AccFrag(int tid) : g(lane_of(tid) >> 2), t(lane_of(tid) & 3) {}
@@ -42,13 +49,24 @@ struct AccFrag {
         return x + shfl_xor(x, 2);
     }
 
+    // The NT tiles of acc in the input dtype into rows m0 .. m0 + 15 of a row-major tile s (pitch in elements).
+    template <int NT>
+    __device__ __forceinline__ void store_16bit(uint16_t* s, int pitch, int m0, const float (*acc)[4]) const {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            *reinterpret_cast<uint32_t*>(s + (m0 + row(0)) * pitch + col(n, 0)) = pack2(acc[n][0], acc[n][1]);
+            *reinterpret_cast<uint32_t*>(s + (m0 + row(2)) * pitch + col(n, 0)) = pack2(acc[n][2], acc[n][3]);
+        }
+    }
+
     // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
     // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
     // jg0 + t; drop.random8 / keep_word, philox.cuh) and four word exchanges give every thread word
     // t of all four calls: thread t sends word (t - d) & 3 to thread (t - d) & 3 while receiving
     // word t from thread (t + d) & 3.
+    // (All four tiles are computed whatever `tiles`, the number the caller uses.)
     template <class Drop>
-    __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0) const {
+    __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int /*tiles*/) const {
         const int lane = 4 * g + t;
         const uint4 r = drop.random8(i, jg0 + t);
         uint32_t bits = 0;

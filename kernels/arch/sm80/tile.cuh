@@ -42,6 +42,9 @@ __device__ __forceinline__ void load_vec_async(float* smem, const float* gmem, i
     }
 }
 
+// The A fragment of a 16x16 k-step (the row operand of an mma: 16 rows of a [m][k] tile).
+typedef uint32_t FragA[4];
+
 // A fragment (16x16) from a row-major [m][k] tile at (m0, k0).
 __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* s, int pitch, int m0, int k0, int lane) {
     ldsm_x4(a, smem_u32(s + (m0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8));
@@ -105,12 +108,7 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
     a[3] = pack2(c1[2], c1[3]);
 }
 
-template <int N>
-__device__ __forceinline__ void zero(float (*acc)[4]) {
-#pragma unroll
-    for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-}
+// The A fragment of k-step kk (16 keys) from the accumulator tiles c (n8 tiles 2 kk, 2 kk + 1).
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float (*c)[4], int kk) { c_to_a(a, c[2 * kk], c[2 * kk + 1]); }
 
 }  // namespace fmha
