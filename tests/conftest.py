@@ -385,13 +385,35 @@ def check_group(inp, o, lse, g, kw, *, dbias=False):
     return outs
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The AMD (gfx9) resource table of tests/test_rocm_compile.py, when it ran."""
+def _rocm_rows() -> list[tuple]:
     mod = sys.modules.get("test_rocm_compile")
-    reports = getattr(mod, "REPORTS", None)
-    if not reports:
+    return [(r.kernel, r.target, r.vgprs, r.agprs, r.scratch, r.lds, r.occupancy) for r in getattr(mod, "REPORTS", None) or []]
+
+
+#: rows the pytest-xdist workers sent (pytest_testnodedown), for the controller's summary
+_WORKER_ROCM_ROWS: list[tuple] = []
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its ROCm rows to the controller."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["rocm_rows"] = _rocm_rows()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _WORKER_ROCM_ROWS.extend(tuple(r) for r in getattr(node, "workeroutput", {}).get("rocm_rows", []))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The AMD (gfx9) resource table of tests/test_rocm_compile.py, when it ran (in this process
+    or in pytest-xdist workers). LDS includes the kernels' dynamic shared memory; waves/SIMD is
+    clang's figure lowered to what that LDS allows."""
+    rows = sorted(_rocm_rows() + _WORKER_ROCM_ROWS, key=lambda r: (r[0], r[1]))
+    if not rows:
         return
     terminalreporter.section("ROCm resources (clang, per kernel and target)")
-    terminalreporter.write_line(f"{'kernel':44} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
-    for r in reports:
-        terminalreporter.write_line(f"{r.kernel:44} {r.target:7} {r.vgprs:5} {r.agprs:5} {r.scratch:7} {r.lds:7} {r.occupancy:10}")
+    terminalreporter.write_line(f"{'kernel':64} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
+    for kernel, target, vgprs, agprs, scratch, lds, occ in rows:
+        terminalreporter.write_line(f"{kernel:64} {target:7} {vgprs:5} {agprs:5} {scratch:7} {lds:7} {occ:10}")

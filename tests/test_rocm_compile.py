@@ -1,13 +1,15 @@
 """The ROCm (gfx9) architecture layer compiles for gfx90a, gfx942 and gfx950 with Debian's
 clang-22 (device code only: no GPU, no ROCm install), without scratch, within each target's LDS
-and register limits, and so do the kernels without matrix instructions (dot_do_o, convert_dq,
-the dropout mask), from the same sources as the CUDA build; the resource table is printed at the
-end of the run. Skips without clang. The forward and dq_dk_dv kernels do not build for AMD yet
-(issue 12)."""
+and register limits, and so do the ported kernels (rocm.PORTED_SOURCES: dot_do_o, convert_dq, the
+dropout mask, and the mma.sync-family forward on MFMA, every instance of the gfx9 tile table),
+from the same sources as the CUDA build; the resource table (LDS including each kernel's dynamic
+layout) is printed at the end of the run. Skips without clang. The dq_dk_dv kernel does not build
+for AMD yet (issue 12)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -65,13 +67,45 @@ def test_bad_target_is_named():
         rocm.offline_compile_hip("", "gfx1100")
 
 
-@pytest.mark.parametrize("target", rocm.TARGETS)
-@pytest.mark.parametrize("spec", rocm.ported_specs(), ids=lambda s: s.name)
-def test_ported_kernel_compiles(spec, target):
+_PORTED = [(target, spec) for target in rocm.TARGETS for spec in rocm.ported_specs(target)]
+
+
+def _need_clang():
     if rocm.clang() is None:
         pytest.skip("no clang++-22 (Debian: apt-get install clang-22 lld-22)")
+
+
+@pytest.mark.parametrize("target, spec", _PORTED, ids=[f"{s.name}-{t}" for t, s in _PORTED])
+def test_ported_kernel_compiles(spec, target):
+    _need_clang()
     reports = rocm.offline_compile_hip(load_source(spec.source), target, defines=rocm.hip_defines(spec))
     assert [r.kernel for r in reports] == [spec.entry], reports
-    r = reports[0]
+    r = rocm.with_dynamic_lds(reports[0], spec.macro("SMEM_BYTES", 0), spec.macro("NTHREADS"))
     REPORTS.append(dataclasses.replace(r, kernel=spec.name))
     assert r.ok and r.scratch == 0, f"{spec.name} on {target}: {r}\n{r.log}"
+    assert r.lds <= rocm.LDS_LIMIT[target] and r.occupancy > 0, r
+
+
+@pytest.mark.parametrize("target", rocm.TARGETS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_fwd_products_run_on_mfma(target, dtype):
+    """The forward's two products are MFMA instructions (16x16x16 of the dtype), and nothing goes
+    through scratch memory."""
+    _need_clang()
+    spec = rocm.fwd_spec(dtype, 128, 128, target)
+    asm = rocm.device_asm(load_source(spec.source), target, defines=rocm.hip_defines(spec))
+    ops = set(re.findall(r"v_mfma_f32_16x16x16_?(b?f16)", asm))  # gfx90a's bf16 one is bf16_1k
+    assert ops == {"bf16" if dtype == "bf16" else "f16"}, ops
+    assert not re.search(r"^\s+(scratch|buffer)_(load|store)", asm, re.M)
+    assert re.search(r"\.private_segment_fixed_size:\s+0\b", asm)
+
+
+def test_fwd_tiles_fit_lds():
+    for target in rocm.TARGETS:
+        for hq, hv in [(d, d) for d in rocm.FWD_HDIMS] + [(192, 128)]:
+            spec = rocm.fwd_spec("bf16", hq, hv, target)
+            assert spec.macro("SMEM_BYTES") <= rocm.LDS_LIMIT[target], spec.name
+            assert spec.macro("NTHREADS") == 64 * spec.macro("NWARPS") and spec.macro("BLOCK_M") == 16 * spec.macro("NWARPS")
+    assert rocm.fwd_spec("fp16", 72, 72, "gfx942").macro("HDIM_Q") == 128
+    with pytest.raises(ValueError, match="target"):
+        rocm.fwd_spec("fp16", 64, 64, "gfx1100")

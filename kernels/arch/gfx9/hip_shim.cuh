@@ -11,7 +11,10 @@
 #define __shared__ __attribute__((shared))
 #define __forceinline__ inline __attribute__((always_inline))
 #define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(...)
+// HIP's meaning: at most n threads per block (the register budget follows), at least m waves per
+// SIMD (1 when not given)
+#define FMHA_HIP_LB(n, m, ...) __attribute__((amdgpu_flat_work_group_size(1, n), amdgpu_waves_per_eu(m)))
+#define __launch_bounds__(...) FMHA_HIP_LB(__VA_ARGS__, 1)
 #define __grid_constant__
 
 namespace fmha_hip {
