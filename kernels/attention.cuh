@@ -86,13 +86,14 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
     return kb;
 }
 
-// Forward: S (NS n8-tiles; rows row0 + f.row(e), columns k0 + f.col(n, e)) -> P in place, with
-// the running row max / sum advanced and O (NO n8-tiles) rescaled. Scores are scaled to log2
+// Forward: S (NS accumulator tiles of AccFrag::N columns; rows row0 + f.row(e), columns
+// k0 + f.col(n, e)) -> P in place, with the running row max / sum (one per row slot: AccFrag::
+// ROW_SLOTS) advanced and O (NO tiles) rescaled. Scores are scaled to log2
 // units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
 // (the tile crosses a mask or sequence edge). With DROPOUT, the row sums take the undropped P and
 // then the dropped elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into
-// finish_rows), with the bits of fwd_keep_bits: one Philox call per (row, n8 tile) covers both
-// columns of the thread and, shared across the quad, those of the other three threads too.
+// finish_rows), with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers
+// both columns of the thread and, shared across the quad, those of the other three threads too).
 template <int NS, int NO>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
@@ -164,7 +165,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
     }
 }
 
-// Forward epilogue per row r: 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with
+// Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with
 // DROPOUT) and the natural-log LSE (of the undropped softmax).
 __device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2],
                                             const Dropout& drop, const AccFrag& f) {
