@@ -111,12 +111,13 @@ def offline_compile_hip(source: str, target: str, include_dirs=(), defines=()) -
 def with_dynamic_lds(report: ResourceReport, lds_bytes: int, threads: int) -> ResourceReport:
     """``report`` with a kernel's dynamic LDS (its ``extern __shared__`` layout, which clang's
     report leaves out) added, and the occupancy lowered to what that LDS allows: workgroups of
-    ``threads`` per CU (LDS per CU = :data:`LDS_LIMIT`), over 4 SIMDs."""
+    ``threads`` per CU (LDS per CU = :data:`LDS_LIMIT`), over 4 SIMDs: a workgroup of fewer than 4
+    wavefronts alone on a CU counts as 1 per SIMD, though it leaves SIMDs idle."""
     lds = report.lds + lds_bytes
     occ = report.occupancy
-    if lds:
+    if lds:  # workgroups per CU times their wavefronts, spread over the 4 SIMDs (rounded up)
         waves = (LDS_LIMIT[report.target] // lds) * (-(-threads // WAVE_SIZE))
-        occ = min(occ, waves // 4)
+        occ = min(occ, -(-waves // 4))
     return ResourceReport(report.kernel, report.target, report.vgprs, report.agprs, report.scratch, lds, occ, report.log)
 
 
@@ -151,11 +152,12 @@ def _bucket(hdim: int) -> int:
 def fwd_tiles(hdim_q: int, hdim_v: int, target: str) -> dict[str, int]:
     """Forward tiles on gfx9 (``fmha_fwd`` over MFMA, 16 query rows per wavefront): 4 wavefronts
     and the largest key block of 64, 32 or 16 whose LDS (Q, K and V double-buffered) fits the
-    target (64 KiB on gfx90a / gfx942, 160 KiB on gfx950); 2 wavefronts at 16 keys if none does."""
+    target (64 KiB on gfx90a / gfx942, 160 KiB on gfx950); else 3, then 2 wavefronts at 16 keys
+    (head dim 256 on the 64 KiB targets: 3 wavefronts, 59,136 B; 4 would need 67,584 B)."""
     from . import cuda
 
     dq, dv = _bucket(hdim_q), _bucket(hdim_v)
-    for nwarps, bn in ((4, 64), (4, 32), (4, 16), (2, 16)):
+    for nwarps, bn in ((4, 64), (4, 32), (4, 16), (3, 16), (2, 16)):
         tiles = dict(NWARPS=nwarps, BLOCK_N=bn, Q_IN_REGS=1)
         if cuda.derived_macros("fmha_fwd", dict(HDIM_Q=dq, HDIM_V=dv, **tiles))["SMEM_BYTES"] <= LDS_LIMIT[target]:
             return tiles
