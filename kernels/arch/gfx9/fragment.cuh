@@ -25,9 +25,8 @@ __device__ __forceinline__ void warp_sync() {
 // [4n + e]) sits at row row(e) and column col(n, e); one row slot of 4 columns per tile.
 struct AccFrag {
     using L = gfx9::Mfma16x16x16;
-    static constexpr int N = 16;
-    static constexpr int ROW_SLOTS = 1, SLOT_ELEMS = 4;
-    static constexpr int KEEP_TILES = 8;  // tiles per word of row_keep_bits (4 bits each)
+    // (enumerators, as on sm80; KEEP_TILES: tiles per word of row_keep_bits, 4 bits each)
+    enum : int { N = 16, ROW_SLOTS = 1, SLOT_ELEMS = 4, KEEP_TILES = 8 };
     int lane;
 
     __device__ __forceinline__ explicit AccFrag(int tid) : lane(lane_of(tid)) {}

@@ -24,11 +24,12 @@ __device__ __forceinline__ float warp_reduce_sum(float x) {
 // of 8 (row_group(e)), at row_in_group() inside the group. The threads holding one row (a quad of
 // lanes here) combine their values with reduce_max / reduce_sum.
 struct AccFrag {
-    static constexpr int N = 8;  // columns per accumulator tile (an n8 tile)
-    // Each thread holds ROW_SLOTS rows of a tile, SLOT_ELEMS adjacent columns each: element
-    // e = SLOT_ELEMS * r + c is column c of row slot r (row(e), col(n, e)).
-    static constexpr int ROW_SLOTS = 2, SLOT_ELEMS = 2;
-    static constexpr int KEEP_TILES = 4;  // tiles per word of row_keep_bits (SLOT_ELEMS bits each)
+    // (enumerators, not static constexpr members: NVRTC emits those as .global variables into
+    // every instance's module)
+    // N: columns per accumulator tile (an n8 tile). Each thread holds ROW_SLOTS rows of a tile,
+    // SLOT_ELEMS adjacent columns each: element e = SLOT_ELEMS * r + c is column c of row slot r
+    // (row(e), col(n, e)). KEEP_TILES: tiles per word of row_keep_bits (SLOT_ELEMS bits each).
+    enum : int { N = 8, ROW_SLOTS = 2, SLOT_ELEMS = 2, KEEP_TILES = 4 };
     int g, t;  // lane / 4: the row in each group of 8; lane % 4: the column pair in each n8 tile
 
     __device__ __forceinline__ explicit AccFrag(int tid) : g(lane_of(tid) >> 2), t(lane_of(tid) & 3) {}
