@@ -213,6 +213,18 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
             and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
 
 
+def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool) -> bool:
+    """The rule both warp-specialized kernels follow: never for a feature they lack
+    (``unsupported``: dropout or bias); else ``switch_var`` set to ``1`` takes them wherever they
+    apply, ``0`` never; unset, at equal padded head dims 64 or 128."""
+    if unsupported:
+        return False
+    switch = os.environ.get(switch_var, "").strip()
+    if switch:
+        return switch != "0"
+    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
+
+
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
@@ -220,12 +232,7 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     mode too, by ordered adds instead of slabs: not yet timed), where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
     ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22). ``CUPY_FMHA_BWD_WS=1`` takes it wherever
     it applies (unequal head dims too), ``=0`` never (comparisons)."""
-    if bias or dropout:
-        return False
-    switch = os.environ.get("CUPY_FMHA_BWD_WS", "").strip()
-    if switch:
-        return switch != "0"
-    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
+    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout)
 
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False) -> bool:
@@ -234,12 +241,7 @@ def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = 
     0.77-0.89 of the time of ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024;
     bench/NOTES.md step 23). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal head
     dims too), ``=0`` never (comparisons)."""
-    if bias or dropout:
-        return False
-    switch = os.environ.get("CUPY_FMHA_FWD_WS", "").strip()
-    if switch:
-        return switch != "0"
-    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
+    return _ws_choice("CUPY_FMHA_FWD_WS", hdim_q, hdim_v, bias or dropout)
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
