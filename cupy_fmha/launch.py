@@ -14,7 +14,7 @@ from .backends.cuda import SMEM_LIMIT, smem_pitch  # noqa: F401 - re-exported (t
 from .spec import KernelSpec, dropout_mask_spec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
-           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "key_block_range", "first_key_block", "DqWorkspace", "dq_workspace",
+           "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "first_key_block", "DqWorkspace", "dq_workspace",
            "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch", "tma_boxes"]
 
 #: A window edge wider than any sequence ("unlimited"); small enough that q0 + x fits in int32.
@@ -174,18 +174,6 @@ def first_key_block(win_y: int, win_x: int, qb: int, first: int, first_call: boo
         if b <= qb < e:
             return first
         first += 1
-
-
-def key_block_range(win_y: int, win_x: int, q0: int, m: int, n: int, seqlen_q: int,
-                    seqlen_k: int) -> tuple[int, int]:
-    """Key blocks ``[begin, end)`` of width ``n`` seen by query rows ``[q0, q0 + m)``; empty when
-    ``end <= begin``. Mirrors ``key_block_range`` in kernels/common.cuh (the deterministic ordered
-    dQ adds: key block kb waits for kb - begin earlier adds of its query tile)."""
-    lo = max(q0 - win_y + 1, 0)
-    hi = min(min(q0 + m, seqlen_q) - 1 + win_x, seqlen_k)
-    begin = lo // n
-    end = -(-hi // n) if hi > lo else begin
-    return begin, end
 
 
 class DqWorkspace(tuple):

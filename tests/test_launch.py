@@ -108,3 +108,34 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
     assert fwd_spec("bf16", 128, 128, 80).source == "fmha_fwd"
     launch = L.fwd_launch(s, 2, 3, 1000)
     assert launch.grid == (-(-1000 // 128), 3, 2) and launch.block == (384, 1, 1) and launch.smem <= L.SMEM_LIMIT
+
+
+def test_first_key_block_matches_counting():
+    """The deterministic ordered dQ adds admit a query tile's key blocks in ascending order; a CTA
+    (key block kb) finds the first of them with first_key_block, walking as its query tiles
+    advance (kernels/common.cuh, mirrored in launch.py). Against counting over every key block
+    and query tile, for random lengths and windows, including windows that exclude the diagonal
+    and ones that leave key or query blocks with nothing to see: the first equals the smallest
+    key block whose query range holds the tile, and the key blocks below kb that see the tile
+    number exactly kb - first (they are contiguous)."""
+    import random
+
+    rng = random.Random(10)
+    inf = L.WINDOW_INF
+    checked = 0
+    for _ in range(300):
+        n, m = rng.choice([(128, 64), (64, 64), (128, 128)])
+        sq, sk = rng.randint(1, 700), rng.randint(1, 700)
+        wy = rng.choice([inf, rng.randint(-200, 800)])
+        wx = rng.choice([inf, rng.randint(-200, 800)])
+        nkb = -(-sk // n)
+        ranges = [L.query_block_range(wy, wx, kb * n, n, m, sq, sk) for kb in range(nkb)]
+        for kb, (b, e) in enumerate(ranges):
+            first = kb
+            for qb in range(b, e):
+                first = L.first_key_block(wy, wx, qb, first, qb == b, n, m, sq, sk)
+                seeing = [k for k, (kb_b, kb_e) in enumerate(ranges) if kb_b <= qb < kb_e]
+                assert first == min(seeing), (n, m, sq, sk, wy, wx, kb, qb)
+                assert sum(1 for k in seeing if k < kb) == kb - first
+                checked += 1
+    assert checked > 3000
