@@ -219,8 +219,9 @@ def _launch(cp, spec, launch, struct, values, prefix: tuple = ()):
     fn = get_function(spec)
     if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
         fn.max_dynamic_shared_size_bytes = launch.smem
-    fn(launch.grid, launch.block, prefix + P.kernel_args(struct, values, spec.source in P.FLAT_ABI),
-       shared_mem=launch.smem)
+    flat, cpointer = spec.source in P.FLAT_ABI, _cupy_function(cp, "CPointer")
+    args = P.pointer_args(struct, values, flat, cpointer) if cpointer else P.kernel_args(struct, values, flat)
+    fn(launch.grid, launch.block, prefix + args, shared_mem=launch.smem)
 
 
 @functools.lru_cache(maxsize=256)
@@ -241,21 +242,21 @@ def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -
     return tma.encode_tile_map(args)
 
 
-_WRAPPER: list = []
+_CUPY_FUNCTION: dict = {}
 
 
-def _by_value_wrapper(cp):
-    """CuPy's wrapper of a one-element NumPy array passed by value (``cupy.cuda.function.
-    CNumpyArray``, a ``CPointer``), or None where this CuPy (or a test's stand-in) has none."""
+def _cupy_function(cp, name: str):
+    """A class of CuPy's kernel-argument machinery (``cupy.cuda.function.CPointer`` or its
+    ``CNumpyArray``), or None where this CuPy (or a test's stand-in) has none."""
     if getattr(cp, "__name__", "") != "cupy":
         return None
-    if not _WRAPPER:
+    if name not in _CUPY_FUNCTION:
         try:
-            from cupy.cuda.function import CNumpyArray
+            from cupy.cuda import function
         except Exception:  # pragma: no cover - other CuPy versions
-            CNumpyArray = None
-        _WRAPPER.append(CNumpyArray)
-    return _WRAPPER[0]
+            function = None
+        _CUPY_FUNCTION[name] = getattr(function, name, None)
+    return _CUPY_FUNCTION[name]
 
 
 _BY_VALUE: dict = {}
@@ -270,7 +271,7 @@ def _by_value(cp, a):
     hit = _BY_VALUE.get(id(a))
     if hit is not None and hit[0] is a:
         return hit[1]
-    wrap = _by_value_wrapper(cp)
+    wrap = _cupy_function(cp, "CNumpyArray")
     w = a if wrap is None else wrap(a)
     if len(_BY_VALUE) > 1024:  # _tile_map keeps 256 maps; older entries are dropped wholesale
         _BY_VALUE.clear()

@@ -12,13 +12,15 @@ Pure NumPy: no CuPy, so it works (and is tested) without a GPU.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import struct as _structmod
+import threading
 
 import numpy as np
 
 __all__ = ["TENSOR", "SEQ", "MASK", "ALIBI", "BIAS", "DROPOUT", "FWD", "DOT_DO_O", "BWD", "CONVERT",
-           "DROPOUT_MASK", "STRUCTS", "KERNEL_STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "flat_names", "flat_args", "unflatten"]
+           "DROPOUT_MASK", "STRUCTS", "KERNEL_STRUCTS", "FLAT_ABI", "layout_asserts", "pack", "kernel_args", "pointer_args", "flat_names", "flat_args", "unflatten"]
 
 
 _P = np.uint64   # a device pointer
@@ -165,6 +167,41 @@ def kernel_args(dtype: np.dtype, values: tuple, flat: bool) -> tuple:
         return (pack(dtype, values).view(_void(dtype.itemsize)),)
     _, types = _flat_layout(dtype)
     return tuple([t(v) for t, v in zip(types, _flatten(values))])
+
+
+_LOCAL = threading.local()
+
+
+def pointer_args(dtype: np.dtype, values: tuple, flat: bool, cpointer) -> tuple:
+    """:func:`kernel_args` as CuPy pointer objects (``cpointer``: ``cupy.cuda.function.CPointer``,
+    which CuPy passes to the driver as it is): the values are packed into a staging buffer of the
+    struct's bytes, one per thread and struct, and the arguments point into it: one pointer for
+    a by-value struct, one per field for a FLAT_ABI kernel. The pointer objects are made once per
+    buffer, so a launch converts no argument: CuPy builds a wrapper for every NumPy scalar or
+    array it is given, about 34 us for the flattened backward's 54 fields on the H200 host
+    (bench/NOTES.md step 23). The driver copies the parameters when the kernel is launched, so
+    the buffer may be packed again as soon as the launch call has returned; one buffer per thread
+    keeps concurrent launches from sharing one."""
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None:
+        bufs = _LOCAL.bufs = {}
+    hit = bufs.get((dtype, flat, cpointer))
+    if hit is None:
+        fmt, _ = _flat_layout(dtype)
+        buf = (ctypes.c_char * max(dtype.itemsize, 1))()  # struct.pack_into is faster on it than on NumPy
+        base = ctypes.addressof(buf)
+        if flat:
+            offsets, off = [], 0
+            for code in fmt.format.lstrip("<"):
+                offsets.append(off)
+                off += _structmod.calcsize("<" + code)
+            ptrs = tuple(cpointer(base + o) for o in offsets)
+        else:
+            ptrs = (cpointer(base),)
+        hit = bufs[(dtype, flat, cpointer)] = (fmt, buf, ptrs)
+    fmt, buf, ptrs = hit
+    fmt.pack_into(buf, 0, *_flatten(values))
+    return ptrs
 
 
 def unflatten(dt: np.dtype, args) -> np.ndarray:
