@@ -278,3 +278,34 @@ def test_vmap_of_group_mode_with_keys():
                                                    dropout_key=key, **THD)
     o, lse = jax.eval_shape(jax.vmap(f), qs, ks, vs, cus, keys)
     assert o.shape == (2, 50, 4, 32) and lse.shape == (2, 3, 4, 30)
+
+
+# --------------------------------------------------------------------------- the callbacks' planning
+
+
+@pytest.mark.parametrize("cc", [80, 90])
+def test_run_time_plan_from_standin_offsets_matches_the_trace(cc):
+    """What a callback plans before launching, with NumPy arrays standing in for XLA's buffers:
+    group mode with a bias, the offsets replaced by host stand-ins (no device read), for both
+    GPU families; with check_cu_seqlens the real offsets are checked instead."""
+    from cupy_fmha import jax as fj
+    from cupy_fmha.plan import plan_backward, plan_forward
+
+    bf16 = np.dtype(jnp.bfloat16)
+    q, k, v = (np.zeros(s, bf16) for s in ((50, 4, 64), (70, 2, 64), (70, 2, 32)))
+    o, do, lse = np.zeros((50, 4, 32), bf16), np.zeros((50, 4, 32), bf16), np.zeros((3, 4, 30), np.float32)
+    bias = np.zeros((3, 1, 30, 40), np.float32)
+    real = {"cu_seqlens_q": np.array([0, 29, 29, 50], np.int32), "cu_seqlens_k": np.array([0, 0, 40, 70], np.int32)}
+    for check in (False, True):
+        opts = fj._Options(None, True, (-1, -1), None, "thd", 0.1, 3, 4, True, 30, 40, check)
+        offsets = fj._plan_offsets(opts, q, k, real["cu_seqlens_q"], real["cu_seqlens_k"])
+        kw = fj._runtime_kw(opts, real, offsets)
+        assert (kw["cu_seqlens_q"] is real["cu_seqlens_q"]) == check
+        fp = plan_forward(q, k, v, bias=bias, alibi_slopes=None, cc=lambda: cc, return_dropout_mask=False, **kw)
+        assert fp.o_shape == (50, 4, 32) and fp.lse_shape == (3, 4, 30) and fp.dropout.seed == 3
+        bp = plan_backward(do, q, k, v, o, lse, bias=bias, alibi_slopes=None, cc=lambda: cc, return_dbias=True,
+                           deterministic=True, **kw)
+        assert bp.grad_shapes == ((50, 4, 64), (70, 2, 64), (70, 2, 32)) and bp.want_dbias
+    bad = dict(real, cu_seqlens_q=np.array([0, 31, 31, 50], np.int32))  # a sequence above max_seqlen_q
+    with pytest.raises(ValueError, match="max_seqlen_q: 30 is less than the longest sequence"):
+        plan_forward(q, k, v, cc=lambda: cc, return_dropout_mask=False, **fj._runtime_kw(opts, bad, offsets))
