@@ -446,6 +446,14 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         window_size=window_size, mask=mask, layout=layout, dtype=dtype, dropout_p=dropout_p, seed=seed,
         offset=offset, return_dropout_mask=return_dropout_mask, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return _run_forward(plan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k)
+
+
+def _run_forward(plan: FwdPlan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k):
+    """:func:`attention_forward` after its plan: prepare the arrays and launch. ``cu_seqlens_*``
+    are only handed to the kernels here (never read back): :mod:`cupy_fmha.jax` calls this with
+    a plan made from stand-in offsets so that no host read happens on XLA's stream."""
+    layout = plan.layout
     cp = _cupy()
     q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
     o, lse = _outputs(cp, out, ("o", "lse"), (plan.o_shape, plan.lse_shape), (q.dtype, np.float32))
@@ -542,6 +550,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         seed=seed, offset=offset, return_dbias=return_dbias, deterministic=deterministic,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k)
+    return _run_backward(plan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k)
+
+
+def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k):
+    """:func:`attention_backward` after its plan (see :func:`_run_forward`)."""
+    layout = plan.layout
     cp = _cupy()
     do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))

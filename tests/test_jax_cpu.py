@@ -1,6 +1,7 @@
 """cupy_fmha.jax at trace time, on JAX's CPU backend (no GPU needed): output shapes, the gradient's
-trace, and bad arguments refused with this library's named messages before anything runs.
-Skipped without JAX."""
+trace (which callbacks, with which operands and results), group mode, the bias and its dBias,
+dropout from a PRNG key, vmap, and bad arguments refused with this library's named messages
+before anything runs. Skipped without JAX."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from cupy_fmha.jax import attention, attention_with_lse  # noqa: E402
+from cupy_fmha.jax import attention, attention_with_lse, dropout_seed_offset  # noqa: E402
 
 
 def _spec(shape, dtype=jnp.bfloat16):
@@ -48,9 +49,263 @@ def test_gradient_traces_under_jit():
     (lambda: (_spec((1, 16, 2, 64), jnp.float32),) * 3, {}, "dtype"),
     (lambda: (_spec((1, 16, 3, 64)), _spec((1, 16, 2, 64)), _spec((1, 16, 2, 64))), {}, "number of heads"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"mask": "t", "causal": True}, "not both"),
-    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"layout": "thd"}, "group mode"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"layout": "thd"}, "max_seqlen_q: cupy_fmha.jax needs"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": float("nan")}, "softmax_scale"),
 ])
 def test_bad_arguments_are_refused_at_trace_time(make, kw, words):
     with pytest.raises((TypeError, ValueError), match=words):
         jax.eval_shape(lambda q, k, v: attention(q, k, v, **kw), *make())
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _callbacks(fn, *args):
+    """The buffer_callback equations of ``fn``'s jaxpr, sub-jaxprs (scan, custom_vjp) included."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "buffer_callback":
+                found.append(eqn)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def _shapes(avals):
+    return [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+
+
+def _loss(**kw):
+    def f(q, k, v, *extra):
+        names = [n for n in ("bias", "cu_seqlens_q", "cu_seqlens_k") if n in kw and kw[n] is None]
+        return attention(q, k, v, **{**kw, **dict(zip(names, extra))}).astype(jnp.float32).sum()
+
+    return f
+
+
+# --------------------------------------------------------------------------- group mode
+
+# three sequences: total_q 50, total_k 70; max lengths 30 and 40 (an empty one fits too)
+GQ, GK, GV = _spec((50, 4, 64)), _spec((70, 2, 64)), _spec((70, 2, 32))
+CU = _spec((4,), jnp.int32)
+THD = dict(layout="thd", max_seqlen_q=30, max_seqlen_k=40)
+
+
+def test_group_mode_shapes():
+    o, lse = jax.eval_shape(lambda q, k, v, a, b: attention_with_lse(q, k, v, cu_seqlens_q=a, cu_seqlens_k=b, **THD),
+                            GQ, GK, GV, CU, CU)
+    assert (o.shape, o.dtype) == ((50, 4, 32), jnp.bfloat16)
+    assert (lse.shape, lse.dtype) == ((3, 4, 30), jnp.float32)  # [batch, nhead_q, max_seqlen_q]
+
+
+def test_group_mode_gradient_has_two_callbacks_with_offsets_as_operands():
+    f = _loss(causal=True, cu_seqlens_q=None, cu_seqlens_k=None, **THD)
+    grads = jax.eval_shape(jax.jit(jax.grad(f, argnums=(0, 1, 2))), GQ, GK, GV, CU, CU)
+    assert [g.shape for g in grads] == [(50, 4, 64), (70, 2, 64), (70, 2, 32)]
+    fwd, bwd = _callbacks(jax.grad(f, argnums=(0, 1, 2)), GQ, GK, GV, CU, CU)
+    # forward: q, k, v, cu_q, cu_k -> o, lse; backward: do, q, k, v, o, lse, cu_q, cu_k -> dq, dk, dv
+    assert _shapes(v.aval for v in fwd.invars)[3:] == [((4,), np.int32)] * 2
+    assert _shapes(fwd.params["result_avals"]) == [((50, 4, 32), jnp.bfloat16), ((3, 4, 30), np.float32)]
+    assert len(bwd.invars) == 8 and _shapes(v.aval for v in bwd.invars)[6:] == [((4,), np.int32)] * 2
+    assert _shapes(bwd.params["result_avals"]) == [((50, 4, 64), jnp.bfloat16), ((70, 2, 64), jnp.bfloat16),
+                                                   ((70, 2, 32), jnp.bfloat16)]
+
+
+def test_group_mode_empty_sequences_and_zero_max_fit():
+    # every sequence empty: total 0, max 0
+    q, k = _spec((0, 2, 64)), _spec((0, 2, 64))
+    o, lse = jax.eval_shape(lambda q, k, v, a, b: attention_with_lse(
+        q, k, v, layout="thd", cu_seqlens_q=a, cu_seqlens_k=b, max_seqlen_q=0, max_seqlen_k=0), q, k, k, CU, CU)
+    assert o.shape == (0, 2, 64) and lse.shape == (3, 2, 0)
+
+
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(layout="thd", max_seqlen_k=40), ValueError, "max_seqlen_q: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k"),
+    (dict(layout="thd", max_seqlen_q=30), ValueError, "max_seqlen_k: cupy_fmha.jax needs"),
+    (dict(layout="thd", max_seqlen_q=30.0, max_seqlen_k=40), TypeError, "max_seqlen_q: expected a Python int"),
+    (dict(layout="thd", max_seqlen_q=-1, max_seqlen_k=40), ValueError, "max_seqlen_q: expected a non-negative"),
+    (dict(layout="thd", max_seqlen_q=16, max_seqlen_k=40), ValueError,
+     "cu_seqlens_q: 50 packed tokens .q's first dimension. cannot be 3 sequences of at most max_seqlen=16"),
+    (dict(layout="thd", max_seqlen_q=30, max_seqlen_k=20), ValueError, "cu_seqlens_k: 70 packed tokens"),
+    (dict(layout="bshd"), ValueError, "cu_seqlens_q: variable-length inputs need layout='thd'"),
+    (dict(THD, check_cu_seqlens=1), TypeError, "check_cu_seqlens: expected a bool"),
+])
+def test_group_mode_bad_arguments(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        jax.eval_shape(lambda q, k, v, a, b: attention(q, k, v, cu_seqlens_q=a, cu_seqlens_k=b, **kw),
+                       GQ, GK, GV, CU, CU)
+
+
+def test_group_mode_bad_offsets_and_tensors_use_the_library_messages():
+    run = lambda q, k, v, a, b, **kw: jax.eval_shape(  # noqa: E731
+        lambda q, k, v, a, b: attention(q, k, v, cu_seqlens_q=a, cu_seqlens_k=b, **{**THD, **kw}), q, k, v, a, b)
+    with pytest.raises(TypeError, match="cu_seqlens_q: expected dtype int32, got float32"):
+        run(GQ, GK, GV, _spec((4,), jnp.float32), CU)
+    with pytest.raises(ValueError, match="cu_seqlens_k: 3 entries but cu_seqlens_q has 4"):
+        run(GQ, GK, GV, CU, _spec((3,), jnp.int32))
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected a rank-1 array"):
+        run(GQ, GK, GV, _spec((4, 1), jnp.int32), CU)
+    with pytest.raises(ValueError, match="q: expected a rank-3 array"):
+        run(_spec((1, 50, 4, 64)), GK, GV, CU, CU)
+    with pytest.raises(ValueError, match="layout 'thd' needs cu_seqlens_q and cu_seqlens_k"):
+        jax.eval_shape(lambda q, k, v: attention(q, k, v, **THD), GQ, GK, GV)
+
+
+# --------------------------------------------------------------------------- bias and dBias
+
+Q, K, V = _spec((2, 100, 4, 64)), _spec((2, 77, 2, 64)), _spec((2, 77, 2, 64))
+
+
+@pytest.mark.parametrize("shape,dtype", [((1, 1, 100, 77), jnp.float32), ((2, 4, 100, 77), jnp.bfloat16),
+                                         ((100, 77), jnp.float16), ((4, 1, 77), jnp.float32)])
+def test_bias_gradient_is_dbias_in_the_bias_shape_and_dtype(shape, dtype):
+    bias = _spec(shape, dtype)
+    f = _loss(causal=True, bias=None)
+    grads = jax.eval_shape(jax.jit(jax.grad(f, argnums=(0, 1, 2, 3))), Q, K, V, bias)
+    assert (grads[3].shape, grads[3].dtype) == (shape, dtype)
+    fwd, bwd = _callbacks(jax.grad(f, argnums=(0, 1, 2, 3)), Q, K, V, bias)
+    assert _shapes(fwd.invars[i].aval for i in (3,)) == [(shape, np.dtype(dtype))]
+    # backward: do, q, k, v, o, lse, bias -> dq, dk, dv, dbias
+    assert len(bwd.invars) == 7 and _shapes(bwd.params["result_avals"])[3] == (shape, np.dtype(dtype))
+
+
+def test_dbias_only_when_the_bias_is_differentiated():
+    bias = _spec((1, 4, 100, 77), jnp.float32)
+    f = _loss(bias=None)
+    _, bwd = _callbacks(jax.grad(f, argnums=(0, 1, 2)), Q, K, V, bias)  # bias outside argnums
+    assert len(bwd.params["result_avals"]) == 3
+    _, bwd = _callbacks(jax.grad(f, argnums=(3,)), Q, K, V, bias)
+    assert len(bwd.params["result_avals"]) == 4
+    # a constant bias (closed over) is not differentiated either
+    const = jnp.zeros((100, 77), jnp.float32)
+    _, bwd = _callbacks(jax.grad(lambda q, k, v: attention(q, k, v, bias=const).astype(jnp.float32).sum()), Q, K, V)
+    assert len(bwd.params["result_avals"]) == 3
+
+
+def test_gradient_through_lse_only_runs_no_backward():
+    f = lambda q, k, v: attention_with_lse(q, k, v)[1].sum()  # noqa: E731
+    assert len(_callbacks(jax.grad(f), Q, K, V)) == 1
+    assert jax.eval_shape(jax.grad(f), Q, K, V).shape == Q.shape
+
+
+@pytest.mark.parametrize("bias,kw,exc,words", [
+    (_spec((2, 4, 100, 76), jnp.float32), {}, ValueError, "bias: shape .* is not broadcastable"),
+    (_spec((3, 4, 100, 77), jnp.float32), {}, ValueError, "its batch dimension is 3"),
+    (_spec((100, 77), jnp.int32), {}, TypeError, "bias: expected float16, bfloat16 or float32"),
+    (_spec((100, 77), jnp.float32), {"alibi_slopes": jnp.ones(4, jnp.float32)}, ValueError,
+     "bias, alibi_slopes: give at most one"),
+])
+def test_bad_bias_is_refused_at_trace_time(bias, kw, exc, words):
+    with pytest.raises(exc, match=words):
+        jax.eval_shape(lambda q, k, v, b: attention(q, k, v, bias=b, **kw), Q, K, V, bias)
+
+
+def test_group_mode_bias_shapes():
+    bias = _spec((3, 1, 30, 40), jnp.bfloat16)
+    f = _loss(bias=None, cu_seqlens_q=None, cu_seqlens_k=None, **THD)
+    grads = jax.eval_shape(jax.grad(f, argnums=(3,)), GQ, GK, GV, bias, CU, CU)
+    assert (grads[0].shape, grads[0].dtype) == ((3, 1, 30, 40), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"bias: shape \(3, 1, 30, 41\) is not broadcastable to \[batch, nhead_q, "
+                                         r"max_seqlen_q, max_seqlen_k\]"):
+        jax.eval_shape(f, GQ, GK, GV, _spec((3, 1, 30, 41), jnp.float32), CU, CU)
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def test_dropout_key_draws_words_on_the_device_and_feeds_both_callbacks():
+    key = jax.random.key(7)
+    f = lambda q, k, v, key: attention(q, k, v, dropout_p=0.2, dropout_key=key).astype(jnp.float32).sum()  # noqa: E731
+    fwd, bwd = _callbacks(jax.grad(f, argnums=(0, 1, 2)), Q, K, V, key)
+    assert _shapes([fwd.invars[-1].aval]) == [((4,), np.uint32)]  # the four words: seed and offset
+    assert _shapes([bwd.invars[-1].aval]) == [((4,), np.uint32)]
+    grads = jax.eval_shape(jax.jit(jax.grad(f, argnums=(0, 1, 2))), Q, K, V, key)
+    assert [g.shape for g in grads] == [Q.shape, K.shape, V.shape]
+
+
+def test_dropout_key_without_dropout_adds_no_operand():
+    f = lambda q, k, v: attention(q, k, v, dropout_p=0.0, dropout_key=jax.random.key(1))  # noqa: E731
+    (fwd,) = _callbacks(f, Q, K, V)
+    assert len(fwd.invars) == 3
+
+
+def test_dropout_seed_offset_of_typed_and_raw_keys():
+    seed, offset = dropout_seed_offset(jax.random.key(3))
+    assert (seed, offset) == dropout_seed_offset(jax.random.PRNGKey(3))
+    assert 0 <= seed < 2**64 and 0 <= offset < 2**64 and (seed, offset) != dropout_seed_offset(jax.random.key(4))
+    w = np.asarray(jax.random.bits(jax.random.key(3), (4,), jnp.uint32)).astype(np.uint64)
+    assert seed == int(w[0] | (w[1] << np.uint64(32))) and offset == int(w[2] | (w[3] << np.uint64(32)))
+
+
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(dropout_p=0.1, dropout_key=jax.random.key(0), seed=5), ValueError, "dropout_key: give dropout_key or seed"),
+    (dict(dropout_p=0.1, dropout_key=5), TypeError, "dropout_key: expected a JAX PRNG key"),
+    (dict(dropout_p=1.0), ValueError, "dropout_p: expected a number in"),
+    (dict(dropout_p="0.1"), TypeError, "dropout_p: expected a real number"),
+    (dict(dropout_p=0.1, seed=-1), ValueError, "seed"),
+])
+def test_bad_dropout_arguments(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        jax.eval_shape(lambda q, k, v: attention(q, k, v, **kw), Q, K, V)
+
+
+# --------------------------------------------------------------------------- vmap
+
+
+def test_vmap_runs_one_call_per_element():
+    qs, ks, vs = (_spec((3,) + x.shape) for x in (Q, K, V))
+    o = jax.eval_shape(jax.vmap(lambda q, k, v: attention(q, k, v, causal=True)), qs, ks, vs)
+    assert o.shape == (3, 2, 100, 4, 64)
+    f = jax.vmap(jax.grad(_loss(causal=True), argnums=(0, 1, 2)))
+    grads = jax.eval_shape(jax.jit(f), qs, ks, vs)
+    assert [g.shape for g in grads] == [qs.shape, ks.shape, vs.shape]
+    calls = _callbacks(f, qs, ks, vs)
+    assert len(calls) == 2 and all(c.params["vmap_method"] == "sequential" for c in calls)
+    assert "scan" in str(jax.make_jaxpr(f)(qs, ks, vs))  # the loop over the vmapped axis
+
+
+def test_vmap_of_group_mode_with_keys():
+    qs, ks, vs, cus = (_spec((2,) + x.shape, x.dtype) for x in (GQ, GK, GV, CU))
+    keys = jax.random.split(jax.random.key(0), 2)
+    f = lambda q, k, v, a, key: attention_with_lse(q, k, v, cu_seqlens_q=a, cu_seqlens_k=a, dropout_p=0.1,  # noqa: E731
+                                                   dropout_key=key, **THD)
+    o, lse = jax.eval_shape(jax.vmap(f), qs, ks, vs, cus, keys)
+    assert o.shape == (2, 50, 4, 32) and lse.shape == (2, 3, 4, 30)
+
+
+# --------------------------------------------------------------------------- the callbacks' planning
+
+
+@pytest.mark.parametrize("cc", [80, 90])
+def test_run_time_plan_from_standin_offsets_matches_the_trace(cc):
+    """What a callback plans before launching, with NumPy arrays standing in for XLA's buffers:
+    group mode with a bias, the offsets replaced by host stand-ins (no device read), for both
+    GPU families; with check_cu_seqlens the real offsets are checked instead."""
+    from cupy_fmha import jax as fj
+    from cupy_fmha.plan import plan_backward, plan_forward
+
+    bf16 = np.dtype(jnp.bfloat16)
+    q, k, v = (np.zeros(s, bf16) for s in ((50, 4, 64), (70, 2, 64), (70, 2, 32)))
+    o, do, lse = np.zeros((50, 4, 32), bf16), np.zeros((50, 4, 32), bf16), np.zeros((3, 4, 30), np.float32)
+    bias = np.zeros((3, 1, 30, 40), np.float32)
+    real = {"cu_seqlens_q": np.array([0, 29, 29, 50], np.int32), "cu_seqlens_k": np.array([0, 0, 40, 70], np.int32)}
+    for check in (False, True):
+        opts = fj._Options(None, True, (-1, -1), None, "thd", 0.1, 3, 4, True, 30, 40, check)
+        offsets = fj._plan_offsets(opts, q, k, real["cu_seqlens_q"], real["cu_seqlens_k"])
+        kw = fj._runtime_kw(opts, real, offsets)
+        assert (kw["cu_seqlens_q"] is real["cu_seqlens_q"]) == check
+        fp = plan_forward(q, k, v, bias=bias, alibi_slopes=None, cc=lambda: cc, return_dropout_mask=False, **kw)
+        assert fp.o_shape == (50, 4, 32) and fp.lse_shape == (3, 4, 30) and fp.dropout.seed == 3
+        bp = plan_backward(do, q, k, v, o, lse, bias=bias, alibi_slopes=None, cc=lambda: cc, return_dbias=True,
+                           deterministic=True, **kw)
+        assert bp.grad_shapes == ((50, 4, 64), (70, 2, 64), (70, 2, 32)) and bp.want_dbias
+    bad = dict(real, cu_seqlens_q=np.array([0, 31, 31, 50], np.int32))  # a sequence above max_seqlen_q
+    with pytest.raises(ValueError, match="max_seqlen_q: 30 is less than the longest sequence"):
+        plan_forward(q, k, v, cc=lambda: cc, return_dropout_mask=False, **fj._runtime_kw(opts, bad, offsets))
