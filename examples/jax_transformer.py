@@ -88,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5,
                     help="executed steps left out of the step-time statistics (default 5)")
     ap.add_argument("--log-every", type=int, default=25, help="print the loss every N steps (default 25)")
-    ap.add_argument("--eval-batches", type=int, default=8, help="held-out batches for the final eval loss (default 8)")
+    ap.add_argument("--eval-batches", type=int, default=8, help="held-out batches for the final eval loss, 0: none (default 8)")
     ap.add_argument("--text", nargs="+", default=list(DEFAULT_TEXT),
                     help="training text files, relative to the repository root or absolute "
                          "(default README.md bench/NOTES.md)")
@@ -102,8 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.plot is None:
         if args.dmodel % args.heads:
             ap.error(f"--dmodel {args.dmodel} is not a multiple of --heads {args.heads}")
-        if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.layers < 1:
-            ap.error("--steps, --batch, --layers must be >= 1 and --seq >= 2")
+        if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.layers < 1 or args.eval_batches < 0:
+            ap.error("--steps, --batch, --layers must be >= 1, --seq >= 2, --eval-batches >= 0")
         if args.check and args.attention != "cupy":
             ap.error("--check compares cupy-fmha with JAX's attention: use it with --attention cupy")
         if args.jax_impl != "auto" and args.attention != "jax":
@@ -124,7 +124,8 @@ def plot(paths: list[Path], png: Path) -> None:
         name = r["attention"] + ("" if r["attention"] == "cupy" else f"/{r.get('jax_impl', 'auto')}")
         print(f"{p.name:<32} {name:<14} {1e3 * r['median_step_s']:>10.3f} "
               f"{1e3 * r['p10_step_s']:>7.3f}-{1e3 * r['p90_step_s']:<7.3f} {r['tokens_per_s']:>10.0f} "
-              f"{r['median_step_s'] / base:>8.3f} {r['losses'][-1]:>10.4f} {r['eval_loss']:>9.4f}")
+              f"{r['median_step_s'] / base:>8.3f} {r['losses'][-1]:>10.4f} "
+              + ("        -" if r["eval_loss"] is None else f"{r['eval_loss']:>9.4f}"))
     first = runs[0]["losses"]
     for p, r in zip(paths[1:], runs[1:]):
         n = min(len(first), len(r["losses"]))
@@ -368,12 +369,12 @@ def train(args) -> dict:
         require_gpu(jax)
     train_data, eval_data = load_text(args.text)
     xs, ys = batches(train_data, args.steps, args.batch, args.seq, args.seed)
-    ex, ey = batches(eval_data, args.eval_batches, args.batch, args.seq, args.seed + 1)
+    ex, ey = batches(eval_data, args.eval_batches, args.batch, args.seq, args.seed + 1) if args.eval_batches else ((), ())
 
     init, loss_fn = make_model(jax, jnp, args, args.attention, args.jax_impl)
     opt_name, opt_init, opt_update = make_optimizer(jax, jnp, args)
-    params = init(jax.random.PRNGKey(args.seed))
-    opt_state = opt_init(params)
+    params = jax.jit(init)(jax.random.PRNGKey(args.seed))  # one compiled init, not an eager op per leaf
+    opt_state = jax.jit(opt_init)(params)
     n_params = sum(int(p.size) for p in jax.tree.leaves(params))
     dev = jax.devices()[0]
     device = getattr(dev, "device_kind", str(dev))
@@ -412,7 +413,8 @@ def train(args) -> dict:
             print(f"step {i:5d}  loss {losses[-1]:.4f}  {1e3 * times[-1]:8.2f} ms")
 
     eval_loss_fn = jax.jit(loss_fn)
-    eval_loss = float(np.mean([float(eval_loss_fn(params, jnp.asarray(a), jnp.asarray(b))) for a, b in zip(ex, ey)]))
+    eval_loss = (float(np.mean([float(eval_loss_fn(params, jnp.asarray(a), jnp.asarray(b))) for a, b in zip(ex, ey)]))
+                 if args.eval_batches else None)
     timed = times[args.warmup:] if len(times) > args.warmup else times[-1:]
     q = statistics.quantiles(timed, n=10) if len(timed) >= 2 else [timed[0]] * 9
     med = statistics.median(timed)
@@ -437,7 +439,8 @@ def train(args) -> dict:
 
         res.update(cupy_version=cupy.__version__, cupy_fmha_version=cupy_fmha.__version__)
     print(f"median step {1e3 * med:.3f} ms over {len(timed)} steps after {args.warmup} warm-up "
-          f"({res['tokens_per_s']:.0f} tokens/s); final train loss {losses[-1]:.4f}; eval loss {eval_loss:.4f}")
+          f"({res['tokens_per_s']:.0f} tokens/s); final train loss {losses[-1]:.4f}; eval loss "
+          + ("not run" if eval_loss is None else f"{eval_loss:.4f}"))
     return res
 
 
