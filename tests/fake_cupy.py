@@ -5,6 +5,7 @@ parameter struct decoded (pointers resolved back to the fake device arrays)."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 
 import numpy as np
@@ -25,8 +26,12 @@ class FakeArray(np.ndarray):
     dev_id = 0
 
     @property
-    def data(self):  # cupy.cuda.MemoryPointer's .ptr
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+    def data(self):  # cupy.cuda.MemoryPointer's .ptr and copy_from_device_async
+        ptr = self.__array_interface__["data"][0]
+        return types.SimpleNamespace(ptr=ptr, copy_from_device_async=lambda src, n: ctypes.memmove(ptr, src.ptr, n))
+
+    def get(self):  # cupy.ndarray.get: to the host
+        return np.asarray(self)
 
     @property
     def device(self):
@@ -47,10 +52,43 @@ def _fake(x):
     return f
 
 
+class FakeStream:
+    """``cupy.cuda.Stream`` as far as ``cupy_fmha.jax`` uses it: made from an object with the CUDA
+    stream protocol, entered as a context; ``entered`` counts the entries."""
+
+    entered = 0
+
+    def __init__(self, handle):
+        self.ptr = handle
+
+    @classmethod
+    def from_external(cls, obj):
+        version, handle = obj.__cuda_stream__()
+        assert version == 0
+        return cls(handle)
+
+    def __enter__(self):
+        FakeStream.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _memory_pointer(mem, offset):
+    """``cupy.cuda.MemoryPointer`` over an ``UnownedMemory`` stand-in (ptr, size, owner): the host
+    bytes at that address, which ``FakeArray(shape, dtype, <this>)`` (NumPy's ndarray
+    constructor: shape, dtype, buffer) views without a copy."""
+    ptr, size, owner = mem
+    return (ctypes.c_char * max(size - offset, 1)).from_address(ptr + offset)
+
+
 def fake_cupy(cc: str):
     return types.SimpleNamespace(
         ndarray=FakeArray,
-        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc)),
+        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc),
+                                   Stream=FakeStream, UnownedMemory=lambda ptr, size, owner, dev: (ptr, size, owner),
+                                   MemoryPointer=_memory_pointer),
         asarray=lambda x, dtype=None: _fake(np.asarray(x, dtype=dtype)),
         ascontiguousarray=lambda x: _fake(np.ascontiguousarray(x)),
         zeros=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
