@@ -33,6 +33,9 @@ class FakeArray(np.ndarray):
     def get(self):  # cupy.ndarray.get: to the host
         return np.asarray(self)
 
+    def copy(self, *args, **kwargs):  # a new device array: its address resolves too
+        return _fake(np.ndarray.copy(self, *args, **kwargs))
+
     @property
     def device(self):
         return _Dev(self.dev_id)
@@ -127,8 +130,9 @@ def decode_params(params) -> dict:
 
 
 class Recorder:
-    """Stands in for ``get_function``: records each launch as {parameter name: argument}; a
-    hook may act as the kernel (here: fill the dS workspace)."""
+    """Stands in for ``get_function``: records each launch (spec, grid, block, shared memory, the
+    tensor maps' count and bytes, and ``args``: {parameter name: argument}); a hook may act as
+    the kernel (here: fill the dS workspace)."""
 
     def __init__(self, hook=None):
         self.launches, self.hook = [], hook
@@ -141,6 +145,7 @@ class Recorder:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 struct = P.KERNEL_STRUCTS[spec.source]
+                all_args = args
                 maps = 0
                 if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments (after any maps)
                     maps = len(args) - len(P.flat_names(struct))
@@ -152,8 +157,9 @@ class Recorder:
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
                 # its bytes, as an unstructured void array of the struct's size
                 assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)
-                args = (args[0].view(struct),)
-                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]), maps=maps)
+                launch = dict(spec=spec, grid=grid, block=block, smem=shared_mem, maps=maps,
+                              map_bytes=tuple(bytes(np.asarray(m)) for m in all_args[:maps]),
+                              args=decode_params(args[0].view(struct)))
                 rec.launches.append(launch)
                 if rec.hook is not None:
                     rec.hook(launch)
