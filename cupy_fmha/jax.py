@@ -191,8 +191,35 @@ def _stream_handle(ctx) -> int:
 
 
 def _address(buffer) -> int:
-    """Device address of one of XLA's buffers (dense and row-major: XLA passes no strides)."""
-    return buffer.__cuda_array_interface__["data"][0]
+    """Device address of one of XLA's buffers (dense and row-major: XLA passes no strides), from
+    ``__cuda_array_interface__``; from the DLPack capsule where that interface is refused (a
+    jaxlib without a typestr for the buffer's dtype)."""
+    try:
+        return buffer.__cuda_array_interface__["data"][0]
+    except Exception:  # noqa: BLE001 - jaxlib's errors for an unsupported dtype vary by version
+        return _dlpack_address(buffer)
+
+
+_CAPSULE_POINTER = None
+
+
+def _dlpack_address(buffer) -> int:
+    """``data + byte_offset`` of the DLTensor in ``buffer.__dlpack__()`` (its first member, in
+    the unversioned capsule ``"dltensor"``; the capsule keeps ownership and frees it)."""
+    global _CAPSULE_POINTER
+    if _CAPSULE_POINTER is None:
+        import ctypes
+
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        _CAPSULE_POINTER = (get, ctypes.c_uint64)
+    get, u64 = _CAPSULE_POINTER
+    capsule = buffer.__dlpack__()  # held until read: its destructor frees the tensor
+    tensor = get(capsule, b"dltensor")
+    # DLTensor: data (0), device (8), ndim (16), dtype (20), shape (24), strides (32), byte_offset (40)
+    address = u64.from_address(tensor).value + u64.from_address(tensor + 40).value
+    del capsule
+    return address
 
 
 def _device_view(cp, buffer, shape, dtype):

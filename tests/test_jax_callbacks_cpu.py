@@ -344,3 +344,25 @@ def test_jitted_gradient_runs_both_callbacks_on_the_cpu_backend(env, monkeypatch
     kinds = [la["spec"].source for la in env["rec"].launches]
     assert len(kinds) == 3 * 4 and kinds[0].startswith("fmha_fwd") and kinds[1] == "fmha_bwd_dot_do_o"
     assert env["counts"] == {"fwd": 1, "bwd": 1}
+
+
+def test_address_falls_back_to_the_dlpack_capsule():
+    """Where ``__cuda_array_interface__`` is refused (a jaxlib without a typestr for the dtype),
+    the address comes from the DLPack capsule: data plus byte offset."""
+    base = np.zeros(64, np.float32)
+    view = base[8:]  # a view: the capsule's data or byte offset carries the 32 bytes
+
+    class NoInterface:
+        def __init__(self, a):
+            self.a = a
+
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Unimplemented primitive type BF16")
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__()
+
+    for a in (base, view):
+        assert fj._address(NoInterface(a)) == a.__array_interface__["data"][0]
+    assert fj._address(Buf(F._fake(view))) == view.__array_interface__["data"][0]
