@@ -194,13 +194,18 @@ def _ptr(a) -> int:
 def _tensor(a, layout: str) -> tuple[int, int, int, int]:
     """``TensorArg`` (pointer, batch / head / sequence strides in elements) of a q-like array in
     ``layout``; group mode (``thd``): batch stride 0, rows are packed tokens."""
-    item = a.itemsize
-    st = a.strides
+    return (_ptr(a), *_tensor_strides(a.strides, a.itemsize, layout))
+
+
+def _tensor_strides(strides, itemsize: int, layout: str) -> tuple[int, int, int]:
+    """The (batch, head, sequence) element strides of :func:`_tensor`: what a ``TensorArg`` holds
+    besides the pointer (``cupy_fmha.jax`` resolves them once per traced shape)."""
+    st = strides
     if layout == "thd":
-        return (_ptr(a), 0, st[1] // item, st[0] // item)
+        return (0, st[1] // itemsize, st[0] // itemsize)
     if layout == "bshd":
-        return (_ptr(a), st[0] // item, st[2] // item, st[1] // item)
-    return (_ptr(a), st[0] // item, st[1] // item, st[2] // item)
+        return (st[0] // itemsize, st[2] // itemsize, st[1] // itemsize)
+    return (st[0] // itemsize, st[1] // itemsize, st[2] // itemsize)
 
 
 def _workspace_tensor(a, group_mode: bool) -> tuple[int, int, int, int]:
@@ -217,11 +222,28 @@ def _launch(cp, spec, launch, struct, values, prefix: tuple = ()):
     if L.empty_grid(launch):  # group mode with nothing to do (e.g. every sequence empty)
         return
     fn = get_function(spec)
-    if launch.smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < launch.smem:
-        fn.max_dynamic_shared_size_bytes = launch.smem
+    if launch.smem > 48 * 1024:
+        _allow_smem(fn, launch.smem)
     flat, cpointer = spec.source in P.FLAT_ABI, _cupy_function(cp, "CPointer")
     args = P.pointer_args(struct, values, flat, cpointer) if cpointer else P.kernel_args(struct, values, flat)
     fn(launch.grid, launch.block, prefix + args, shared_mem=launch.smem)
+
+
+_SMEM_ALLOWED: dict = {}
+
+
+def _allow_smem(fn, smem: int) -> None:
+    """Raise ``fn``'s dynamic shared-memory limit to ``smem`` bytes, asking the driver only the
+    first time for each function and size (the attribute read is a driver call per launch
+    otherwise). The entry holds ``fn``, so its id is not reused while cached."""
+    hit = _SMEM_ALLOWED.get(id(fn))
+    if hit is not None and hit[0] is fn and hit[1] >= smem:
+        return
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    if len(_SMEM_ALLOWED) > 1024:
+        _SMEM_ALLOWED.clear()
+    _SMEM_ALLOWED[id(fn)] = (fn, smem)
 
 
 @functools.lru_cache(maxsize=256)
@@ -293,7 +315,12 @@ def _maps(cp, boxes, tensors) -> tuple:
 
 def _seq(plan, cu_q, cu_k) -> tuple:
     """``SeqArg``: batch mode null offsets and the lengths; group mode the offsets and max lengths."""
-    return (_ptr(cu_q), _ptr(cu_k), plan.rows_q, plan.rows_k)
+    return _seq_arg(plan, _ptr(cu_q), _ptr(cu_k))
+
+
+def _seq_arg(plan, cu_q_ptr: int, cu_k_ptr: int) -> tuple:
+    """``SeqArg`` from the offsets' device addresses (0 in batch mode)."""
+    return (cu_q_ptr, cu_k_ptr, plan.rows_q, plan.rows_k)
 
 
 def _mask(plan) -> tuple:
@@ -305,7 +332,12 @@ def _alibi(cp, plan, alibi_slopes) -> tuple:
     if plan.alibi_sb is None:
         return (0, 0), None
     slopes = cp.ascontiguousarray(_to_device(cp, "alibi_slopes", alibi_slopes))
-    return (_ptr(slopes), plan.alibi_sb), slopes
+    return _alibi_arg(plan, _ptr(slopes)), slopes
+
+
+def _alibi_arg(plan, ptr: int) -> tuple:
+    """``AlibiArg`` from the contiguous slopes' device address; zeros without ALiBi."""
+    return (0, 0) if plan.alibi_sb is None else (ptr, plan.alibi_sb)
 
 
 def _bias_strides(shape, strides, itemsize) -> tuple[int, int, int, int]:
@@ -322,7 +354,15 @@ def _bias(cp, plan, bias) -> tuple:
         return (0, 0, 0, 0, 0, 0, 0), None
     dev = _to_device(cp, "bias", bias)
     # an empty bias (group mode: max_seqlen_q or max_seqlen_k 0) is never read: a null pointer
-    return (_ptr(dev), *_bias_strides(dev.shape, dev.strides, dev.itemsize), BIAS_KIND[plan.bias_dtype], 0), dev
+    return _bias_arg(plan, _ptr(dev), dev.shape, dev.strides, dev.itemsize), dev
+
+
+def _bias_arg(plan, ptr: int, shape, strides, itemsize: int) -> tuple:
+    """``BiasArg`` of a checked bias at device address ``ptr`` (0 when empty) with this shape and
+    byte strides; zeros (kind 0) without a bias."""
+    if plan.bias_dtype is None:
+        return (0, 0, 0, 0, 0, 0, 0)
+    return (ptr, *_bias_strides(shape, strides, itemsize), BIAS_KIND[plan.bias_dtype], 0)
 
 
 def _dropout(plan) -> tuple:
@@ -461,17 +501,26 @@ def _run_forward(plan: FwdPlan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, 
     # slopes / bias_dev: the device copies the params point at, held until the launch is queued
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
-    p = plan.problem
-    tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout))
-    params = (P.FWD, (
-        *tensors, _tensor(o, layout), _ptr(lse),
-        _seq(plan, cu_q, cu_k), p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan),
-        alibi, bias_arg, _dropout(plan)))
-    prefix = _maps(cp, plan.maps, tensors) if plan.maps and not L.empty_grid(plan.launch) else ()
-    _launch(cp, plan.spec, plan.launch, *params, prefix)
+    _launch_forward(cp, plan, (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout)),
+                    _ptr(lse), _seq(plan, cu_q, cu_k), alibi, bias_arg, _dropout(plan))
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
-        return o, lse, _dropout_mask(cp, plan, p.nhead_q)
+        return o, lse, _dropout_mask(cp, plan, plan.problem.nhead_q)
     return o, lse
+
+
+def _launch_forward(cp, plan: FwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None) -> None:
+    """The forward kernel's launch from its arguments' device addresses: ``tensors`` the
+    ``TensorArg`` tuples of q, k, v, o; ``lse`` its address; ``seq``, ``alibi``, ``bias_arg``,
+    ``dropout`` the feature groups (:func:`_seq_arg`, :func:`_alibi_arg`, :func:`_bias_arg`,
+    :func:`_dropout`); ``maps`` the TMA tensor maps of q, k, v when the caller has them already
+    (:func:`_maps`), else they are looked up here. Shared by :func:`_run_forward` and
+    :mod:`cupy_fmha.jax`'s callbacks, which hold the addresses of XLA's buffers."""
+    p = plan.problem
+    values = (*tensors, lse, seq, p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan), alibi,
+              bias_arg, dropout)
+    if maps is None:
+        maps = _maps(cp, plan.maps, tensors[:3]) if plan.maps and not L.empty_grid(plan.launch) else ()
+    _launch(cp, plan.spec, plan.launch, P.FWD, values, maps)
 
 
 # --------------------------------------------------------------------------- backward
@@ -563,8 +612,23 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
+    ds_acc = _launch_backward(
+        cp, plan, tuple(_tensor(a, layout) for a in (do, q, k, v, o, dq, dk, dv)), _ptr(lse), _seq(plan, cu_q, cu_k),
+        alibi, bias_arg, _dropout(plan))
+    if plan.want_dbias:
+        return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
+    return AttentionGrads(dq, dk, dv)
+
+
+def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None):
+    """The backward's workspaces and launches from its arguments' device addresses: ``tensors``
+    the ``TensorArg`` tuples of do, q, k, v, o, dq, dk, dv; ``lse`` its address; the feature
+    groups and ``maps`` (of q, k, v, do) as in :func:`_launch_forward`. Returns the fp32 dS
+    workspace with ``plan.want_dbias`` (for :func:`cupy_fmha.dbias.reduce_dbias`), else None.
+    Shared by :func:`_run_backward` and :mod:`cupy_fmha.jax`'s callbacks."""
+    t_do, t_q, t_k, t_v, t_o, t_dq, t_dk, t_dv = tensors
     p, specs, launches, gm = plan.problem, plan.specs, plan.launches, plan.group_mode
-    seq, mask = _seq(plan, cu_q, cu_k), _mask(plan)
+    mask = _mask(plan)
 
     # atomic mode and the ordered deterministic adds add into zeros (dot_do_o zero-fills it);
     # deterministic slabs are stored before convert_dq reads them
@@ -572,7 +636,7 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     dq_sem = cp.zeros(plan.dq_ws.nsem, dtype=cp.int32) if plan.dq_ws.nsem else None  # ordered deterministic adds
     delta = cp.empty(plan.lse_shape, dtype=cp.float32)
     _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.DOT_DO_O, (
-        _tensor(do, layout), _tensor(o, layout), _ptr(delta), 0 if plan.dq_ws.nsplit else _ptr(dq_acc), seq,
+        t_do, t_o, _ptr(delta), 0 if plan.dq_ws.nsplit else _ptr(dq_acc), seq,
         p.hdim_q, p.hdim_v, plan.dq_ws.pitch, plan.dq_ws.cols))
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
@@ -582,24 +646,23 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
         dk_buf, dv_buf = (cp.empty(s, dtype=cp.float32) for s in plan.dkdv_ws)
         dk_arg, dv_arg = _workspace_tensor(dk_buf, gm), _workspace_tensor(dv_buf, gm)
     else:
-        dk_arg, dv_arg = _tensor(dk, layout), _tensor(dv, layout)
-    tensors = (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(do, layout))
-    prefix = _maps(cp, plan.maps, tensors) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
+        dk_arg, dv_arg = t_dk, t_dv
+    read = (t_q, t_k, t_v, t_do)
+    if maps is None:
+        maps = _maps(cp, plan.maps, read) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
-        *tensors, dk_arg, dv_arg,
-        _ptr(lse), _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
+        *read, dk_arg, dv_arg,
+        lse, _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
-        mask, alibi, bias_arg, _dropout(plan)), prefix)
+        mask, alibi, bias_arg, dropout), maps)
 
     conv_dq = specs.convert_dq_split if plan.dq_ws.nsplit else specs.convert_dq
     _launch(cp, conv_dq, launches["convert_dq"], P.CONVERT, (
-        _ptr(dq_acc), _tensor(dq, layout), plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
+        _ptr(dq_acc), t_dq, plan.dq_ws.split_stride, seq, p.hdim_q, 1, plan.dq_ws.nsplit,
         plan.block_n, plan.block_m, plan.dq_ws.pitch, plan.dq_ws.cols, int(plan.dq_ws.tiled), p.softmax_scale, 0, mask))
     if plan.dkdv_ws:
         rows = (0, 0, plan.kv_rows, 0)  # the GQA sums: kv_batch x nhead_k x kv_rows rows, no slabs
-        for acc, res, d in ((dk_buf, dk, p.hdim_q), (dv_buf, dv, p.hdim_v)):
+        for acc, res, d in ((dk_buf, t_dk, p.hdim_q), (dv_buf, t_dv, p.hdim_v)):
             _launch(cp, specs.convert_dq, launches["convert_dkdv"], P.CONVERT, (
-                _ptr(acc), _tensor(res, layout), 0, rows, d, p.group, 0, 1, 1, plan.kv_rows, d, 0, 1.0, 0, (0, 0, 0, 0)))
-    if plan.want_dbias:
-        return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
-    return AttentionGrads(dq, dk, dv)
+                _ptr(acc), res, 0, rows, d, p.group, 0, 1, 1, plan.kv_rows, d, 0, 1.0, 0, (0, 0, 0, 0)))
+    return ds_acc

@@ -18,9 +18,14 @@ How it runs: at trace time the options and shapes go through the same checks as
 :func:`cupy_fmha.attention_forward` (:func:`cupy_fmha.plan.plan_forward` /
 :func:`~cupy_fmha.plan.plan_backward` on shape stand-ins; a bad argument raises there, with the
 same named message, before anything is compiled); at run time XLA calls back into Python with
-its device buffers and its CUDA stream, and the callback plans again for the real device and
-launches the kernels on that stream (``cupy.cuda.ExternalStream``), writing into XLA's output
-buffers. The residuals kept for the backward are O and LSE, plus the inputs the backward reads
+its device buffers and its CUDA stream, and the callback launches the kernels on that stream,
+writing into XLA's output buffers. Everything that depends only on the traced shapes, dtypes and
+options (the plan for the device: kernel instances, grid, block, shared memory, workspace sizes;
+the kernels' strides) is resolved by the first call on a device and kept with the callback, which
+is shared by every trace with the same shapes and options; a call then only reads the buffers'
+addresses, looks up the TMA tensor maps for them (cached: XLA hands the same buffers back call
+after call), takes the backward's workspaces from CuPy's pool and launches. The tuning variables
+(``CUPY_FMHA_*_TILES``, ``CUPY_FMHA_BWD_WS``, ...) are read when that plan is made. The residuals kept for the backward are O and LSE, plus the inputs the backward reads
 again (q, k, v, the bias or ALiBi slopes, cu_seqlens, the dropout words). Memory beyond what XLA
 hands over: the backward's workspaces from CuPy's pool (:func:`cupy_fmha.backward_workspace_bytes`:
 D, the fp32 dQ accumulator, the fp32 dK/dV copies under GQA, the fp32 dS of dBias). The
@@ -73,7 +78,9 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from . import api
-from .plan import plan_backward, plan_forward
+from . import launch as L
+from .dbias import reduce_dbias
+from .plan import _typed, plan_backward, plan_forward
 from .validate import check_dropout
 
 __all__ = ["attention", "attention_with_lse", "dropout_seed_offset"]
@@ -163,85 +170,282 @@ def _plan_offsets(opts: _Options, q, k, cu_q, cu_k) -> tuple:
 
 
 # --------------------------------------------------------------------------- run time
+#
+# A callback's work splits in two. What depends only on the traced shapes, dtypes and options is
+# resolved once per device (compute capability) and kept in the callback object (:class:`_Bound`):
+# the plan (kernel instances, grid, block, shared memory, workspace shapes), the element strides
+# of every TensorArg, the feature groups without their addresses, the dropout group. What is left
+# for each call depends on XLA's buffers: their device addresses (read from
+# ``__cuda_array_interface__``; no CuPy array is made), the TMA tensor maps (cached per tuple of
+# addresses: XLA hands the same buffers back step after step), the backward's workspaces from
+# CuPy's pool, and the launches, through the same :func:`cupy_fmha.api._launch_forward` /
+# :func:`~cupy_fmha.api._launch_backward` as the CuPy API. Paths that read device values anyway
+# (``check_cu_seqlens=True``; buffers that are not 16-byte aligned, which XLA does not hand out in
+# practice) wrap the buffers as CuPy arrays and take the library's general path, which checks and
+# plans with the real values.
 
 
-def _cupy_views(cp, *buffers):
-    return tuple(None if b is None else cp.from_dlpack(b) for b in buffers)
+def _stream_handle(ctx) -> int:
+    """XLA's CUDA stream (``cudaStream_t`` as an int) for this callback."""
+    return ctx.stream
+
+
+def _address(buffer) -> int:
+    """Device address of one of XLA's buffers (dense and row-major: XLA passes no strides), from
+    ``__cuda_array_interface__``; from the DLPack capsule where that interface is refused (a
+    jaxlib without a typestr for the buffer's dtype)."""
+    try:
+        return buffer.__cuda_array_interface__["data"][0]
+    except Exception:  # noqa: BLE001 - jaxlib's errors for an unsupported dtype vary by version
+        return _dlpack_address(buffer)
+
+
+_CAPSULE_POINTER = None
+
+
+def _dlpack_address(buffer) -> int:
+    """``data + byte_offset`` of the DLTensor in ``buffer.__dlpack__()`` (its first member, in
+    the unversioned capsule ``"dltensor"``; the capsule keeps ownership and frees it)."""
+    global _CAPSULE_POINTER
+    if _CAPSULE_POINTER is None:
+        import ctypes
+
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        _CAPSULE_POINTER = (get, ctypes.c_uint64)
+    get, u64 = _CAPSULE_POINTER
+    capsule = buffer.__dlpack__()  # held until read: its destructor frees the tensor
+    tensor = get(capsule, b"dltensor")
+    # DLTensor: data (0), device (8), ndim (16), dtype (20), shape (24), strides (32), byte_offset (40)
+    address = u64.from_address(tensor).value + u64.from_address(tensor + 40).value
+    del capsule
+    return address
+
+
+def _device_view(cp, buffer, shape, dtype):
+    """A CuPy array over one of XLA's buffers (owned by XLA for the callback's duration), for the
+    paths that need arrays: the dropout words' read, dBias, the general path."""
+    nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
+    mem = cp.cuda.UnownedMemory(_address(buffer), nbytes, buffer, buffer.__dlpack_device__()[1])
+    return cp.ndarray(tuple(shape), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
+class _CudaStream:
+    """A stream handle with the CUDA stream protocol, for ``cupy.cuda.Stream.from_external``."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_STREAMS: dict = {}
 
 
 def _xla_stream(cp, handle: int):
-    """XLA's CUDA stream as a CuPy stream (``ExternalStream``; CuPy 14 marks it deprecated in
-    favour of ``Stream.from_external``, which takes an object with the ``__cuda_stream__``
-    protocol rather than the raw handle ``buffer_callback`` gives)."""
-    import warnings
+    """XLA's CUDA stream as a CuPy stream, made once per handle. ``Stream.from_external`` where
+    CuPy has it (14 and newer, which deprecate ``ExternalStream``: silencing that warning in
+    ``warnings.catch_warnings()`` on every call cost more than making the stream), else
+    ``ExternalStream`` (not deprecated there). The object only carries the handle."""
+    s = _STREAMS.get(handle)
+    if s is None:
+        from_external = getattr(cp.cuda.Stream, "from_external", None)
+        s = from_external(_CudaStream(handle)) if from_external is not None else cp.cuda.ExternalStream(handle)
+        if len(_STREAMS) > 64:
+            _STREAMS.clear()
+        _STREAMS[handle] = s
+    return s
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cp.cuda.ExternalStream(handle)
 
-
-def _read_words(words) -> tuple[int, int]:
+def _read_words(cp, buffer) -> tuple[int, int]:
     """(seed, offset) from the four uint32 dropout words on the device: a 16-byte read on the
     current (XLA's) stream, which waits for it."""
-    w = [int(x) for x in words.get()]
+    w = [int(x) for x in _device_view(cp, buffer, (4,), np.uint32).get()]
     return w[0] | (w[1] << 32), w[2] | (w[3] << 32)
 
 
-def _operands(cp, names, buffers) -> dict:
-    return dict(zip(names, _cupy_views(cp, *buffers)))
-
-
-def _runtime_kw(opts: _Options, a: dict, offsets_for_plan) -> dict:
-    seed = offset = None
-    if a.get("dropout_words") is not None:
-        seed, offset = _read_words(a["dropout_words"])
+def _runtime_kw(opts: _Options, a: dict, offsets_for_plan, words=None) -> dict:
+    """The plan functions' options at run time on the general path: with ``check_cu_seqlens`` the
+    real offsets (which the library reads back and checks), else the stand-ins; ``words``: the
+    (seed, offset) read from a key."""
+    seed, offset = (None, None) if words is None else words
     plan_cu = (a.get("cu_seqlens_q"), a.get("cu_seqlens_k")) if opts.check_cu_seqlens else offsets_for_plan
     return opts.kw(seed, offset, plan_cu)
 
 
-def _fwd_callback(opts: _Options, names, offsets_for_plan):
-    def run(ctx, out, *buffers):
-        import cupy as cp
+def _rows_aligned(x: _Abstract) -> bool:
+    """Whether a q-like operand's rows are 16-byte aligned (``api._aligned`` less the address)."""
+    return all((s // x.dtype.itemsize) % 8 == 0 for s in x.strides[:-1])
 
-        with _xla_stream(cp, ctx.stream):
-            o, lse = _cupy_views(cp, *out)
-            a = _operands(cp, names, buffers)
-            bias, slopes = a.get("bias"), a.get("alibi_slopes")
+
+class _Bound(NamedTuple):
+    """A callback's static launch data on one device (see the section comment)."""
+
+    plan: object      #: FwdPlan / BwdPlan for this compute capability
+    strides: tuple    #: TensorArg strides of each q-like operand (fwd: q k v o; bwd: do q k v o dq dk dv)
+    nonempty: tuple   #: whether each q-like operand has elements (an empty one gets address 0)
+    seq: tuple        #: SeqArg with null offsets (group mode puts their addresses in per call)
+    bias: tuple       #: BiasArg with a null address
+    dropout: tuple    #: DropoutArg (a key's words replace seed and offset per call)
+    fast: bool        #: False: every call takes the general path (rows not 16-byte aligned)
+    maps: dict        #: addresses of the mapped tensors -> their TMA maps as kernel arguments
+
+
+#: q-like operands of each pass, in TensorArg order (then the outputs: fwd o; bwd dq, dk, dv)
+_QLIKE = {"fwd": ("q", "k", "v"), "bwd": ("do", "q", "k", "v", "o")}
+_NOUT = {"fwd": 1, "bwd": 3}
+
+
+class _Callback:
+    """The callback of one pass (``"fwd"``/``"bwd"``) for one static key: options, operand
+    names, shapes and dtypes (``avals``, operand name -> :class:`_Abstract`; ``outs`` the results'),
+    group mode's stand-in offsets, dBias wanted. ``buffer_callback`` calls it with the execution
+    context, the result buffers and the operand buffers. Made once per key (:func:`_callback`),
+    so equal traces share it; it plans once per device (``plans`` counts, for tests)."""
+
+    def __init__(self, kind: str, opts: _Options, names: tuple, avals: dict, outs: tuple, offsets,
+                 want_dbias: bool = False):
+        self.kind, self.opts, self.names, self.avals, self.outs = kind, opts, names, avals, outs
+        self.offsets, self.want_dbias = offsets, want_dbias
+        self.plans = 0
+        self._bound: dict = {}
+        self._qlike = _QLIKE[kind]
+        self._maps_of = (0, 1, 2) if kind == "fwd" else (1, 2, 3, 0)  # q, k, v (, do) in the TensorArgs
+
+    # ------------------------------------------------------------------ static, once per device
+
+    def _plan(self, cc: int):
+        a, opts = self.avals, self.opts
+        kw = opts.kw(cu_seqlens=self.offsets)
+        if self.kind == "fwd":
+            return plan_forward(a["q"], a["k"], a["v"], bias=a.get("bias"), alibi_slopes=a.get("alibi_slopes"),
+                                cc=lambda: cc, return_dropout_mask=False, **kw)
+        return plan_backward(*(a[n] for n in ("do", "q", "k", "v", "o", "lse")), bias=a.get("bias"),
+                             alibi_slopes=a.get("alibi_slopes"), cc=lambda: cc, return_dbias=self.want_dbias,
+                             deterministic=opts.deterministic, **kw)
+
+    def bind(self, cc: int) -> _Bound:
+        """The static launch data for compute capability ``cc``, resolved on first use."""
+        bound = self._bound.get(cc)
+        if bound is not None:
+            return bound
+        plan = self._plan(cc)
+        self.plans += 1
+        qlike = [self.avals[n] for n in self._qlike] + list(self.outs[:_NOUT[self.kind]])
+        bias = self.avals.get("bias")
+        bias0 = api._bias_arg(plan, 0, bias.shape, bias.strides, bias.dtype.itemsize) if bias is not None \
+            else api._bias_arg(plan, 0, (), (), 1)
+        bound = _Bound(plan, tuple(api._tensor_strides(x.strides, x.dtype.itemsize, plan.layout) for x in qlike),
+                       tuple(x.size > 0 for x in qlike), api._seq_arg(plan, 0, 0), bias0, api._dropout(plan),
+                       all(_rows_aligned(x) for x in qlike), {})
+        self._bound[cc] = bound
+        return bound
+
+    # ------------------------------------------------------------------ each call
+
+    def _addr(self, a: dict, name: str) -> int:
+        return _address(a[name]) if name in a and self.avals[name].size else 0
+
+    def _maps(self, cp, b: _Bound, tensors, launch) -> tuple:
+        """The TMA maps of the mapped tensors, cached per tuple of their addresses (the strides
+        and shapes are this callback's own)."""
+        if not b.plan.maps or L.empty_grid(launch):
+            return ()
+        mapped = tuple(tensors[i] for i in self._maps_of)
+        key = tuple(t[0] for t in mapped)
+        maps = b.maps.get(key)
+        if maps is None:
+            maps = api._maps(cp, b.plan.maps, mapped)
+            if len(b.maps) > 64:
+                b.maps.clear()
+            b.maps[key] = maps
+        return maps
+
+    def __call__(self, ctx, out, *buffers):
+        cp = api._cupy()
+        with _xla_stream(cp, _stream_handle(ctx)):
+            if self.opts.check_cu_seqlens:
+                return self._general(cp, out, buffers)
+            b = self.bind(api._device_cc())
+            if not b.fast:
+                return self._general(cp, out, buffers)
+            a = dict(zip(self.names, buffers))
+            ptrs = [_address(x) if ne else 0
+                    for x, ne in zip([a[n] for n in self._qlike] + list(out[:_NOUT[self.kind]]), b.nonempty)]
+            if any(p & 15 for p in ptrs):  # the library would copy (inputs) or refuse (outputs): its path says
+                return self._general(cp, out, buffers)
+            words = a.get("dropout_words")
+            dropout = b.dropout if words is None else (*_read_words(cp, words), *b.dropout[2:])
+            tensors = tuple([(p, *s) for p, s in zip(ptrs, b.strides)])
+            plan = b.plan
+            seq = api._seq_arg(plan, self._addr(a, "cu_seqlens_q"), self._addr(a, "cu_seqlens_k")) \
+                if plan.group_mode else b.seq
+            alibi = api._alibi_arg(plan, self._addr(a, "alibi_slopes"))
+            bias_arg = b.bias if "bias" not in a else (self._addr(a, "bias"), *b.bias[1:])
+            if self.kind == "fwd":
+                lse = _address(out[1]) if self.outs[1].size else 0
+                api._launch_forward(cp, plan, tensors, lse, seq, alibi, bias_arg, dropout,
+                                    self._maps(cp, b, tensors, plan.launch))
+                return None
+            ds = api._launch_backward(cp, plan, tensors, self._addr(a, "lse"), seq, alibi, bias_arg, dropout,
+                                      self._maps(cp, b, tensors, plan.launches["dq_dk_dv"]))
+            if self.want_dbias:
+                self._write_dbias(cp, reduce_dbias(cp, ds, self.avals["bias"]), out[3])
+        return None
+
+    def _write_dbias(self, cp, dbias, buffer) -> None:
+        """dBias (fresh and contiguous, in the bias's shape and dtype) into XLA's buffer."""
+        if dbias.nbytes:
+            _device_view(cp, buffer, dbias.shape, self.outs[3].dtype).data.copy_from_device_async(
+                dbias.data, dbias.nbytes)
+
+    def _general(self, cp, out, buffers) -> None:
+        """The library's general path on CuPy views of the buffers: the checks and the plan with
+        the real values (``check_cu_seqlens``: the offsets, read back), the copies of misaligned
+        inputs, the named error of misaligned outputs."""
+        a = {n: _device_view(cp, x, self.avals[n].shape, self.avals[n].dtype) for n, x in zip(self.names, buffers)}
+        res = [_device_view(cp, x, r.shape, r.dtype) for x, r in zip(out, self.outs)]
+        words = _read_words(cp, buffers[self.names.index("dropout_words")]) if "dropout_words" in a else None
+        kw = _runtime_kw(self.opts, a, self.offsets, words)
+        bias, slopes, cu = a.get("bias"), a.get("alibi_slopes"), (a.get("cu_seqlens_q"), a.get("cu_seqlens_k"))
+        if self.kind == "fwd":
             plan = plan_forward(a["q"], a["k"], a["v"], bias=bias, alibi_slopes=slopes, cc=api._device_cc,
-                                return_dropout_mask=False, **_runtime_kw(opts, a, offsets_for_plan))
-            api._run_forward(plan, a["q"], a["k"], a["v"], bias, slopes, (o, lse), a.get("cu_seqlens_q"),
-                             a.get("cu_seqlens_k"))
+                                return_dropout_mask=False, **kw)
+            api._run_forward(plan, a["q"], a["k"], a["v"], bias, slopes, tuple(res), *cu)
+            return
+        arrays = [a[n] for n in ("do", "q", "k", "v", "o", "lse")]
+        plan = plan_backward(*arrays, bias=bias, alibi_slopes=slopes, cc=api._device_cc,
+                             return_dbias=self.want_dbias, deterministic=self.opts.deterministic, **kw)
+        g = api._run_backward(plan, *arrays, bias, slopes, tuple(res[:3]), *cu)
+        if self.want_dbias and g.dbias.nbytes:
+            res[3].data.copy_from_device_async(g.dbias.data, g.dbias.nbytes)
 
-    return run
+
+_CALLBACKS: dict = {}
 
 
-def _bwd_callback(opts: _Options, names, offsets_for_plan, want_dbias: bool):
-    def run(ctx, out, *buffers):
-        import cupy as cp
-
-        with _xla_stream(cp, ctx.stream):
-            grads = _cupy_views(cp, *out)
-            a = _operands(cp, names, buffers)
-            bias, slopes = a.get("bias"), a.get("alibi_slopes")
-            arrays = [a[n] for n in ("do", "q", "k", "v", "o", "lse")]
-            plan = plan_backward(*arrays, bias=bias, alibi_slopes=slopes, cc=api._device_cc,
-                                 return_dbias=want_dbias, deterministic=opts.deterministic,
-                                 **_runtime_kw(opts, a, offsets_for_plan))
-            g = api._run_backward(plan, *arrays, bias, slopes, grads[:3], a.get("cu_seqlens_q"),
-                                  a.get("cu_seqlens_k"))
-            if want_dbias and g.dbias.nbytes:  # dbias comes back fresh (contiguous): into XLA's buffer
-                grads[3].data.copy_from_device_async(g.dbias.data, g.dbias.nbytes)
-
-    return run
+def _callback(kind: str, opts: _Options, named: dict, outs: tuple, offsets, want_dbias: bool = False):
+    """(names, operands, callback) for one pass: the operands that are not None, in a fixed
+    order, and the :class:`_Callback` of this static key, shared by every trace with the same
+    key (so an eager call finds JAX's compiled callback again, and the plans are made once)."""
+    names = tuple(n for n, x in named.items() if x is not None)
+    avals = {n: _Abstract(named[n]) for n in names}
+    outs = tuple(_Abstract(r) for r in outs)
+    key = (kind, tuple(_typed(x) for x in opts), names,
+           tuple((x.shape, x.dtype) for x in avals.values()), tuple((r.shape, r.dtype) for r in outs), want_dbias,
+           None if offsets is None or not isinstance(offsets[0], np.ndarray) else tuple(o.tobytes() for o in offsets))
+    cb = _CALLBACKS.get(key)
+    if cb is None:
+        if len(_CALLBACKS) > 1024:
+            _CALLBACKS.clear()
+        cb = _CALLBACKS[key] = _Callback(kind, opts, names, avals, outs, offsets, want_dbias)
+    return names, tuple(named[n] for n in names), cb
 
 
 # --------------------------------------------------------------------------- the two passes
-
-
-def _present(named: dict):
-    """(names, arrays) of the operands that are not None, in a fixed order."""
-    names = tuple(n for n, x in named.items() if x is not None)
-    return names, tuple(named[n] for n in names)
 
 
 def _forward(opts: _Options, q, k, v, slopes, bias, cu_q, cu_k, words):
@@ -249,9 +453,8 @@ def _forward(opts: _Options, q, k, v, slopes, bias, cu_q, cu_k, words):
     plan = plan_forward(_Abstract(q), _Abstract(k), _Abstract(v), bias=_abstract(bias), alibi_slopes=_abstract(slopes),
                         cc=_never_device, return_dropout_mask=False, **opts.kw(cu_seqlens=offsets))
     types = (jax.ShapeDtypeStruct(plan.o_shape, q.dtype), jax.ShapeDtypeStruct(plan.lse_shape, jnp.float32))
-    names, args = _present(dict(q=q, k=k, v=v, alibi_slopes=slopes, bias=bias, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                dropout_words=words))
-    run = _fwd_callback(opts, names, offsets)
+    _, args, run = _callback("fwd", opts, dict(q=q, k=k, v=v, alibi_slopes=slopes, bias=bias, cu_seqlens_q=cu_q,
+                                               cu_seqlens_k=cu_k, dropout_words=words), types, offsets)
     return buffer_callback(run, types, vmap_method="sequential")(*args)
 
 
@@ -261,9 +464,9 @@ def _backward(opts: _Options, want_dbias: bool, do, q, k, v, o, lse, slopes, bia
                   cc=_never_device, return_dbias=want_dbias, deterministic=opts.deterministic,
                   **opts.kw(cu_seqlens=offsets))
     types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v) + ((bias,) if want_dbias else ()))
-    names, args = _present(dict(do=do, q=q, k=k, v=v, o=o, lse=lse, alibi_slopes=slopes, bias=bias, cu_seqlens_q=cu_q,
-                                cu_seqlens_k=cu_k, dropout_words=words))
-    run = _bwd_callback(opts, names, offsets, want_dbias)
+    _, args, run = _callback("bwd", opts, dict(do=do, q=q, k=k, v=v, o=o, lse=lse, alibi_slopes=slopes, bias=bias,
+                                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, dropout_words=words),
+                             types, offsets, want_dbias)
     return buffer_callback(run, types, vmap_method="sequential")(*args)
 
 

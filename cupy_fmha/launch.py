@@ -82,7 +82,7 @@ def sequence_window(y: int, x: int, bottom_right: int, seqlen_q: int, seqlen_k: 
 
 def empty_grid(launch: "Launch") -> bool:
     """True when the grid has no blocks (group mode: every sequence empty), so nothing launches."""
-    return any(int(n) == 0 for n in launch.grid)
+    return 0 in launch.grid  # (a tuple of ints: one C-level scan, no generator per launch)
 
 
 #: kernels that take TMA tensor maps before their params, and of which tensors (in that order)

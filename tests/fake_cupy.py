@@ -5,6 +5,7 @@ parameter struct decoded (pointers resolved back to the fake device arrays)."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 
 import numpy as np
@@ -25,8 +26,15 @@ class FakeArray(np.ndarray):
     dev_id = 0
 
     @property
-    def data(self):  # cupy.cuda.MemoryPointer's .ptr
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+    def data(self):  # cupy.cuda.MemoryPointer's .ptr and copy_from_device_async
+        ptr = self.__array_interface__["data"][0]
+        return types.SimpleNamespace(ptr=ptr, copy_from_device_async=lambda src, n: ctypes.memmove(ptr, src.ptr, n))
+
+    def get(self):  # cupy.ndarray.get: to the host
+        return np.asarray(self)
+
+    def copy(self, *args, **kwargs):  # a new device array: its address resolves too
+        return _fake(np.ndarray.copy(self, *args, **kwargs))
 
     @property
     def device(self):
@@ -47,10 +55,43 @@ def _fake(x):
     return f
 
 
+class FakeStream:
+    """``cupy.cuda.Stream`` as far as ``cupy_fmha.jax`` uses it: made from an object with the CUDA
+    stream protocol, entered as a context; ``entered`` counts the entries."""
+
+    entered = 0
+
+    def __init__(self, handle):
+        self.ptr = handle
+
+    @classmethod
+    def from_external(cls, obj):
+        version, handle = obj.__cuda_stream__()
+        assert version == 0
+        return cls(handle)
+
+    def __enter__(self):
+        FakeStream.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _memory_pointer(mem, offset):
+    """``cupy.cuda.MemoryPointer`` over an ``UnownedMemory`` stand-in (ptr, size, owner): the host
+    bytes at that address, which ``FakeArray(shape, dtype, <this>)`` (NumPy's ndarray
+    constructor: shape, dtype, buffer) views without a copy."""
+    ptr, size, owner = mem
+    return (ctypes.c_char * max(size - offset, 1)).from_address(ptr + offset)
+
+
 def fake_cupy(cc: str):
     return types.SimpleNamespace(
         ndarray=FakeArray,
-        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc)),
+        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc),
+                                   Stream=FakeStream, UnownedMemory=lambda ptr, size, owner, dev: (ptr, size, owner),
+                                   MemoryPointer=_memory_pointer),
         asarray=lambda x, dtype=None: _fake(np.asarray(x, dtype=dtype)),
         ascontiguousarray=lambda x: _fake(np.ascontiguousarray(x)),
         zeros=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
@@ -89,8 +130,9 @@ def decode_params(params) -> dict:
 
 
 class Recorder:
-    """Stands in for ``get_function``: records each launch as {parameter name: argument}; a
-    hook may act as the kernel (here: fill the dS workspace)."""
+    """Stands in for ``get_function``: records each launch (spec, grid, block, shared memory, the
+    tensor maps' count and bytes, and ``args``: {parameter name: argument}); a hook may act as
+    the kernel (here: fill the dS workspace)."""
 
     def __init__(self, hook=None):
         self.launches, self.hook = [], hook
@@ -103,6 +145,7 @@ class Recorder:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 struct = P.KERNEL_STRUCTS[spec.source]
+                all_args = args
                 maps = 0
                 if spec.source in P.FLAT_ABI:  # the struct's fields as separate arguments (after any maps)
                     maps = len(args) - len(P.flat_names(struct))
@@ -114,8 +157,9 @@ class Recorder:
                 assert len(args) == 1, (spec.source, len(args))  # one params struct by value
                 # its bytes, as an unstructured void array of the struct's size
                 assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)
-                args = (args[0].view(struct),)
-                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]), maps=maps)
+                launch = dict(spec=spec, grid=grid, block=block, smem=shared_mem, maps=maps,
+                              map_bytes=tuple(bytes(np.asarray(m)) for m in all_args[:maps]),
+                              args=decode_params(args[0].view(struct)))
                 rec.launches.append(launch)
                 if rec.hook is not None:
                     rec.hook(launch)
