@@ -261,3 +261,65 @@ def test_nccl_ring_without_nccl_says_so():
     with pytest.raises(ValueError, match="rank"):
         NcclRing(2, 2, b"x")
     assert LY.chunks_per_rank("zigzag") == 2
+
+
+def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
+    """The GPU path's CupyOps, with NumPy standing in for CuPy and the API's two functions
+    replaced by the reference maths: the ring's results must not change, so CupyOps passes each
+    call's mask, scale and layout, and the backward the global o and lse (and deterministic)."""
+    import dataclasses
+
+    from cupy_fmha import api
+    from cupy_fmha.mask import MaskSpec
+    from cupy_fmha.parallel import ring as RG
+    from cupy_fmha.parallel.ops import CupyOps
+
+    seen = []
+
+    def fake_forward(q, k, v, *, mask, softmax_scale, layout):
+        seen.append(("fwd", type(mask), layout))
+        return R.attention_forward(q, k, v, mask=mask, softmax_scale=softmax_scale, layout=layout)
+
+    def fake_backward(do, q, k, v, o, lse, *, mask, softmax_scale, layout, deterministic):
+        seen.append(("bwd", type(mask), layout, deterministic))
+        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout)
+
+    monkeypatch.setattr(api, "attention_forward", fake_forward)
+    monkeypatch.setattr(api, "attention_backward", fake_backward)
+
+    class HostCupyOps(CupyOps):
+        def __init__(self):
+            self.xp = np
+
+        def current_stream(self):
+            return None
+
+        def record(self, stream):
+            return None
+
+        def wait(self, stream, event):
+            pass
+
+    n, layout, kw = 3, "bhsd", {"causal": True, "window_size": (7, -1)}
+    rng = np.random.default_rng(4)
+    q, k, v, do = _problem(rng, layout, 1, 18, 4, 2, 8, 8)
+    sh = lambda x: [shard(x, r, n, axis=2) for r in range(n)]  # noqa: E731
+    qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    ring = LocalRing(n)
+    ops = HostCupyOps()
+    st = [dataclasses.replace(RG._check_forward(qs[r], ks[r], vs[r], ring.ranks[r], layout=layout, **kw), ops=ops)
+          for r in range(n)]
+    fw = ring.drive([RG._forward_steps(st[r], qs[r], ks[r], vs[r], ring.ranks[r], None) for r in range(n)])
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    assert lses[0].dtype == np.float32
+    st = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r],
+                                                 layout=layout, deterministic=True, **kw), ops=ops) for r in range(n)]
+    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
+                     for r in range(n)])
+    assert {s[1] for s in seen} == {MaskSpec} and {s[2] for s in seen} == {layout}
+    assert all(s[3] is True for s in seen if s[0] == "bwd")
+    ref_o, _ = R.attention_forward(q, k, v, layout=layout, **kw)
+    ref_g = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    assert np.abs(unshard(os_, axis=2) - ref_o).max() < 1e-5
+    for i in range(3):
+        assert np.abs(unshard([g[i] for g in bw], axis=2) - ref_g[i]).max() < 1e-5
