@@ -220,6 +220,8 @@ def test_single_rank_host_ring_runs_alone():
     o, lse = ring_attention_forward(q[0], k[0], v[0], LocalRing(1).ranks[0], causal=True)
     ref_o, ref_lse = R.attention_forward(q[0], k[0], v[0], causal=True)
     assert np.allclose(o, ref_o, atol=1e-12) and np.allclose(lse, ref_lse, atol=1e-12)
+    with pytest.raises(TypeError, match="timeline"):
+        ring_attention_forward(q[0], k[0], v[0], LocalRing(1).ranks[0], timeline=[])
 
 
 def test_local_ring_detects_ranks_out_of_step():

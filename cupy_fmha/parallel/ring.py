@@ -139,6 +139,10 @@ def _check_common(arrays, comm, layout, scheme, cu_seqlens_q, cu_seqlens_k):
                 if a.device.id != comm.device:
                     raise ValueError(f"{name}: array is on GPU {a.device.id}, but the communicator's device is "
                                      f"{comm.device}")
+            current = ops.xp.cuda.Device().id
+            if current != comm.device and not isinstance(comm, LocalRank):
+                raise ValueError(f"comm: its device is GPU {comm.device} but the current device is {current}; "
+                                 f"call under `with cupy.cuda.Device({comm.device}):`")
         elif comm.world_size > 1:
             raise ValueError("comm: a host (NumPy) ring cannot carry CuPy arrays; make the LocalRing with "
                              "device=<GPU id>")
@@ -302,6 +306,12 @@ def _lse_shape(q, layout):
     return (b, q.shape[2], q.shape[1]) if layout == "bshd" else (b, q.shape[1], q.shape[2])
 
 
+def _check_timeline(timeline):
+    if timeline is not None and not isinstance(timeline, Timeline):
+        raise TypeError(f"timeline: expected a cupy_fmha.parallel.Timeline or None, got {type(timeline).__name__}")
+    return timeline
+
+
 def _run_alone(gen, comm):
     """Run one rank's pass whose exchanges complete on their own (NCCL, or a 1-rank ring)."""
     if isinstance(comm, LocalRank) and comm.world_size > 1:
@@ -363,7 +373,7 @@ def ring_attention_forward(q, k, v, comm, *, causal=False, window_size=(-1, -1),
     """
     st = _check_forward(q, k, v, comm, causal=causal, window_size=window_size, mask=mask, softmax_scale=softmax_scale,
                         layout=layout, scheme=scheme, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    return _run_alone(_forward_steps(st, q, k, v, comm, timeline), comm)
+    return _run_alone(_forward_steps(st, q, k, v, comm, _check_timeline(timeline)), comm)
 
 
 def ring_attention_backward(do, q, k, v, o, lse, comm, *, causal=False, window_size=(-1, -1), mask=None,
@@ -390,7 +400,7 @@ def ring_attention_backward(do, q, k, v, o, lse, comm, *, causal=False, window_s
     st = _check_backward(do, q, k, v, o, lse, comm, causal=causal, window_size=window_size, mask=mask,
                          softmax_scale=softmax_scale, layout=layout, scheme=scheme, deterministic=deterministic,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    return _run_alone(_backward_steps(st, do, q, k, v, o, lse, comm, timeline), comm)
+    return _run_alone(_backward_steps(st, do, q, k, v, o, lse, comm, _check_timeline(timeline)), comm)
 
 
 ring_attention_forward.__doc__ = ring_attention_forward.__doc__.replace("{shared}", _DOC_SHARED)
