@@ -232,6 +232,8 @@ def _rel(a, b) -> float:
     import cupy as cp
 
     a32, b32 = a.astype(cp.float32), b.astype(cp.float32)
+    fin = cp.isfinite(b32)  # lse of rows that see nothing: -inf on both sides
+    a32, b32 = cp.where(fin, a32, 0), cp.where(fin, b32, 0)
     den = float(cp.linalg.norm(b32))
     return float(cp.linalg.norm(a32 - b32)) / (den if den > 0 else 1.0)
 
