@@ -25,7 +25,7 @@ from cupy_fmha.parallel import (
     unshard,
 )
 from cupy_fmha.parallel import layout as LY
-from cupy_fmha.parallel.ops import partial_backward
+from cupy_fmha.parallel.ops import NumpyOps, partial_backward
 
 MASKS = {
     "none": {},
@@ -325,3 +325,59 @@ def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
     assert np.abs(unshard(os_, axis=2) - ref_o).max() < 1e-5
     for i in range(3):
         assert np.abs(unshard([g[i] for g in bw], axis=2) - ref_g[i]).max() < 1e-5
+
+
+class _RoundingOps(NumpyOps):
+    """The NumPy model with the GPU path's precision: each step's partial results rounded to the
+    inputs' dtype (as the kernels return them), accumulation and lse in float32."""
+
+    acc_dtype = np.dtype(np.float32)
+    lse_dtype = np.dtype(np.float32)
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+    def forward(self, *args):
+        o, lse = super().forward(*args)
+        return o.astype(self.dtype), lse.astype(np.float32)
+
+    def backward(self, *args):
+        return tuple(g.astype(self.dtype) for g in super().backward(*args))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n, kw", [(4, {"causal": True}), (3, {"window_size": (70, 20)})])
+def test_ring_rounding_passes_the_project_rule(dtype, n, kw):
+    """The precision the GPU ring adds to the kernels' own (partials stored in fp16/bf16 before the
+    float32 sums) stays within the rule the GPU tests apply (cupy_fmha.verify.compare: within
+    twice the error of a plain same-precision implementation)."""
+    import dataclasses
+
+    from cupy_fmha.parallel import ring as RG
+    from cupy_fmha.validate import _BF16
+    from cupy_fmha.verify import compare
+
+    dt = _BF16 if dtype == "bfloat16" else np.dtype(np.float16)
+    rng = np.random.default_rng(n)
+    s, d = 100 * n, 64
+    q = (1.5 * rng.standard_normal((1, s, 4, d))).astype(np.float32).astype(dt)
+    k, v = (rng.standard_normal((1, s, 2, d)).astype(np.float32).astype(dt) for _ in range(2))
+    do = rng.standard_normal((1, s, 4, d)).astype(np.float32).astype(dt)
+    sh = lambda x: [shard(x, r, n) for r in range(n)]  # noqa: E731
+    qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    ring, ops = LocalRing(n), _RoundingOps(dt)
+    st = [dataclasses.replace(RG._check_forward(qs[r], ks[r], vs[r], ring.ranks[r], **kw), ops=ops) for r in range(n)]
+    fw = ring.drive([RG._forward_steps(st[r], qs[r], ks[r], vs[r], ring.ranks[r], None) for r in range(n)])
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    st = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], **kw),
+                              ops=ops) for r in range(n)]
+    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
+                     for r in range(n)])
+    got = [unshard(os_)] + [unshard([g[i] for g in bw]) for i in range(3)]
+    ref_o, _ = R.attention_forward(q, k, v, **kw)
+    low_o, _ = R.attention_forward(q, k, v, precision="low", **kw)
+    ref_g = R.attention_backward(do, q, k, v, **kw)
+    low_g = R.attention_backward(do, q, k, v, precision="low", **kw)
+    for name, x, ref, low in zip(("o", "dq", "dk", "dv"), got, (ref_o, *ref_g), (low_o, *low_g)):
+        c = compare(name, x.astype(np.float64), ref, low, dtype=dt, hdim_q=d, hdim_v=d)
+        assert c.ok, str(c)
