@@ -1,0 +1,143 @@
+"""How a sequence is split across the ranks of a ring (pure Python/NumPy, no GPU).
+
+The global sequence of ``seqlen`` tokens is cut into equal chunks; each rank holds some of them,
+concatenated in increasing order along its shard's sequence axis:
+
+* ``"zigzag"`` (the default): ``2 * world`` chunks of ``seqlen / (2 * world)`` tokens; rank
+  ``r`` holds chunks ``r`` and ``2 * world - 1 - r`` (one early, one late). Under a causal mask
+  every rank then does the same work at every step of the ring: the early chunk sees fewer
+  keys, the late one more. This balancing is the one published context-parallel designs use for
+  causal ring attention (e.g. the "zigzag" ring of open-source ring-attention implementations
+  and the load-balanced context parallelism of Megatron-LM / Llama 3 training); the code here is
+  our own.
+* ``"contiguous"``: ``world`` chunks; rank ``r`` holds chunk ``r``. Natural for masks without a
+  causal structure; under a causal mask the last rank does all but ``1 / world`` of the work of
+  its step while the first waits.
+
+Users shard their tokens with :func:`shard` (and put results back with :func:`unshard`);
+positional encodings must use the tokens' global positions (:func:`shard_positions`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SCHEMES", "check_scheme", "chunks_per_rank", "num_chunks", "rank_chunks", "chunk_len",
+           "shard_positions", "shard", "unshard"]
+
+SCHEMES = ("zigzag", "contiguous")
+
+
+def check_scheme(scheme) -> str:
+    """``scheme`` if it is one of :data:`SCHEMES`; ValueError naming ``scheme`` otherwise."""
+    if not isinstance(scheme, str) or scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {', '.join(map(repr, SCHEMES))}, got {scheme!r}")
+    return scheme
+
+
+def check_world(world, rank=None) -> int:
+    """``world`` as an int >= 1 (and ``0 <= rank < world`` when given), else ValueError/TypeError
+    naming the argument."""
+    if isinstance(world, bool) or not isinstance(world, (int, np.integer)):
+        raise TypeError(f"world_size: expected an int, got {world!r}")
+    if world < 1:
+        raise ValueError(f"world_size: expected at least 1, got {world}")
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise TypeError(f"rank: expected an int, got {rank!r}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank: expected 0 <= rank < world_size = {world}, got {rank}")
+    return int(world)
+
+
+def chunks_per_rank(scheme: str) -> int:
+    """2 for ``"zigzag"``, 1 for ``"contiguous"``."""
+    return 2 if check_scheme(scheme) == "zigzag" else 1
+
+
+def num_chunks(world: int, scheme: str = "zigzag") -> int:
+    """Chunks the global sequence is cut into."""
+    return check_world(world) * chunks_per_rank(scheme)
+
+
+def rank_chunks(rank: int, world: int, scheme: str = "zigzag") -> tuple[int, ...]:
+    """Global indices of the chunks rank ``rank`` holds, in the order they sit in its shard."""
+    check_world(world, rank)
+    if check_scheme(scheme) == "zigzag":
+        return (int(rank), 2 * int(world) - 1 - int(rank))
+    return (int(rank),)
+
+
+def chunk_len(seqlen: int, world: int, scheme: str = "zigzag", name: str = "seqlen") -> int:
+    """Tokens per chunk; ValueError naming ``name`` when ``seqlen`` does not split evenly."""
+    n = num_chunks(world, scheme)
+    seqlen = int(seqlen)
+    if seqlen <= 0 or seqlen % n:
+        raise ValueError(f"{name}: the sequence length {seqlen} must be a positive multiple of {n} "
+                         f"({scheme} scheme over {world} ranks: {n} equal chunks); pad the sequence")
+    return seqlen // n
+
+
+def shard_positions(rank: int, world: int, seqlen: int, scheme: str = "zigzag") -> np.ndarray:
+    """int64 global token positions held by ``rank``, in its shard's order (for positional
+    encodings such as RoPE, which must see global positions)."""
+    c = chunk_len(seqlen, world, scheme)
+    return np.concatenate([np.arange(j * c, (j + 1) * c, dtype=np.int64)
+                           for j in rank_chunks(rank, world, scheme)])
+
+
+def _xp(a):
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _take(x, start: int, stop: int, axis: int):
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, stop)
+    return x[tuple(idx)]
+
+
+def shard(x, rank: int, world: int, *, scheme: str = "zigzag", axis: int = 1):
+    """The part of the global array ``x`` that rank ``rank`` holds: its chunks along ``axis``
+    (the sequence axis: 1 for ``bshd``, 2 for ``bhsd``, 2 for an lse [batch, heads, seqlen]),
+    concatenated in order. NumPy or CuPy in, the same out (a new contiguous array).
+
+    Raises:
+        ValueError: the length along ``axis`` does not split into equal chunks; bad
+            ``rank``/``world``/``scheme``.
+    """
+    axis = axis % x.ndim
+    c = chunk_len(x.shape[axis], world, scheme, name="x")
+    parts = [_take(x, j * c, (j + 1) * c, axis) for j in rank_chunks(rank, world, scheme)]
+    return _xp(x).ascontiguousarray(_xp(x).concatenate(parts, axis=axis))
+
+
+def unshard(shards, *, scheme: str = "zigzag", axis: int = 1):
+    """Inverse of :func:`shard`: the global array from the list of every rank's shard (rank
+    order). NumPy or CuPy (all the same kind).
+
+    Raises:
+        ValueError: an empty list, shards of different shapes, a shard length that does not
+            split into the scheme's chunks.
+    """
+    shards = list(shards)
+    if not shards:
+        raise ValueError("shards: expected one array per rank, got none")
+    world = len(shards)
+    first = shards[0]
+    axis = axis % first.ndim
+    for r, s in enumerate(shards):
+        if tuple(s.shape) != tuple(first.shape):
+            raise ValueError(f"shards: rank {r}'s shape {tuple(s.shape)} differs from rank 0's {tuple(first.shape)}")
+    per = chunks_per_rank(scheme)
+    if first.shape[axis] % per:
+        raise ValueError(f"shards: length {first.shape[axis]} along axis {axis} does not hold {per} equal chunks")
+    c = first.shape[axis] // per
+    pieces = [None] * (world * per)
+    for r, s in enumerate(shards):
+        for slot, j in enumerate(rank_chunks(r, world, scheme)):
+            pieces[j] = _take(s, slot * c, (slot + 1) * c, axis)
+    return _xp(first).concatenate(pieces, axis=axis)

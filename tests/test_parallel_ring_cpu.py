@@ -1,0 +1,383 @@
+"""Ring attention (cupy_fmha.parallel) run as the NumPy model on the CPU, against the one-shot
+reference: the same generator code as the GPU path (cupy_fmha/parallel/ring.py) with
+cupy_fmha.reference for each step's forward and a dense NumPy backward that takes the global o
+and lse; a LocalRing moves K/V and dK/dV between the ranks with NumPy copies. Everything runs in
+float64, so results must equal the one-shot reference to rounding (1e-10). Also: the errors
+that name the argument, and the local ring's step checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cupy_fmha import reference as R
+from cupy_fmha.mask import resolve_mask
+from cupy_fmha.parallel import (
+    LocalRing,
+    Timeline,
+    local_ring_attention_backward,
+    local_ring_attention_forward,
+    ring_attention_forward,
+    shard,
+    unshard,
+)
+from cupy_fmha.parallel import layout as LY
+from cupy_fmha.parallel.ops import NumpyOps, partial_backward
+
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "window5,0": {"window_size": (5, 0)},
+    "window3,7": {"window_size": (3, 7)},
+    "causal-left9": {"causal": True, "window_size": (9, -1)},
+    "t:2,1": {"mask": "t:2,1"},
+    "g:-2,9": {"mask": "g:-2,9"},  # a generic window off the diagonal (rows see keys ahead of them)
+}
+
+
+def _shape(layout, b, s, h, d):
+    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+
+
+def _problem(rng, layout, b, s, hq, hk, d, dv, dtype=np.float64):
+    q = rng.standard_normal(_shape(layout, b, s, hq, d)).astype(dtype)
+    k = rng.standard_normal(_shape(layout, b, s, hk, d)).astype(dtype)
+    v = rng.standard_normal(_shape(layout, b, s, hk, dv)).astype(dtype)
+    do = rng.standard_normal(_shape(layout, b, s, hq, dv)).astype(dtype)
+    return q, k, v, do
+
+
+def _ring(q, k, v, do, n, layout, scheme, kw):
+    """Shard, run the ring forward and backward on the NumPy model, unshard."""
+    ax = 1 if layout == "bshd" else 2
+
+    def sh(x):
+        return [shard(x, r, n, scheme=scheme, axis=ax) for r in range(n)]
+
+    fw = local_ring_attention_forward(sh(q), sh(k), sh(v), layout=layout, scheme=scheme, **kw)
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    bw = local_ring_attention_backward(sh(do), sh(q), sh(k), sh(v), os_, lses, layout=layout, scheme=scheme, **kw)
+    o = unshard(os_, scheme=scheme, axis=ax)
+    lse = unshard(lses, scheme=scheme, axis=2)
+    grads = [unshard([g[i] for g in bw], scheme=scheme, axis=ax) for i in range(3)]
+    return o, lse, grads
+
+
+def _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-10):
+    o, lse, grads = _ring(q, k, v, do, n, layout, scheme, kw)
+    ref_o, ref_lse = R.attention_forward(q, k, v, layout=layout, **kw)
+    ref_g = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) < tol
+    assert not np.isnan(o).any() and not any(np.isnan(g).any() for g in grads)
+    for name, got, ref in (("o", o, ref_o), ("dq", grads[0], ref_g[0]), ("dk", grads[1], ref_g[1]),
+                           ("dv", grads[2], ref_g[2])):
+        assert got.shape == ref.shape, name
+        scale = max(1.0, float(np.abs(ref).max(initial=0)))
+        assert np.abs(got - ref).max(initial=0) <= tol * scale, (name, float(np.abs(got - ref).max()))
+
+
+# --------------------------------------------------------------------------- one step's backward
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_partial_backward_is_the_reference_on_one_block(layout):
+    rng = np.random.default_rng(5)
+    q, k, v, do = _problem(rng, layout, 2, 9, 4, 2, 8, 16)
+    kw = {"mask": "g:3,2"}
+    o, lse = R.attention_forward(q, k, v, layout=layout, **kw)
+    got = partial_backward(do, q, k, v, o, lse, mask=resolve_mask("g:3,2"), softmax_scale=8 ** -0.5, layout=layout)
+    ref = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    for a, b in zip(got, ref):
+        assert np.allclose(a, b, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- the ring (NumPy model)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("scheme", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_ring_matches_reference(n, scheme, mask):
+    rng = np.random.default_rng([n, len(mask)])
+    layout = "bshd" if n % 2 else "bhsd"
+    seqlen = 3 * n * 2
+    q, k, v, do = _problem(rng, layout, 2, seqlen, 4, 2, 8, 16)
+    _assert_matches(q, k, v, do, n, layout, scheme, MASKS[mask])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_ring_mqa_and_scale(layout):
+    rng = np.random.default_rng(11)
+    q, k, v, do = _problem(rng, layout, 1, 16, 6, 1, 16, 8)
+    _assert_matches(q, k, v, do, 4, layout, "zigzag", {"causal": True, "softmax_scale": 0.7})
+
+
+def test_ring_bf16_inputs_cpu_model():
+    """bf16 host inputs: the model computes in float64 from the rounded inputs, outputs bf16."""
+    from cupy_fmha.validate import _BF16
+
+    rng = np.random.default_rng(2)
+    q, k, v, do = _problem(rng, "bshd", 1, 16, 2, 2, 8, 8, dtype=_BF16)
+    o, lse, grads = _ring(q, k, v, do, 2, "bshd", "zigzag", {"causal": True})
+    assert o.dtype == _BF16 and all(g.dtype == _BF16 for g in grads)
+    ref_o, _ = R.attention_forward(q, k, v, causal=True)
+    assert np.abs(o.astype(np.float64) - ref_o).max() < 2e-2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), c=st.integers(1, 5), b=st.integers(1, 2), hk=st.integers(1, 2), g=st.integers(1, 3),
+       d=st.sampled_from([8, 16]), dv=st.sampled_from([8, 16]), scheme=st.sampled_from(["zigzag", "contiguous"]),
+       layout=st.sampled_from(["bshd", "bhsd"]), causal=st.booleans(), left=st.integers(-1, 20),
+       right=st.integers(-1, 20), seed=st.integers(0, 2**31))
+def test_ring_hypothesis(n, c, b, hk, g, d, dv, scheme, layout, causal, left, right, seed):
+    seqlen = c * n * (2 if scheme == "zigzag" else 1)
+    kw = {"causal": causal, "window_size": (left, right)}
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _problem(rng, layout, b, seqlen, hk * g, hk, d, dv)
+    _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-9)
+
+
+def test_local_ring_exchange_counts_and_timeline():
+    rng = np.random.default_rng(0)
+    n = 3
+    q, k, v, do = _problem(rng, "bshd", 1, 12, 2, 2, 8, 8)
+    sh = lambda x: [shard(x, r, n) for r in range(n)]  # noqa: E731
+    ring = LocalRing(n)
+    tls = [Timeline() for _ in range(n)]
+    fw = local_ring_attention_forward(sh(q), sh(k), sh(v), ring=ring, timelines=tls, causal=True)
+    assert ring.exchanges == n - 1  # K/V hops
+    rows = tls[0].summary()
+    assert [r["step"] for r in rows if r["kind"] == "compute"] == [0, 1, 2]
+    assert [r["step"] for r in rows if r["kind"] == "kv"] == [1, 2]
+    assert all(r["ms"] >= 0 for r in rows)
+    local_ring_attention_backward(sh(do), sh(q), sh(k), sh(v), [f[0] for f in fw], [f[1] for f in fw], ring=ring,
+                                  causal=True)
+    assert ring.exchanges == (n - 1) + (n - 1) + n  # then K/V hops and n dK/dV hops
+
+
+# --------------------------------------------------------------------------- errors, before anything runs
+
+
+def _shards(n=2, s=8, **over):
+    rng = np.random.default_rng(0)
+    q, k, v, do = _problem(rng, "bshd", 1, s, 2, 2, 8, 8)
+    return [[shard(x, r, n) for r in range(n)] for x in (q, k, v)]
+
+
+def test_errors_name_the_argument():
+    q, k, v = _shards()
+    with pytest.raises(NotImplementedError, match="cu_seqlens_q"):
+        local_ring_attention_forward(q, k, v, cu_seqlens_q=np.array([0, 4], np.int32))
+    with pytest.raises(NotImplementedError, match="layout"):
+        local_ring_attention_forward(q, k, v, layout="thd")
+    with pytest.raises(ValueError, match="scheme"):
+        local_ring_attention_forward(q, k, v, scheme="spiral")
+    with pytest.raises(ValueError, match="mask"):
+        local_ring_attention_forward(q, k, v, mask="g:-20,-20")
+    with pytest.raises(ValueError, match="window_size"):
+        local_ring_attention_forward(q, k, v, window_size=(1, 2, 3))
+    odd = [x[:, :3] for x in q]
+    with pytest.raises(ValueError, match="q: this rank's shard holds 3 tokens"):
+        local_ring_attention_forward(odd, [x[:, :3] for x in k], [x[:, :3] for x in v])
+    with pytest.raises(ValueError, match="k: this rank's K/V shard holds 2 tokens"):
+        local_ring_attention_forward(q, [x[:, :2] for x in k], [x[:, :2] for x in v])
+    with pytest.raises(TypeError, match="k: dtype"):
+        local_ring_attention_forward(q, [x.astype(np.float32) for x in k], v)
+    with pytest.raises(ValueError, match="v: 1 shards"):
+        local_ring_attention_forward(q, k, v[:1])
+    with pytest.raises(TypeError, match="q: expected a list"):
+        local_ring_attention_forward(q[0], k, v)
+    with pytest.raises(TypeError, match="q: ring attention takes CuPy arrays"):
+        local_ring_attention_forward([x.tolist() for x in q], k, v)
+    with pytest.raises(ValueError, match="ring: a LocalRing of 3 ranks"):
+        local_ring_attention_forward(q, k, v, ring=LocalRing(3))
+    ring = LocalRing(2)
+    with pytest.raises(TypeError, match="comm"):
+        ring_attention_forward(q[0], k[0], v[0], object())
+    with pytest.raises(ValueError, match="comm: a LocalRing rank cannot run alone"):
+        ring_attention_forward(q[0], k[0], v[0], ring.ranks[0])
+
+
+def test_backward_errors_name_the_argument():
+    q, k, v = _shards()
+    fw = local_ring_attention_forward(q, k, v, causal=True)
+    o, lse = [f[0] for f in fw], [f[1] for f in fw]
+    with pytest.raises(ValueError, match="lse"):
+        local_ring_attention_backward(o, q, k, v, o, [x[:, :, :2] for x in lse], causal=True)
+    with pytest.raises(ValueError, match="do"):
+        local_ring_attention_backward([x[:, :2] for x in o], q, k, v, o, lse, causal=True)
+    with pytest.raises(TypeError, match="deterministic"):
+        local_ring_attention_backward(o, q, k, v, o, lse, causal=True, deterministic="yes")
+
+
+def test_single_rank_host_ring_runs_alone():
+    q, k, v = _shards(n=1)
+    o, lse = ring_attention_forward(q[0], k[0], v[0], LocalRing(1).ranks[0], causal=True)
+    ref_o, ref_lse = R.attention_forward(q[0], k[0], v[0], causal=True)
+    assert np.allclose(o, ref_o, atol=1e-12) and np.allclose(lse, ref_lse, atol=1e-12)
+    with pytest.raises(TypeError, match="timeline"):
+        ring_attention_forward(q[0], k[0], v[0], LocalRing(1).ranks[0], timeline=[])
+
+
+def test_local_ring_detects_ranks_out_of_step():
+    ring = LocalRing(2)
+    a, b = np.zeros(4), np.zeros(4)
+    ring.ranks[0].exchange([a], [b])
+    with pytest.raises(RuntimeError, match="out of step"):
+        ring.ranks[0].exchange([a], [b])
+    ring = LocalRing(2)
+    ring.ranks[0].exchange([a], [b])
+    with pytest.raises(RuntimeError, match="does not match"):
+        ring.ranks[1].exchange([np.zeros(3)], [np.zeros(3)])
+
+    def gen(k):
+        for _ in range(k):
+            ring2.ranks[0 if k == 1 else 1].exchange([np.zeros(1)], [np.zeros(1)])
+            yield
+
+    ring2 = LocalRing(2)
+    with pytest.raises(RuntimeError, match="out of step"):
+        ring2.drive([gen(1), gen(2)])
+
+
+def test_exchange_checks_buffers():
+    ring = LocalRing(2)
+    with pytest.raises(ValueError, match="1 sends but 2 receives"):
+        ring.ranks[0].exchange([np.zeros(2)], [np.zeros(2), np.zeros(2)])
+    with pytest.raises(ValueError, match="not contiguous"):
+        ring.ranks[0].exchange([np.zeros((4, 4))[:, :2]], [np.zeros((4, 2))])
+
+
+def test_nccl_ring_without_nccl_says_so():
+    from cupy_fmha.parallel import NcclRing, nccl_available
+
+    if nccl_available():
+        pytest.skip("NCCL is available here")
+    with pytest.raises(RuntimeError, match="NCCL is not available"):
+        NcclRing(1, 0, b"x")
+    with pytest.raises(ValueError, match="rank"):
+        NcclRing(2, 2, b"x")
+    assert LY.chunks_per_rank("zigzag") == 2
+
+
+def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
+    """The GPU path's CupyOps, with NumPy standing in for CuPy and the API's two functions
+    replaced by the reference maths: the ring's results must not change, so CupyOps passes each
+    call's mask, scale and layout, and the backward the global o and lse (and deterministic)."""
+    import dataclasses
+
+    from cupy_fmha import api
+    from cupy_fmha.mask import MaskSpec
+    from cupy_fmha.parallel import ring as RG
+    from cupy_fmha.parallel.ops import CupyOps
+
+    seen = []
+
+    def fake_forward(q, k, v, *, mask, softmax_scale, layout):
+        seen.append(("fwd", type(mask), layout))
+        return R.attention_forward(q, k, v, mask=mask, softmax_scale=softmax_scale, layout=layout)
+
+    def fake_backward(do, q, k, v, o, lse, *, mask, softmax_scale, layout, deterministic):
+        seen.append(("bwd", type(mask), layout, deterministic))
+        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout)
+
+    monkeypatch.setattr(api, "attention_forward", fake_forward)
+    monkeypatch.setattr(api, "attention_backward", fake_backward)
+
+    class HostCupyOps(CupyOps):
+        def __init__(self):
+            self.xp = np
+
+        def current_stream(self):
+            return None
+
+        def record(self, stream):
+            return None
+
+        def wait(self, stream, event):
+            pass
+
+    n, layout, kw = 3, "bhsd", {"causal": True, "window_size": (7, -1)}
+    rng = np.random.default_rng(4)
+    q, k, v, do = _problem(rng, layout, 1, 18, 4, 2, 8, 8)
+    sh = lambda x: [shard(x, r, n, axis=2) for r in range(n)]  # noqa: E731
+    qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    ring = LocalRing(n)
+    ops = HostCupyOps()
+    st = [dataclasses.replace(RG._check_forward(qs[r], ks[r], vs[r], ring.ranks[r], layout=layout, **kw), ops=ops)
+          for r in range(n)]
+    fw = ring.drive([RG._forward_steps(st[r], qs[r], ks[r], vs[r], ring.ranks[r], None) for r in range(n)])
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    assert lses[0].dtype == np.float32
+    st = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r],
+                                                 layout=layout, deterministic=True, **kw), ops=ops) for r in range(n)]
+    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
+                     for r in range(n)])
+    assert {s[1] for s in seen} == {MaskSpec} and {s[2] for s in seen} == {layout}
+    assert all(s[3] is True for s in seen if s[0] == "bwd")
+    ref_o, _ = R.attention_forward(q, k, v, layout=layout, **kw)
+    ref_g = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    assert np.abs(unshard(os_, axis=2) - ref_o).max() < 1e-5
+    for i in range(3):
+        assert np.abs(unshard([g[i] for g in bw], axis=2) - ref_g[i]).max() < 1e-5
+
+
+class _RoundingOps(NumpyOps):
+    """The NumPy model with the GPU path's precision: each step's partial results rounded to the
+    inputs' dtype (as the kernels return them), accumulation and lse in float32."""
+
+    acc_dtype = np.dtype(np.float32)
+    lse_dtype = np.dtype(np.float32)
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+    def forward(self, *args):
+        o, lse = super().forward(*args)
+        return o.astype(self.dtype), lse.astype(np.float32)
+
+    def backward(self, *args):
+        return tuple(g.astype(self.dtype) for g in super().backward(*args))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n, kw", [(4, {"causal": True}), (3, {"window_size": (70, 20)})])
+def test_ring_rounding_passes_the_project_rule(dtype, n, kw):
+    """The precision the GPU ring adds to the kernels' own (partials stored in fp16/bf16 before the
+    float32 sums) stays within the rule the GPU tests apply (cupy_fmha.verify.compare: within
+    twice the error of a plain same-precision implementation)."""
+    import dataclasses
+
+    from cupy_fmha.parallel import ring as RG
+    from cupy_fmha.validate import _BF16
+    from cupy_fmha.verify import compare
+
+    dt = _BF16 if dtype == "bfloat16" else np.dtype(np.float16)
+    rng = np.random.default_rng(n)
+    s, d = 100 * n, 64
+    q = (1.5 * rng.standard_normal((1, s, 4, d))).astype(np.float32).astype(dt)
+    k, v = (rng.standard_normal((1, s, 2, d)).astype(np.float32).astype(dt) for _ in range(2))
+    do = rng.standard_normal((1, s, 4, d)).astype(np.float32).astype(dt)
+    sh = lambda x: [shard(x, r, n) for r in range(n)]  # noqa: E731
+    qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    ring, ops = LocalRing(n), _RoundingOps(dt)
+    st = [dataclasses.replace(RG._check_forward(qs[r], ks[r], vs[r], ring.ranks[r], **kw), ops=ops) for r in range(n)]
+    fw = ring.drive([RG._forward_steps(st[r], qs[r], ks[r], vs[r], ring.ranks[r], None) for r in range(n)])
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    st = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], **kw),
+                              ops=ops) for r in range(n)]
+    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
+                     for r in range(n)])
+    got = [unshard(os_)] + [unshard([g[i] for g in bw]) for i in range(3)]
+    ref_o, _ = R.attention_forward(q, k, v, **kw)
+    low_o, _ = R.attention_forward(q, k, v, precision="low", **kw)
+    ref_g = R.attention_backward(do, q, k, v, **kw)
+    low_g = R.attention_backward(do, q, k, v, precision="low", **kw)
+    for name, x, ref, low in zip(("o", "dq", "dk", "dv"), got, (ref_o, *ref_g), (low_o, *low_g)):
+        c = compare(name, x.astype(np.float64), ref, low, dtype=dt, hdim_q=d, hdim_v=d)
+        assert c.ok, str(c)
