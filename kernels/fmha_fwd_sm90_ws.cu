@@ -217,9 +217,17 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
         }
     } else {
-        // Block i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued back to back (two commit groups);
-        // wait for S_i only, softmax of S_i while P V runs, then wait for P V, rescale O, and make
-        // P_i the next block's A operand. P V of the last block after the loop.
+        // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
+        // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
+        // groups); wait for S_i only and run its softmax while P V is on the tensor cores. Block 0's
+        // S before the loop, the last P V after it, so every wgmma in the loop is issued and waited
+        // for unconditionally (with a conditional P V, ptxas could not tell which group a wait
+        // completes and added waits of its own: C7517/C7519).
+        //
+        // The wait for P V comes at the top of the next iteration, after the wait for K: ptxas
+        // schedules a wgmma wait at the top of its basic block, and placed right after the
+        // softmax (one block with it) it was hoisted above the exp2s (SASS), serializing them
+        // behind P V. The mbarrier wait's loop ends the softmax's block.
         const int n = blk.kb_end - blk.kb_begin;  // uniform over the CTA
         // PINGPONG: warpgroup w waits for its turn (barrier 2 + w) before issuing and passes the
         // turn on after; warpgroup 1 gives warpgroup 0 the first, and skips passing its last so
@@ -231,50 +239,78 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             if constexpr (PINGPONG)
                 if (!(last && wg == 1)) named_barrier_arrive(BAR_TURN + (wg ^ 1), MMA_THREADS);
         };
-        if (PINGPONG && n > 0 && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
-        uint32_t pa[BLOCK_N / 16][4];
-        for (int i = 0; i < n; ++i) {
-            const int s = i % STAGES, sp = (i + STAGES - 1) % STAGES;  // this block's stage, the previous one's
-            const unsigned phase = (i / STAGES) & 1, phase_p = ((i - 1) / STAGES) & 1;
+        // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
+        // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
+        // barrier)
+        auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
             const int k0 = (blk.kb_begin + i) * BLOCK_N;
-            mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
-            if (packed && k0 + BLOCK_N > blk.seqlen_k) zero_tail(s, k0, phase);
-
-            float sacc[NS * 4];
-            turn_begin();
-            wgmma_fence();
-            gemm_s(sacc, sm.q, sm.k[s], wg);
-            if (i > 0) {
-                mbarrier_wait(smem_u32(&sm.v_full[sp]), phase_p);
-                gemm_pv(acc_o, pa, sm.v[sp]);
-            }
-            turn_end(false);
-            if (i > 0) wgmma_wait<1>();
-            else wgmma_wait0();
-            fence_operand<NS * 4>(sacc);
-            mbarrier_arrive(smem_u32(&sm.k_empty[s]));  // K of this stage is read
-
+            if (!(packed && k0 + BLOCK_N > blk.seqlen_k)) return;
+            if (cols == HDIM_Q) zero_tail_rows<BLOCK_N, HDIM_Q>(tile, blk.seqlen_k - k0, tid);
+            else zero_tail_rows<BLOCK_N, HDIM_V>(tile, blk.seqlen_k - k0, tid);
+            fence_proxy_async();
+            named_barrier_sync(BAR_ZERO, MMA_THREADS);
+        };
+        auto wait_k = [&](int i) {
+            mbarrier_wait(smem_u32(&sm.k_full[i % STAGES]), (i / STAGES) & 1);
+            zero_tail_of(sm.k[i % STAGES], HDIM_Q, i);
+        };
+        auto wait_v = [&](int i) {
+            mbarrier_wait(smem_u32(&sm.v_full[i % STAGES]), (i / STAGES) & 1);
+            zero_tail_of(sm.v[i % STAGES], HDIM_V, i);
+        };
+        auto softmax = [&](float* sacc, int i, float* corr) {
+            const int k0 = (blk.kb_begin + i) * BLOCK_N;
             const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
             const KeepBits<NS> keep{};  // (no dropout here)
-            float corr[2];
             softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                      blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
-            if (i > 0) {
-                wgmma_wait0();
-                fence_operand<NO * 4>(acc_o);
-                fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                mbarrier_arrive(smem_u32(&sm.empty[sp]));  // V of the previous stage is read
-                rescale_o<NO>(acc_o, corr);  // (block 0: O is still 0)
-            }
+        };
+        // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
+        // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
+        float sacc[NS * 4], corr[2];
+        uint32_t pa[BLOCK_N / 16][4];
+        auto next_pv_operands = [&](int i) {
+            wgmma_wait0();
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+            if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(i - 2) % STAGES]));  // V of block i-2 is read
+            rescale_o<NO>(acc_o, corr);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-        }
+            // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+        };
         if (n > 0) {
-            const int s = (n - 1) % STAGES;
-            mbarrier_wait(smem_u32(&sm.v_full[s]), ((n - 1) / STAGES) & 1);
+            if (PINGPONG && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
+            wait_k(0);  // block 0: S_0 and its softmax
             turn_begin();
             wgmma_fence();
-            gemm_pv(acc_o, pa, sm.v[s]);
+            gemm_s(sacc, sm.q, sm.k[0], wg);
+            turn_end(false);
+            wgmma_wait0();
+            fence_operand<NS * 4>(sacc);
+            mbarrier_arrive(smem_u32(&sm.k_empty[0]));  // K of stage 0 is read
+            softmax(sacc, 0, corr);
+            for (int i = 1; i < n; ++i) {
+                wait_k(i);
+                wait_v(i - 1);
+                next_pv_operands(i);
+                turn_begin();
+                wgmma_fence();
+                gemm_s(sacc, sm.q, sm.k[i % STAGES], wg);
+                gemm_pv(acc_o, pa, sm.v[(i - 1) % STAGES]);
+                turn_end(false);
+                wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                fence_operand<NS * 4>(sacc);
+                mbarrier_arrive(smem_u32(&sm.k_empty[i % STAGES]));  // K of this stage is read
+                softmax(sacc, i, corr);
+            }
+            wait_v(n - 1);  // the last block's P V
+            next_pv_operands(n);
+            turn_begin();
+            wgmma_fence();
+            gemm_pv(acc_o, pa, sm.v[(n - 1) % STAGES]);
             turn_end(true);
             wgmma_wait0();
             fence_operand<NO * 4>(acc_o);
