@@ -247,10 +247,15 @@ def _allow_smem(fn, smem: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -> np.ndarray:
-    """One column-blocked tensor map of :func:`_maps`, encoded once per address, shape and
-    strides: the driver call through cuda-bindings costs tens of microseconds, and training
-    loops hand the same buffers back call after call. The arrays are shared: never written."""
+def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad, swizzle=0) -> np.ndarray:
+    """One tensor map of :func:`_maps`, encoded once per address, shape and strides: the driver
+    call through cuda-bindings costs tens of microseconds, and training loops hand the same
+    buffers back call after call. The arrays are shared: never written.
+
+    ``swizzle`` 0: the column-blocked 5-D view (batch, d / 8, rows, heads, 8) with one box per
+    tile (d_pad / 8 column blocks of box_rows rows). 128: the tensor itself as (batch, rows, heads,
+    d) with 128-byte swizzle and boxes of box_rows rows x 64 columns, one per 64-column slab of
+    the tile; columns past d (d_pad > d) are zero-filled by TMA like rows past the tensor."""
     from .backends import tma
 
     if n_rows == 0 or batch == 0:  # nothing to load (the kernel issues no copy from it)
@@ -258,9 +263,13 @@ def _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad) -
     # a size-1 axis may carry any stride (NumPy/CuPy give 0 for x[None]); TMA wants a positive
     # multiple of 16
     sb, sh, ss = (x if n > 1 else 8 for x, n in ((sb, batch), (sh, heads), (ss, n_rows)))
-    shape = (batch, d // 8, n_rows, heads, 8)
-    strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
-    args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
+    if swizzle:
+        args = tma.tile_map_args(name, ptr, (batch, n_rows, heads, d), (2 * sb, 2 * ss, 2 * sh, 2),
+                                 (1, box_rows, 1, 64), swizzle)
+    else:
+        shape = (batch, d // 8, n_rows, heads, 8)
+        strides = (2 * sb, 16, 2 * ss, 2 * sh, 2)
+        args = tma.tile_map_args(name, ptr, shape, strides, (1, d_pad // 8, box_rows, 1, 8), 0)
     return tma.encode_tile_map(args)
 
 
@@ -305,9 +314,11 @@ def _maps(cp, boxes, tensors) -> tuple:
     """The TMA tensor maps of a warp-specialized kernel as kernel arguments: ``boxes`` from the
     plan (:func:`cupy_fmha.launch.tma_boxes`), ``tensors`` the ``TensorArg`` tuples (pointer and
     element strides) of the same tensors, each read as a column-blocked 5-D view (batch,
-    hdim / 8, rows, heads, 8), one box per tile (cupy_fmha/backends/tma.py)."""
-    return tuple(_by_value(cp, _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad))
-                 for (name, batch, heads, n_rows, d, box_rows, d_pad), (ptr, sb, sh, ss) in zip(boxes, tensors))
+    hdim / 8, rows, heads, 8), one box per tile, or with a swizzle as the 4-D tensor in boxes of 64
+    columns (:func:`_tile_map`, cupy_fmha/backends/tma.py)."""
+    return tuple(_by_value(cp, _tile_map(name, ptr, batch, heads, n_rows, d, sb, sh, ss, box_rows, d_pad, swizzle))
+                 for (name, batch, heads, n_rows, d, box_rows, d_pad, swizzle), (ptr, sb, sh, ss)
+                 in zip(boxes, tensors))
 
 
 # --------------------------------------------------------------------------- feature groups

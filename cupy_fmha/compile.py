@@ -37,6 +37,8 @@ __all__ = [
     "nvrtc_version",
     "offline_compile",
     "CompileReport",
+    "disassemble",
+    "sass_instructions",
 ]
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
@@ -206,16 +208,48 @@ def _whole_elf(cubin: bytes) -> bytes:
 _GENERIC = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(?:LD|ST)(?:\.[A-Z0-9.]+)?\s", re.M)
 
 
-def generic_accesses(cubin: bytes) -> int | None:
-    """Generic LD/ST instructions in ``cubin`` (nvdisasm's SASS), or None without nvdisasm."""
+def disassemble(cubin: bytes) -> str | None:
+    """nvdisasm's SASS of ``cubin`` (code sections), or None without nvdisasm."""
     tool = nvdisasm_path()
     if tool is None:
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(_whole_elf(cubin))
         f.flush()
-        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return len(_GENERIC.findall(sass))
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def generic_accesses(cubin: bytes) -> int | None:
+    """Generic LD/ST instructions in ``cubin`` (nvdisasm's SASS), or None without nvdisasm."""
+    sass = disassemble(cubin)
+    return None if sass is None else len(_GENERIC.findall(sass))
+
+
+def sass_instructions(spec: KernelSpec, arch: str = "sm_90a") -> list[str] | None:
+    """The machine instructions of ``spec`` built offline for ``arch`` (NVRTC, then nvdisasm), one
+    string per instruction without address or trailing ``;``, in code order; None without
+    nvdisasm. For checks of what the compiler scheduled (tests/test_fwd_ws_sass.py).
+
+    Raises:
+        RuntimeError: with NVRTC's log when compilation fails.
+    """
+    from cupy.cuda import nvrtc
+
+    if nvdisasm_path() is None:
+        return None
+    prog = nvrtc.createProgram(load_source(spec.source), f"{spec.name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*nvrtc_options(spec, arch), *_nvrtc_include_dirs()])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed for {spec.name} ({arch}): {exc}\n{nvrtc.getProgramLog(prog)}") from exc
+        sass = disassemble(nvrtc.getCUBIN(prog))
+    finally:
+        nvrtc.destroyProgram(prog)
+    return [m.group(1) for m in _INSTRUCTION.finditer(sass)]
+
+
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", re.M)
 
 
 def offline_compile(spec: KernelSpec, arch: str = "sm_90a") -> CompileReport:

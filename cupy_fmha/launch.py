@@ -92,19 +92,22 @@ TMA_TENSORS = {"fmha_fwd_sm90_ws": ("q", "k", "v"), "fmha_bwd_dq_dk_dv_sm90_ws":
 def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: int, hdim_v: int,
               rows_q: int, rows_k: int) -> tuple:
     """The tensor maps ``spec``'s kernel takes before its params (``()`` for kernels without): per
-    tensor, (element type name, batch, heads, rows, head dim, box rows, padded head dim), for
-    ``api._tile_map``. Q and dO are read in boxes of BLOCK_M rows, K and V of BLOCK_N. Group
+    tensor, (element type name, batch, heads, rows, head dim, box rows, padded head dim, swizzle),
+    for ``api._tile_map``. Q and dO are read in boxes of BLOCK_M rows, K and V of BLOCK_N. Group
     mode passes batch 1 and the total token counts as ``rows_q`` / ``rows_k`` (packed tokens);
-    batch mode the padded lengths. Resolved once per plan, so a call only looks the maps up."""
+    batch mode the padded lengths. ``swizzle`` is 128 for the instances built with ``SWIZZLE``
+    (128-byte-swizzled tiles in boxes of 64 columns), else 0 (column-blocked tiles, one box each).
+    Resolved once per plan, so a call only looks the maps up."""
     names = TMA_TENSORS.get(spec.source, ())
     if not names:
         return ()
     dtype = "bfloat16" if spec.dtype == "bf16" else "float16"
+    swizzle = 128 if spec.macro("SWIZZLE", 0) else 0
     geom = {"q": (nhead_q, rows_q, hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
             "k": (nhead_k, rows_k, hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
             "v": (nhead_k, rows_k, hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")),
             "do": (nhead_q, rows_q, hdim_v, spec.macro("BLOCK_M"), spec.macro("HDIM_V"))}
-    return tuple((dtype, batch, *geom[n]) for n in names)
+    return tuple((dtype, batch, *geom[n], swizzle) for n in names)
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:

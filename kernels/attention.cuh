@@ -88,17 +88,21 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 
 // Forward: S (NS accumulator tiles of AccFrag::N columns; rows row0 + f.row(e), columns
 // k0 + f.col(n, e)) -> P in place, with the running row max / sum (one per row slot: AccFrag::
-// ROW_SLOTS) advanced and O (NO tiles) rescaled. Scores are scaled to log2
-// units first (plus the elementwise bias or ALiBi when on); the window test runs only when `edge`
-// (the tile crosses a mask or sequence edge). With DROPOUT, the row sums take the undropped P and
-// then the dropped elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into
-// finish_rows), with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers
-// both columns of the thread and, shared across the quad, those of the other three threads too).
-template <int NS, int NO>
-__device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
-                                               float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                               const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                               const KeepBits<NS>& keep) {
+// ROW_SLOTS) advanced; corr[r] receives the factor by which O's row slot r must be rescaled
+// (exp2(old max - new max)). With RESCALE, O (NO tiles) is rescaled here, row slot by row slot
+// (online_softmax); without, the caller applies corr with rescale_o once O is its to touch
+// (fmha_fwd_sm90_ws's PV_OVERLAP pipeline: after the P V GEMM of the previous block, which still
+// adds into O while this runs, has completed). Scores are scaled to log2 units first (plus the
+// elementwise bias or ALiBi when on); the window test runs only when `edge` (the tile crosses a
+// mask or sequence edge). With DROPOUT, the row sums take the undropped P and then the dropped
+// elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into finish_rows),
+// with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers both columns
+// of the thread and, shared across the quad, those of the other three threads too).
+template <int NS, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                          float scale_log2, bool edge, const Window& win, const Alibi& alibi,
+                                          const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                          const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -129,7 +133,8 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
             for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
         mx = f.reduce_max(mx);
         const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
-        const float corr = fast_exp2(row_max[r] - m_use);
+        const float cr = fast_exp2(row_max[r] - m_use);
+        corr[r] = cr;
         row_max[r] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -140,11 +145,13 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
                 s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] - m_use);
                 sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
             }
-        row_sum[r] = row_sum[r] * corr + sum;
+        row_sum[r] = row_sum[r] * cr + sum;
+        if constexpr (RESCALE) {
 #pragma unroll
-        for (int n = 0; n < NO; ++n)
+            for (int n = 0; n < NO; ++n)
 #pragma unroll
-            for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= corr;
+                for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= cr;
+        }
     }
     if constexpr (DROPOUT) {
         // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused
@@ -163,6 +170,29 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
                 }
             }
     }
+}
+
+// O (NO accumulator tiles) times corr[r] in row slot r (softmax_p's factors).
+template <int NO>
+__device__ __forceinline__ void rescale_o(float* acc_o, const float corr[2]) {
+    constexpr int E = AccFrag::SLOT_ELEMS;
+#pragma unroll
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= corr[r];
+}
+
+// Forward, one key block: softmax_p with O rescaled at once.
+template <int NS, int NO>
+__device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
+                                               float scale_log2, bool edge, const Window& win, const Alibi& alibi,
+                                               const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                               const KeepBits<NS>& keep) {
+    float corr[2];
+    softmax_p<NS, NO, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k,
+                            keep);
 }
 
 // Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with

@@ -16,6 +16,11 @@
 //   NSPLIT       fmha_bwd_dq_dk_dv: CTAs sharing one key block's output columns
 //   OVERLAP, DQ_BULK   fmha_bwd_dq_dk_dv_sm90: GEMM4 issued under GEMM1/3; dQ by bulk reduce-adds
 //   STAGES       the warp-specialized kernels: buffers in the producer's ring
+//   SWIZZLE      fmha_fwd_sm90_ws: Q, K, V as 128-byte-swizzled tiles loaded in boxes of 64 columns
+//                (0: column-blocked tiles, one box of 16-byte rows per tile)
+//   SW128_MN_SWAP  swizzled MN-major wgmma operands (V) with LBO and SBO swapped (arch/sm90/tma.cuh)
+//   PV_OVERLAP   fmha_fwd_sm90_ws: block j's softmax runs while P_{j-1} V_{j-1} is on the tensor cores
+//   PINGPONG     fmha_fwd_sm90_ws (with PV_OVERLAP): the two MMA warpgroups take turns issuing GEMMs
 //   DQ_TILED     the dq_dk_dv kernels writing dQ a query block at a time with one bulk copy: the dQ
 //                workspace is tiled (dq_tile_chunk in common.cuh; set by the launcher, never by hand)
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
@@ -83,6 +88,18 @@
 #ifndef STAGES
 #define STAGES 2
 #endif
+#ifndef SWIZZLE
+#define SWIZZLE 0
+#endif
+#ifndef SW128_MN_SWAP
+#define SW128_MN_SWAP 0
+#endif
+#ifndef PV_OVERLAP
+#define PV_OVERLAP 0
+#endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
 #ifndef ROWS
 #define ROWS 0
 #endif
@@ -103,6 +120,7 @@ inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
+inline constexpr int swizzle = SWIZZLE, sw128_mn_swap = SW128_MN_SWAP, pv_overlap = PV_OVERLAP, pingpong = PINGPONG;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -126,6 +144,10 @@ inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_t
 #undef DQ_BULK
 #undef DQ_TILED
 #undef STAGES
+#undef SWIZZLE
+#undef SW128_MN_SWAP
+#undef PV_OVERLAP
+#undef PINGPONG
 #undef ROWS
 #undef DQ_SPLIT
 
@@ -150,6 +172,10 @@ inline constexpr bool OVERLAP = config_detail::overlap != 0;
 inline constexpr bool DQ_BULK = config_detail::dq_bulk != 0;
 inline constexpr bool DQ_TILED = config_detail::dq_tiled != 0;
 inline constexpr int STAGES = config_detail::stages;
+inline constexpr bool SWIZZLE = config_detail::swizzle != 0;
+inline constexpr bool SW128_MN_SWAP = config_detail::sw128_mn_swap != 0;
+inline constexpr bool PV_OVERLAP = config_detail::pv_overlap != 0;
+inline constexpr bool PINGPONG = config_detail::pingpong != 0;
 inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 }  // namespace fmha

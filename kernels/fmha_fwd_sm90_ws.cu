@@ -1,6 +1,6 @@
-// Attention forward for Hopper (sm_90a), warp-specialized (issue 11, first step): the algorithm
-// of fmha_fwd_sm90.cu (FlashAttention-2's online softmax, both GEMMs on wgmma) with the loads
-// taken off the MMA warps, as the backward's fmha_bwd_dq_dk_dv_sm90_ws.cu does.
+// Attention forward for Hopper (sm_90a), warp-specialized (issue 11): the algorithm of
+// fmha_fwd_sm90.cu (FlashAttention-2's online softmax, both GEMMs on wgmma) with the loads taken
+// off the MMA warps, as the backward's fmha_bwd_dq_dk_dv_sm90_ws.cu does.
 //
 // Three warpgroups. Warpgroup 0 is the producer: its first thread issues TMA tensor loads, Q once
 // (BLOCK_M = 128 rows), then per key block K and V into a ring of STAGES buffers, each with its
@@ -9,18 +9,29 @@
 //   S = Q K^T     wgmma A = Q (smem, K-major),   B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),       B = V (smem, MN-major)
 // and hand a stage back through its `empty` mbarrier once their P V has completed. Registers move
-// from the producer to the MMA warpgroups with setmaxnreg. Tiles are column-blocked ([D/8][R][8],
-// desc_cb_* in arch/sm90/tile.cuh), one TMA box per tile (cupy_fmha/backends/tma.py).
+// from the producer to the MMA warpgroups with setmaxnreg.
+//
+// Compile-time variants (config.cuh; the library's default is the first of each):
+//   SWIZZLE=0   tiles column-blocked ([D/8][R][8], desc_cb_* in arch/sm90/tile.cuh): one TMA box per
+//               tile whose rows are 16 bytes (R * D / 8 of them for the TMA unit)
+//   SWIZZLE=1   tiles 128-byte swizzled ([D/64][R][64], desc_sw_* in arch/sm90/tma.cuh): one TMA box
+//               of 64 columns (128-byte rows) per 64-column slab, 8x fewer rows per tile
+//   PV_OVERLAP=1  inside each MMA warpgroup, block j's S = Q K_j^T and block j-1's O += P_{j-1} V_{j-1}
+//               are issued together, and the softmax of S_j runs while P V still occupies the tensor
+//               cores (wgmma.wait_group 1); O is rescaled after P V completes (softmax_p / rescale_o).
+//               K is handed back as soon as S has been computed (k_empty), V after its P V (empty).
+//   PINGPONG=1  (with PV_OVERLAP) the two MMA warpgroups take turns issuing their GEMMs (named
+//               barriers 2 and 3), so one warpgroup's GEMMs run while the other does its softmax
 //
 // Not yet here: dropout and the elementwise bias (static_assert; the library routes them to
-// fmha_fwd_sm90), per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP), and the
-// overlap of one block's softmax with the next block's S GEMM (FlashAttention-3's intra-warpgroup
-// pipelining). Group mode: a key block past a sequence's end holds the next sequence's keys (TMA
-// zero-fills only past the tensor); their scores are masked to -inf, but P V would still meet
-// their values (0 * Inf is NaN), so the MMA warpgroups zero those rows of K and V first.
+// fmha_fwd_sm90), per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
+// block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
+// their scores are masked to -inf, but P V would still meet their values (0 * Inf is NaN), so the
+// MMA warpgroups zero those rows of K and V first.
 //
-// Parameters: three tensor maps (Q, K, V as column-blocked views; zeros for an empty tensor),
-// then FwdParams by value, as fmha_fwd_sm90.
+// Parameters: three tensor maps (Q, K, V: column-blocked 5-D views, or with SWIZZLE the plain 4-D
+// (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor), then
+// FwdParams by value, as fmha_fwd_sm90.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -31,27 +42,83 @@ using namespace fmha;
 static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT && !BIAS, "fmha_fwd_sm90_ws: dropout and bias run on fmha_fwd_sm90");
+static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
+static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 
 constexpr int MMA_THREADS = 128 * NWG;
+// named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
+// turn of MMA warpgroup w (PINGPONG)
+constexpr int BAR_ZERO = 1, BAR_TURN = 2;
+// the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
+// swizzle pattern follows address bits 4-9); the launcher passes this much more (SMEM_BYTES)
+constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
 
 struct Smem {
-    uint16_t q[BLOCK_M * HDIM_Q];              // column-blocked
+    uint16_t q[BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE)
     uint16_t k[STAGES][BLOCK_N * HDIM_Q];
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
-    unsigned long long q_full, k_full[STAGES], v_full[STAGES], empty[STAGES];
+    // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
+    // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
+    unsigned long long q_full, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
 };
-static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(Smem) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
+
+// One tile of R rows from `row` (all D columns) of a map into `dst`, completing `bar`: one box of the
+// column-blocked view, or (SWIZZLE) one box of 64 columns per slab.
+template <int R, int D>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const TmaMap& m, unsigned bar, int head, int row, int batch) {
+    if constexpr (SWIZZLE) {
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) tma_load_4d(smem_u32(dst) + c * (R * 128), m, bar, c * 64, head, row, batch);
+    } else {
+        tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
+    }
+}
+
+// Descriptors of the 16-wide K slices of the tiles, in the layout of this build.
+template <int R>
+__device__ __forceinline__ unsigned long long desc_kmajor_tile(const uint16_t* tile, int row0, int k0) {
+    if constexpr (SWIZZLE) return desc_sw_kmajor<R>(tile, row0, k0);
+    else return desc_cb_kmajor<R>(tile, row0, k0);
+}
+__device__ __forceinline__ unsigned long long desc_v_tile(const uint16_t* tile, int k0) {
+    if constexpr (SWIZZLE) return desc_sw_mnmajor<BLOCK_N>(tile, k0, 0);
+    else return desc_cb_mnmajor<BLOCK_N>(tile, k0, 0);
+}
+template <int R, int C>
+__device__ __forceinline__ void zero_tail_rows(uint16_t* tile, int r0, int tid) {
+    if constexpr (SWIZZLE) sw_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
+    else cb_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
+}
+
+// S = Q K^T of this warpgroup's 64 rows (one commit group).
+__device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const uint16_t* sK, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+        wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_kmajor_tile<BLOCK_M>(sQ, wg * 64, kk * 16),
+                                desc_kmajor_tile<BLOCK_N>(sK, 0, kk * 16), kk > 0);
+    wgmma_commit();
+}
+// O += P V (one commit group); P as register A fragments, one per 16 keys.
+__device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const uint16_t* sV) {
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_v_tile(sV, kk * 16), 1);
+    wgmma_commit();
+}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ FwdParams p) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
+    // the boxes' bytes, rows and columns past the tensor included (TMA counts its zero fill)
     constexpr unsigned Q_BYTES = 2u * BLOCK_M * HDIM_Q, K_BYTES = 2u * BLOCK_N * HDIM_Q, V_BYTES = 2u * BLOCK_N * HDIM_V;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    unsigned char* smem_base = smem_raw;
+    if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    Smem& sm = *reinterpret_cast<Smem*>(smem_base);
     const int h = blockIdx.y, b = blockIdx.z;
     // last row blocks first: under causal masks they see the most keys, so the tail is short
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
@@ -70,6 +137,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
             mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+            mbarrier_init(smem_u32(&sm.k_empty[s]), MMA_THREADS);
         }
         mbarrier_init_fence();
     }
@@ -79,14 +147,16 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-        tma_load_5d(smem_u32(sm.q), tm_q, smem_u32(&sm.q_full), 0, h, tq + q0, 0, bq);
+        load_tile<BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
         for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
             const int s = i % STAGES;
-            if (i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), ((i / STAGES) & 1) ^ 1);
+            const unsigned parity = ((i / STAGES) & 1) ^ 1;
+            if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
             mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
-            tma_load_5d(smem_u32(sm.k[s]), tm_k, smem_u32(&sm.k_full[s]), 0, hk, tk + kb * BLOCK_N, 0, bq);
+            load_tile<BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+            if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
             mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
-            tma_load_5d(smem_u32(sm.v[s]), tm_v, smem_u32(&sm.v_full[s]), 0, hk, tk + kb * BLOCK_N, 0, bq);
+            load_tile<BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
         }
         return;
     }
@@ -105,49 +175,147 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
     mbarrier_wait(smem_u32(&sm.q_full), 0);
 
-    for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
-        const int s = i % STAGES;
-        const unsigned phase = (i / STAGES) & 1;
-        const int k0 = kb * BLOCK_N;
-        uint16_t* sK = sm.k[s];
-        uint16_t* sV = sm.v[s];
-        mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
-        if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
-            mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-            cb_zero_rows<BLOCK_N, HDIM_Q, MMA_THREADS>(sK, blk.seqlen_k - k0, tid);
-            cb_zero_rows<BLOCK_N, HDIM_V, MMA_THREADS>(sV, blk.seqlen_k - k0, tid);
-            fence_proxy_async();
-            named_barrier_sync(1, MMA_THREADS);
-        }
-
-        float sacc[NS * 4];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-            wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_cb_kmajor<BLOCK_M>(sm.q, wg * 64, kk * 16),
-                                    desc_cb_kmajor<BLOCK_N>(sK, 0, kk * 16), kk > 0);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_operand<NS * 4>(sacc);
-
-        const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        const KeepBits<NS> keep{};  // (no dropout here)
-        online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                               wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
-        uint32_t pa[BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-
+    // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
+    // sequence's keys and values: zeros, before either warpgroup reads them (uniform over the CTA;
+    // only the block that crosses the end).
+    auto zero_tail = [&](int s, int k0, unsigned phase) {
         mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-        wgmma_fence();
+        zero_tail_rows<BLOCK_N, HDIM_Q>(sm.k[s], blk.seqlen_k - k0, tid);
+        zero_tail_rows<BLOCK_N, HDIM_V>(sm.v[s], blk.seqlen_k - k0, tid);
+        fence_proxy_async();
+        named_barrier_sync(BAR_ZERO, MMA_THREADS);
+    };
+
+    if constexpr (!PV_OVERLAP) {
+        for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
+            const int s = i % STAGES;
+            const unsigned phase = (i / STAGES) & 1;
+            const int k0 = kb * BLOCK_N;
+            mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
+            if (packed && k0 + BLOCK_N > blk.seqlen_k) zero_tail(s, k0, phase);
+
+            float sacc[NS * 4];
+            wgmma_fence();
+            gemm_s(sacc, sm.q, sm.k[s], wg);
+            wgmma_wait0();
+            fence_operand<NS * 4>(sacc);
+
+            const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+            const KeepBits<NS> keep{};  // (no dropout here)
+            online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                                   wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+            uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_cb_mnmajor<BLOCK_N>(sV, kk * 16, 0), 1);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_operand<NO * 4>(acc_o);
-        fence_operand<BLOCK_N / 4>(&pa[0][0]);
-        mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+
+            mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
+            wgmma_fence();
+            gemm_pv(acc_o, pa, sm.v[s]);
+            wgmma_wait0();
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+            mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
+        }
+    } else {
+        // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
+        // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
+        // groups); wait for S_i only and run its softmax while P V is on the tensor cores. Block 0's
+        // S before the loop, the last P V after it, so every wgmma in the loop is issued and waited
+        // for unconditionally (with a conditional P V, ptxas could not tell which group a wait
+        // completes and added waits of its own: C7517/C7519).
+        //
+        // The wait for P V comes at the top of the next iteration, after the wait for K: ptxas
+        // schedules a wgmma wait at the top of its basic block, and placed right after the
+        // softmax (one block with it) it was hoisted above the exp2s (SASS), serializing them
+        // behind P V. The mbarrier wait's loop ends the softmax's block.
+        const int n = blk.kb_end - blk.kb_begin;  // uniform over the CTA
+        // PINGPONG: warpgroup w waits for its turn (barrier 2 + w) before issuing and passes the
+        // turn on after; warpgroup 1 gives warpgroup 0 the first, and skips passing its last so
+        // every arrival is matched by a wait
+        auto turn_begin = [&]() {
+            if constexpr (PINGPONG) named_barrier_sync(BAR_TURN + wg, MMA_THREADS);
+        };
+        auto turn_end = [&](bool last) {
+            if constexpr (PINGPONG)
+                if (!(last && wg == 1)) named_barrier_arrive(BAR_TURN + (wg ^ 1), MMA_THREADS);
+        };
+        // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
+        // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
+        // barrier)
+        auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
+            const int k0 = (blk.kb_begin + i) * BLOCK_N;
+            if (!(packed && k0 + BLOCK_N > blk.seqlen_k)) return;
+            if (cols == HDIM_Q) zero_tail_rows<BLOCK_N, HDIM_Q>(tile, blk.seqlen_k - k0, tid);
+            else zero_tail_rows<BLOCK_N, HDIM_V>(tile, blk.seqlen_k - k0, tid);
+            fence_proxy_async();
+            named_barrier_sync(BAR_ZERO, MMA_THREADS);
+        };
+        auto wait_k = [&](int i) {
+            mbarrier_wait(smem_u32(&sm.k_full[i % STAGES]), (i / STAGES) & 1);
+            zero_tail_of(sm.k[i % STAGES], HDIM_Q, i);
+        };
+        auto wait_v = [&](int i) {
+            mbarrier_wait(smem_u32(&sm.v_full[i % STAGES]), (i / STAGES) & 1);
+            zero_tail_of(sm.v[i % STAGES], HDIM_V, i);
+        };
+        auto softmax = [&](float* sacc, int i, float* corr) {
+            const int k0 = (blk.kb_begin + i) * BLOCK_N;
+            const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+            const KeepBits<NS> keep{};  // (no dropout here)
+            softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
+                                     blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+        };
+        // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
+        // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
+        float sacc[NS * 4], corr[2];
+        uint32_t pa[BLOCK_N / 16][4];
+        auto next_pv_operands = [&](int i) {
+            wgmma_wait0();
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+            if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(i - 2) % STAGES]));  // V of block i-2 is read
+            rescale_o<NO>(acc_o, corr);
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+            // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+        };
+        if (n > 0) {
+            if (PINGPONG && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
+            wait_k(0);  // block 0: S_0 and its softmax
+            turn_begin();
+            wgmma_fence();
+            gemm_s(sacc, sm.q, sm.k[0], wg);
+            turn_end(false);
+            wgmma_wait0();
+            fence_operand<NS * 4>(sacc);
+            mbarrier_arrive(smem_u32(&sm.k_empty[0]));  // K of stage 0 is read
+            softmax(sacc, 0, corr);
+            for (int i = 1; i < n; ++i) {
+                wait_k(i);
+                wait_v(i - 1);
+                next_pv_operands(i);
+                turn_begin();
+                wgmma_fence();
+                gemm_s(sacc, sm.q, sm.k[i % STAGES], wg);
+                gemm_pv(acc_o, pa, sm.v[(i - 1) % STAGES]);
+                turn_end(false);
+                wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                fence_operand<NS * 4>(sacc);
+                mbarrier_arrive(smem_u32(&sm.k_empty[i % STAGES]));  // K of this stage is read
+                softmax(sacc, i, corr);
+            }
+            wait_v(n - 1);  // the last block's P V
+            next_pv_operands(n);
+            turn_begin();
+            wgmma_fence();
+            gemm_pv(acc_o, pa, sm.v[(n - 1) % STAGES]);
+            turn_end(true);
+            wgmma_wait0();
+            fence_operand<NO * 4>(acc_o);
+            fence_operand<BLOCK_N / 4>(&pa[0][0]);
+        }
     }
 
     fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);

@@ -282,3 +282,83 @@ def test_forward_ws_params_and_maps(rec, monkeypatch):
     else:
         assert f["spec"].source == "fmha_fwd" and f["maps"] == 0
     assert (f["args"]["q_sb"], f["args"]["q_sh"], f["args"]["q_ss"]) == _strides(q, "bshd")
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+@pytest.mark.parametrize("d", [64, 120])
+def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
+    """CUPY_FMHA_FWD_WS_TILES=SWIZZLE=1: the ws forward's three maps are the tensors themselves as
+    4-D (batch, rows, heads, hdim) views with 128-byte swizzle and boxes of 64 columns (a padded
+    head dim of 128 takes two per tile; columns past hdim 120 fall outside the tensor, so TMA
+    zero-fills them), rows BLOCK_M for Q and BLOCK_N for K and V; the instance carries SWIZZLE=1
+    and 1024 bytes more shared memory than the column-blocked build."""
+    from cupy_fmha.backends import cuda, tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=1,PV_OVERLAP=1")
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)
+    api._tile_map.cache_clear()
+    raw = []
+
+    class Raw(Recorder):
+        def __call__(self, spec):
+            inner = super().__call__(spec)
+
+            class Fn:
+                max_dynamic_shared_size_bytes = 1 << 20
+
+                def __call__(self, grid, block, args, shared_mem=0):
+                    raw.append((spec, args, shared_mem))
+                    inner(grid, block, args[3:], shared_mem=shared_mem)
+
+            return Fn()
+
+    monkeypatch.setattr(api, "get_function", Raw())
+    hq, hk = 4, 2
+    if layout == "thd":
+        lq, lk = [37, 5], [53, 20]
+        rng = np.random.default_rng(3)
+        q = rng.standard_normal((sum(lq), hq, d)).astype(np.float16)
+        k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
+        cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
+                  max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+        rows_q, rows_k, batch = sum(lq), sum(lk), 1
+    else:
+        q, k, v, _ = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
+        cu, rows_q, rows_k, batch = {}, 37, 53, 2
+    cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, **cu)
+    (spec, args, smem), = raw
+    assert spec.source == "fmha_fwd_sm90_ws" and spec.macro("SWIZZLE") == 1 and spec.macro("PV_OVERLAP") == 1
+    plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, PV_OVERLAP=1))
+    assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
+    for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (128, 128, 128), (q, k, v)):
+        assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
+        assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)
+        assert m.box_bytes == box_rows * 128 and m.strides[3] == 2
+        if layout == "bhsd":
+            assert m.strides[1:3] == (d * 2, rows * d * 2)
+        else:
+            assert m.strides[1:3] == (heads * d * 2, d * 2)
+    api._tile_map.cache_clear()
+
+
+def test_forward_ws_variant_switch(monkeypatch):
+    """CUPY_FMHA_FWD_WS_TILES picks the ws forward's pipeline variants; macros at 0 stay out of the
+    instance (its name is the default build's); PINGPONG without PV_OVERLAP is refused."""
+    from cupy_fmha.backends import cuda
+
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    base = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert all(base.macro(k) is None for k in cuda.FWD_WS_VARIANTS)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=0,PV_OVERLAP=0")
+    assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=1,PV_OVERLAP=1,PINGPONG=1")
+    s = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert (s.macro("SWIZZLE"), s.macro("PV_OVERLAP"), s.macro("PINGPONG")) == (1, 1, 1)
+    assert s.macro("SMEM_BYTES") == base.macro("SMEM_BYTES") + 1024
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PINGPONG=1")
+    with pytest.raises(ValueError, match="PINGPONG=1 needs PV_OVERLAP=1"):
+        cuda.fwd_ws_spec("bf16", 128, 128)

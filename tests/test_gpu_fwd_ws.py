@@ -5,9 +5,19 @@ the main GPU suites (batch mode: masks, GQA, both layouts, lengths that are not 
 tile; strided inputs; group mode with empty sequences; ALiBi; Inf in a neighbouring sequence)
 rerun with the switch on, plus a check that the switch really selects the kernel. The backward
 runs as usual (it reads this forward's O and LSE). Configurations it does not take (dropout,
-bias, head dims above 128, devices before sm_90) run the usual kernels under the switch too."""
+bias, head dims above 128, devices before sm_90) run the usual kernels under the switch too.
+
+The pipeline variants (SWIZZLE, PV_OVERLAP, PINGPONG: backends/cuda.py FWD_WS_VARIANTS) are
+chosen by CUPY_FMHA_FWD_WS_TILES for the whole run (bench/probe/fwd2_gpu.sh runs this file once per
+variant); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
+variants' tile handling needs beyond the shared cases: head dims 56 and 120 (padded to 64 / 128:
+the columns past the head dim come from TMA's zero fill), lengths one past a 128 block, many key
+blocks through the two-stage ring, and group-mode sequences whose keys end inside a block with
+more blocks before it."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -18,6 +28,7 @@ except Exception:  # pragma: no cover
 
 import test_gpu_attention as A
 import test_gpu_varlen as V
+from conftest import BF16, F16, Packed, check_group, run, seed_for
 from cupy_fmha.backends import cuda
 
 pytestmark = pytest.mark.gpu
@@ -34,6 +45,15 @@ def test_switch_selects_the_ws_kernel():
     assert cuda.fwd_spec("bf16", 128, 128, 90).source == "fmha_fwd_sm90_ws"
     assert cuda.fwd_spec("bf16", 64, 64, 90, alibi=True).source == "fmha_fwd_sm90_ws"
     assert cuda.fwd_spec("bf16", 128, 128, 90, dropout=True).source == "fmha_fwd_sm90"
+    want = dict(cuda.FWD_WS_VARIANTS)
+    for item in os.environ.get("CUPY_FMHA_FWD_WS_TILES", "").split(","):
+        if item.strip():
+            key, _, val = item.partition("=")
+            want[key.strip()] = int(val)
+    spec = cuda.fwd_spec("fp16", 120, 120, 90)
+    for key, val in want.items():
+        assert spec.macro(key, 0) == val, (key, spec.name)
+    print(spec.name)
 
 
 @pytest.mark.parametrize("case", [c for c, v in A.CASES.items() if max(v[7], v[8]) <= 128])
@@ -64,3 +84,36 @@ def test_group_mode_empty_sides():
 @pytest.mark.parametrize("d", [64, 128])
 def test_group_mode_inf_neighbour(d):
     V.test_inf_in_one_sequence_leaves_its_neighbours_alone(d)
+
+
+# id: (dtype, layout, b, sq, sk, hq, hk, d, dv, mask kwargs), as test_gpu_attention.CASES
+EXTRA = {
+    "f16-d120-none-129x385-gqa2": (F16, "bshd", 2, 129, 385, 4, 2, 120, 120, {}),
+    "bf16-d120-causal-700-bhsd": (BF16, "bhsd", 1, 700, 700, 2, 1, 120, 120, {"causal": True}),
+    "bf16-d56-t:100,20-300x1100": (BF16, "bshd", 1, 300, 1100, 4, 4, 56, 56, {"mask": "t:100,20"}),
+    "f16-d64-b-257x1025": (F16, "bshd", 1, 257, 1025, 2, 2, 64, 64, {"mask": "b"}),
+    "bf16-d128-none-128x1537": (BF16, "bhsd", 1, 128, 1537, 2, 2, 128, 128, {}),
+    "bf16-d128-window300,0-1100": (BF16, "bshd", 1, 1100, 1100, 2, 1, 128, 128, {"window_size": (300, 0)}),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA))
+def test_batch_mode_extra(case, monkeypatch):
+    monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+# id: (dtype, lengths q, lengths k, hq, hk, d, dv, mask kwargs), as test_gpu_varlen.CASES
+EXTRA_GROUP = {
+    "bf16-d120-b-ends-mid-block": (BF16, [129, 300, 7], [385, 129, 1], 2, 1, 120, 120, {"mask": "b"}),
+    "f16-d64-none-257-keys": (F16, [256, 3, 130], [257, 700, 1], 4, 2, 64, 64, {}),
+    "bf16-d128-t-many-blocks": (BF16, [600, 1], [900, 255], 2, 2, 128, 128, {"mask": "t"}),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA_GROUP))
+def test_group_mode_extra(case):
+    dtype, lq, lk, hq, hk, d, dv, mkw = EXTRA_GROUP[case]
+    inp = Packed(dtype, lq, lk, hq, hk, d, dv, seed_for("fwd-ws-varlen", case))
+    o, lse, g = run(inp, mkw)
+    check_group(inp, o, lse, g, mkw)

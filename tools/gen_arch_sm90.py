@@ -38,6 +38,10 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, int
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }
+// Wait until at most N of this warpgroup's committed groups are still pending (N = 1: the group
+// committed last may run on while its results are not read).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" :: "n"(N) : "memory"); }
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }
 // Pin accumulator registers: the compiler may not move or reuse them across this point.

@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "fwd_ws_tiles", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -54,9 +54,10 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
     if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES; mbarriers
+        # (q_full; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         return dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1),
-                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (1 + 3 * st))
+                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (1 + 4 * st) + (1024 if m.get("SWIZZLE") else 0))
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -300,21 +301,52 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) ->
                NWG=2, BLOCK_N=128, BLOCK_M=64, **feature_macros(alibi, False, False))
 
 
-def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+#: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
+#: step), each a 0/1 macro: SWIZZLE (128-byte-swizzled tiles in boxes of 64 columns instead of
+#: column-blocked tiles of 16-byte rows), PV_OVERLAP (softmax of block j under P_{j-1} V_{j-1}),
+#: PINGPONG (the two MMA warpgroups take turns on the tensor cores; needs PV_OVERLAP). Off by
+#: default until measured on the H200 (bench/NOTES.md step 25); ``CUPY_FMHA_FWD_WS_TILES`` (e.g.
+#: ``SWIZZLE=1,PV_OVERLAP=1``) switches them for comparisons.
+FWD_WS_VARIANTS = dict(SWIZZLE=0, PV_OVERLAP=0, PINGPONG=0)
+
+
+def fwd_ws_tiles() -> dict[str, int]:
+    """The ws forward's table entries: two MMA warpgroups, 128-key blocks, and the variant macros
+    that are on (:data:`FWD_WS_VARIANTS`, then ``CUPY_FMHA_FWD_WS_TILES``); macros at 0 are left
+    out, so the default instances keep their names."""
+    tiles = _override("CUPY_FMHA_FWD_WS_TILES", dict(NWG=2, BLOCK_N=128, **FWD_WS_VARIANTS))
+    if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
+        raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
+    return {k: v for k, v in tiles.items() if v or k not in FWD_WS_VARIANTS}
+
+
+def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
+                tiles: dict[str, int] | None = None) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
     loading with TMA, two MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no
-    dropout or bias (:func:`use_fwd_ws` says when it is dispatched)."""
+    dropout or bias (:func:`use_fwd_ws` says when it is dispatched). ``tiles``: the table entries
+    (default :func:`fwd_ws_tiles`)."""
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               NWG=2, BLOCK_N=128, **feature_macros(alibi, False, False))
+               **(fwd_ws_tiles() if tiles is None else tiles), **feature_macros(alibi, False, False))
+
+
+#: the ws forward's variant builds compiled offline besides the default (experimental_table)
+FWD_WS_BUILDS = (dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
+                 dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1))
 
 
 def experimental_table() -> list[KernelSpec]:
     """Instances built and compile-checked that the library dispatches only under a switch: the
     ``fmha_bwd_dq_dk_dv_sm90`` and ``fmha_fwd_sm90`` builds the warp-specialized kernels replaced
     at hdim 64 and 128 (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`; ``CUPY_FMHA_FWD_WS=0``,
-    :func:`use_fwd_ws`)."""
+    :func:`use_fwd_ws`), and the ws forward's pipeline variants (:data:`FWD_WS_BUILDS`,
+    ``CUPY_FMHA_FWD_WS_TILES``)."""
     out = [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
+    for variant in FWD_WS_BUILDS:
+        out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
+                for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     for dtype in DTYPES:
         for d in (64, 128):
             tiles = fwd_sm90_tiles(d, d, False)

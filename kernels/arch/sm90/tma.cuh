@@ -3,8 +3,8 @@
 // rebalancing between warp roles (setmaxnreg), barriers over a subset of warps, and wgmma
 // descriptors of 128-byte-swizzled tiles. Hand-written; facts from the PTX ISA (cp.async.bulk.tensor,
 // mbarrier, setmaxnreg, the warpgroup matrix descriptor). tests/test_gpu_tma.py checks the TMA
-// loads, the mbarrier wait and the swizzle pattern below on the GPU; setmaxnreg, bar.arrive and
-// the swizzled wgmma descriptor are compile-checked only (no kernel uses them yet).
+// loads, the mbarrier wait and the swizzle pattern below on the GPU, tests/test_gpu_wgmma_swizzle.py
+// the swizzled wgmma descriptors (K-major and MN-major) against NumPy.
 //
 // Tensor maps are encoded on the host (cupy_fmha/backends/tma.py, the driver's
 // cuTensorMapEncodeTiled) and passed to the kernel by value as `const __grid_constant__ TmaMap`;
@@ -100,12 +100,53 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
 
-// ---- wgmma descriptor of a K-major operand in 128-byte-swizzled tiles: rows of 64 16-bit elements
-// (one swizzle atom wide along K), 8-row groups 1024 bytes apart (SBO); LBO is unused for K-major
-// swizzled layouts. A K step of 16 elements inside the atom adds 32 bytes to the start address.
+// ---- wgmma descriptors of 128-byte-swizzled operands (swizzle mode 1 in bits 62-63; base offset 0,
+// so the 1024-byte swizzle pattern must start on a 1024-byte boundary: every tile and slab below
+// does). LBO and SBO in bytes, multiples of 16.
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned smem_addr, int lbo_bytes, int sbo_bytes) {
+    return (unsigned long long)((smem_addr & 0x3FFFF) >> 4) |
+           ((unsigned long long)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+// A K-major operand in 128-byte-swizzled tiles: rows of 64 16-bit elements (one swizzle atom wide
+// along K), 8-row groups 1024 bytes apart (SBO); LBO is unused for K-major swizzled layouts (set
+// to 16 bytes). A K step of 16 elements inside the atom adds 32 bytes to the start address.
 __device__ __forceinline__ unsigned long long wgmma_desc_sw128_kmajor(unsigned smem_addr) {
-    return (unsigned long long)((smem_addr & 0x3FFFF) >> 4) | (1ull << 16) |
-           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+    return wgmma_desc_sw128(smem_addr, 16, 1024);
+}
+
+// ---- 128-byte-swizzled tiles, as TMA boxes of 64 columns write them (the SWIZZLE=1 builds of
+// fmha_fwd_sm90_ws): an R x C tile of 16-bit elements (R a multiple of 8, C of 64) is C / 64 slabs
+// of R rows x 128 bytes, [C / 64][R][64], slab c holding columns 64c .. 64c + 63 (one box each).
+// Inside a slab, row r lies at byte 128 r with its 16-byte chunk j at chunk j ^ (r % 8). Slabs are
+// R * 128 bytes apart, a multiple of 1024, so each starts the swizzle pattern afresh.
+//
+// K-major operand (R rows = M or N, columns = K): the 16-wide K slice at (row0, k0), row0 a multiple
+// of 8, k0 of 16: start in slab k0 / 64 at row row0, +2 bytes per column inside the atom.
+template <int R>
+__device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* tile, int row0, int k0) {
+    return wgmma_desc_sw128(smem_u32(tile) + (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2, 16, 1024);
+}
+// MN-major operand (R rows = K, columns = M or N, C of them): the 16-deep K slice at (k0, col0), k0 a
+// multiple of 16 and col0 of 64. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte
+// offset between swizzle atoms along M/N (here the slab stride, R * 128: the next 64 columns), SBO =
+// the byte offset between groups of 8 rows along K (1024); SW128_MN_SWAP=1 swaps the two (the
+// other reading of the ISA text; tests/test_gpu_wgmma_swizzle.py runs both against NumPy and says
+// which one the GPU computes). With C = 64 the MN extent is one atom and LBO is not used.
+template <int R>
+__device__ __forceinline__ unsigned long long desc_sw_mnmajor(const uint16_t* tile, int k0, int col0) {
+    const unsigned addr = smem_u32(tile) + (col0 >> 6) * (R * 128) + k0 * 128;
+    if constexpr (SW128_MN_SWAP) return wgmma_desc_sw128(addr, 1024, R * 128);
+    else return wgmma_desc_sw128(addr, R * 128, 1024);
+}
+// Rows [r0, R) of a swizzled tile of C columns set to zero by THREADS threads (rows a TMA box brought
+// from beyond a sequence's end, group mode): the swizzle only permutes chunks inside a row, so
+// these are whole 128-byte rows, bytes [128 r0, 128 R) of each slab.
+template <int R, int C, int THREADS>
+__device__ __forceinline__ void sw_zero_rows(uint16_t* tile, int r0, int tid) {
+    const int n = (R - r0) * 8;  // 16-byte chunks per slab
+    for (int u = tid; u < (C / 64) * n; u += THREADS)
+        *reinterpret_cast<uint4*>(tile + (u / n) * (R * 64) + r0 * 64 + (u % n) * 8) = make_uint4(0u, 0u, 0u, 0u);
 }
 
 }  // namespace fmha

@@ -1,0 +1,77 @@
+"""Compile kernel instances into CuPy's on-disk cache in parallel, before a GPU run whose tests
+would otherwise compile them one by one (each pytest-xdist worker, each variant): one process per
+CPU, each building its share through ``cupy_fmha.compile.get_function`` (the library's own
+options, so the cache keys match what the tests and benchmarks ask for later).
+
+    python bench/probe/precompile.py --fwd-ws-variants "SWIZZLE=1" "SWIZZLE=1,PV_OVERLAP=1"
+
+Instances: for fp16 and bf16, the head dims of tests/test_gpu_fwd_ws.py (32 ... 128), with and
+without ALiBi, on this device: the forward (the default choice and, at padded head dims 64/128,
+the warp-specialized forward under each ``CUPY_FMHA_FWD_WS_TILES`` value given) and the
+backward's kernels. Prints the count and the time taken."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+HDIMS = (32, 40, 56, 64, 72, 96, 104, 120, 128)
+
+
+def _specs(variants: list[str]) -> list:
+    from cupy_fmha.backends import cuda
+
+    cc = 90
+    seen: dict = {}
+    for dtype in ("fp16", "bf16"):
+        for d in HDIMS:
+            for alibi in (False, True):
+                specs = [cuda.fwd_spec(dtype, d, d, cc, alibi=alibi), *vars(cuda.bwd_specs(dtype, d, d, cc, alibi=alibi)).values()]
+                if cuda.use_sm90(d, d, cc):
+                    for v in variants:
+                        os.environ["CUPY_FMHA_FWD_WS_TILES"] = v
+                        specs.append(cuda.fwd_ws_spec(dtype, d, d, alibi=alibi))
+                    os.environ.pop("CUPY_FMHA_FWD_WS_TILES", None)
+                for s in specs:
+                    seen.setdefault(s.name, s)
+    return list(seen.values())
+
+
+def _build(spec) -> str:
+    from cupy_fmha.compile import get_function
+
+    get_function(spec)
+    return spec.name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fwd-ws-variants", nargs="*", default=[""], help="CUPY_FMHA_FWD_WS_TILES values")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    args = ap.parse_args()
+    specs = _specs(args.fwd_ws_variants)
+    t0 = time.perf_counter()
+    failed = 0
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = [ex.submit(_build, s) for s in specs]
+        for s, f in zip(specs, futures):
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001 - report and go on; the tests will show it again
+                failed += 1
+                print(f"FAILED {s.name}: {str(exc)[:2000]}", flush=True)
+    print(f"precompiled {len(specs) - failed} of {len(specs)} instances in {time.perf_counter() - t0:.1f} s "
+          f"({args.jobs} processes)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The ws forward's PV_OVERLAP pipeline, checked in the machine code (offline: NVRTC, nvdisasm; no
+GPU). The overlap exists only if the compiler keeps the softmax's exp2s between the wait for S
+(`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for P V (`... 0x0`): nothing in the source's data
+flow forbids moving them, and two layouts of the loop lost it silently (the compiler sank the
+exp2s below the P V wait, or hoisted the wait above them; kernels/fmha_fwd_sm90_ws.cu says how the
+loop is arranged now). Also: in the loop, the S and P V GEMMs are issued back to back under one
+`WARPGROUP.ARRIVE`, and each warpgroup's loop holds one wait for P V."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_fmha import compile as C
+from cupy_fmha.backends import cuda
+
+pytestmark = pytest.mark.skipif(C.nvrtc_version() is None or C.nvdisasm_path() is None,
+                                reason="needs NVRTC and nvdisasm (the cuda13 and test extras)")
+
+
+def _runs_of_gemms(sass: list[str]) -> list[list[str]]:
+    """The wgmma instructions after each WARPGROUP.ARRIVE up to the next wait, barrier, branch or
+    arrive (address arithmetic may sit between them), as lists."""
+    stop = ("WARPGROUP", "BAR", "SYNCS", "BRA", "EXIT")
+    runs = []
+    for i, s in enumerate(sass):
+        if "WARPGROUP.ARRIVE" not in s:
+            continue
+        run = []
+        for t in sass[i + 1:]:
+            op = t.split()[1] if t.startswith("@") else t.split()[0]  # (after a predicate)
+            if op.startswith("HGMMA"):
+                run.append(t)
+            elif op.startswith(stop):
+                break
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("variant", [dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)], ids=lambda v: ",".join(v))
+def test_softmax_runs_between_the_two_waits(d, variant):
+    spec = cuda.fwd_ws_spec("bf16", d, d, tiles=dict(NWG=2, BLOCK_N=128, **variant))
+    sass = C.sass_instructions(spec)
+    # the loop's wait for S (the only wait that leaves a group pending), then the exp2s of the
+    # block's 64 scores per thread (and the row factors) before the next wait of any kind
+    first = [i for i, s in enumerate(sass) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in s]
+    assert len(first) == 1, (spec.name, len(first))
+    nxt = next(i for i in range(first[0] + 1, len(sass)) if "WARPGROUP.DEPBAR" in sass[i])
+    ex2 = sum("MUFU.EX2" in s for s in sass[first[0]:nxt])
+    assert ex2 >= 64, (spec.name, ex2)
+    # one arrive issues the loop's S (HDIM_Q / 16 wgmma, K-major B) and P V (BLOCK_N / 16, V
+    # MN-major: tnspB) back to back
+    both = [r for r in _runs_of_gemms(sass) if len(r) == d // 16 + 128 // 16]
+    assert len(both) == 1, (spec.name, [len(r) for r in _runs_of_gemms(sass)])
+    assert all("tnspB" not in g for g in both[0][:d // 16]) and all("tnspB" in g for g in both[0][d // 16:]), spec.name
