@@ -18,7 +18,6 @@
 //   STAGES       the warp-specialized kernels: buffers in the producer's ring
 //   SWIZZLE      fmha_fwd_sm90_ws: Q, K, V as 128-byte-swizzled tiles loaded in boxes of 64 columns
 //                (0: column-blocked tiles, one box of 16-byte rows per tile)
-//   SW128_MN_SWAP  swizzled MN-major wgmma operands (V) with LBO and SBO swapped (arch/sm90/tma.cuh)
 //   PV_OVERLAP   fmha_fwd_sm90_ws: block j's softmax runs while P_{j-1} V_{j-1} is on the tensor cores
 //   PINGPONG     fmha_fwd_sm90_ws (with PV_OVERLAP): the two MMA warpgroups take turns issuing GEMMs
 //   DQ_TILED     the dq_dk_dv kernels writing dQ a query block at a time with one bulk copy: the dQ
@@ -91,9 +90,6 @@
 #ifndef SWIZZLE
 #define SWIZZLE 0
 #endif
-#ifndef SW128_MN_SWAP
-#define SW128_MN_SWAP 0
-#endif
 #ifndef PV_OVERLAP
 #define PV_OVERLAP 0
 #endif
@@ -120,7 +116,7 @@ inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
-inline constexpr int swizzle = SWIZZLE, sw128_mn_swap = SW128_MN_SWAP, pv_overlap = PV_OVERLAP, pingpong = PINGPONG;
+inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -145,7 +141,6 @@ inline constexpr int swizzle = SWIZZLE, sw128_mn_swap = SW128_MN_SWAP, pv_overla
 #undef DQ_TILED
 #undef STAGES
 #undef SWIZZLE
-#undef SW128_MN_SWAP
 #undef PV_OVERLAP
 #undef PINGPONG
 #undef ROWS
@@ -173,7 +168,6 @@ inline constexpr bool DQ_BULK = config_detail::dq_bulk != 0;
 inline constexpr bool DQ_TILED = config_detail::dq_tiled != 0;
 inline constexpr int STAGES = config_detail::stages;
 inline constexpr bool SWIZZLE = config_detail::swizzle != 0;
-inline constexpr bool SW128_MN_SWAP = config_detail::sw128_mn_swap != 0;
 inline constexpr bool PV_OVERLAP = config_detail::pv_overlap != 0;
 inline constexpr bool PINGPONG = config_detail::pingpong != 0;
 inline constexpr int ROWS = config_detail::rows;

@@ -346,19 +346,21 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
 
 
 def test_forward_ws_variant_switch(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES picks the ws forward's pipeline variants; macros at 0 stay out of the
-    instance (its name is the default build's); PINGPONG without PV_OVERLAP is refused."""
+    """CUPY_FMHA_FWD_WS_TILES picks the ws forward's pipeline variants (all three on by default);
+    macros at 0 stay out of the instance (all at 0 is the first ws forward's name); PINGPONG
+    without PV_OVERLAP is refused."""
     from cupy_fmha.backends import cuda
 
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     base = cuda.fwd_ws_spec("bf16", 128, 128)
-    assert all(base.macro(k) is None for k in cuda.FWD_WS_VARIANTS)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=0,PV_OVERLAP=0")
-    assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
+    assert (base.macro("SWIZZLE"), base.macro("PV_OVERLAP"), base.macro("PINGPONG")) == (1, 1, 1)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=0,PV_OVERLAP=0,PINGPONG=0")
+    first = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert all(first.macro(k) is None for k in cuda.FWD_WS_VARIANTS)
+    assert first.name == cuda.fwd_ws_spec("bf16", 128, 128, tiles=dict(NWG=2, BLOCK_N=128)).name
+    assert base.macro("SMEM_BYTES") == first.macro("SMEM_BYTES") + 1024
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=1,PV_OVERLAP=1,PINGPONG=1")
-    s = cuda.fwd_ws_spec("bf16", 128, 128)
-    assert (s.macro("SWIZZLE"), s.macro("PV_OVERLAP"), s.macro("PINGPONG")) == (1, 1, 1)
-    assert s.macro("SMEM_BYTES") == base.macro("SMEM_BYTES") + 1024
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PINGPONG=1")
+    assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PV_OVERLAP=0")
     with pytest.raises(ValueError, match="PINGPONG=1 needs PV_OVERLAP=1"):
         cuda.fwd_ws_spec("bf16", 128, 128)

@@ -304,10 +304,12 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) ->
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
 #: step), each a 0/1 macro: SWIZZLE (128-byte-swizzled tiles in boxes of 64 columns instead of
 #: column-blocked tiles of 16-byte rows), PV_OVERLAP (softmax of block j under P_{j-1} V_{j-1}),
-#: PINGPONG (the two MMA warpgroups take turns on the tensor cores; needs PV_OVERLAP). Off by
-#: default until measured on the H200 (bench/NOTES.md step 25); ``CUPY_FMHA_FWD_WS_TILES`` (e.g.
-#: ``SWIZZLE=1,PV_OVERLAP=1``) switches them for comparisons.
-FWD_WS_VARIANTS = dict(SWIZZLE=0, PV_OVERLAP=0, PINGPONG=0)
+#: PINGPONG (the two MMA warpgroups take turns on the tensor cores; needs PV_OVERLAP). All three
+#: on by default: the fastest of the variants at every point measured on the H200 (bench/NOTES.md
+#: step 27: 1.08-1.11x the column-blocked build at hdim 64, 1.43-1.51x at hdim 128).
+#: ``CUPY_FMHA_FWD_WS_TILES`` (e.g. ``SWIZZLE=1,PV_OVERLAP=0,PINGPONG=0``; all three at 0 is the
+#: first ws forward) switches them for comparisons.
+FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 
 
 def fwd_ws_tiles() -> dict[str, int]:
@@ -331,8 +333,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
 
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
-FWD_WS_BUILDS = (dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
-                 dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1))
+FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1))
 
 
 def experimental_table() -> list[KernelSpec]:

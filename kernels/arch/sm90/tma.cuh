@@ -130,14 +130,13 @@ __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* til
 // MN-major operand (R rows = K, columns = M or N, C of them): the 16-deep K slice at (k0, col0), k0 a
 // multiple of 16 and col0 of 64. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte
 // offset between swizzle atoms along M/N (here the slab stride, R * 128: the next 64 columns), SBO =
-// the byte offset between groups of 8 rows along K (1024); SW128_MN_SWAP=1 swaps the two (the
-// other reading of the ISA text; tests/test_gpu_wgmma_swizzle.py runs both against NumPy and says
-// which one the GPU computes). With C = 64 the MN extent is one atom and LBO is not used.
+// the byte offset between groups of 8 rows along K (1024); checked on the H200 against NumPy by
+// tests/test_gpu_wgmma_swizzle.py (the swapped reading is wrong). With C = 64 the MN extent is one
+// atom and LBO is not used.
 template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_mnmajor(const uint16_t* tile, int k0, int col0) {
     const unsigned addr = smem_u32(tile) + (col0 >> 6) * (R * 128) + k0 * 128;
-    if constexpr (SW128_MN_SWAP) return wgmma_desc_sw128(addr, 1024, R * 128);
-    else return wgmma_desc_sw128(addr, R * 128, 1024);
+    return wgmma_desc_sw128(addr, R * 128, 1024);
 }
 // Rows [r0, R) of a swizzled tile of C columns set to zero by THREADS threads (rows a TMA box brought
 // from beyond a sequence's end, group mode): the swizzle only permutes chunks inside a row, so
