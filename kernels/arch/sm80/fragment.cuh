@@ -60,6 +60,40 @@ struct AccFrag {
         }
     }
 
+    // Backward dropout: the keep bit of element e of tile n, from the byte mask fill_keep_bits
+    // makes (byte [key group][query row], `pitch` bytes per key group) of a tile whose rows are
+    // keys and whose columns are query rows (S^T): the bytes of query rows col(n, 0) and
+    // col(n, 0) + 1 in one 16-bit read, bit row_in_group() (+ 8 for the second column).
+    __device__ __forceinline__ bool keep_bit(const unsigned char* bits, int pitch, int n, int e) const {
+        const uint32_t pair = *reinterpret_cast<const uint16_t*>(bits + row_group(e) * pitch + col(n, 0));
+        return (pair >> ((e & 1) * 8 + row_in_group())) & 1u;
+    }
+
+    // A row slot's SLOT_ELEMS adjacent values v[0..] to global memory at p (its first column):
+    // fp32 stores or stores in the input dtype, optionally each times `scale` (dK, dV); at row +
+    // col, fp32 stores or fp32 atomic adds (dQ). The forms keep the CUDA build's code what it was
+    // before these helpers: `scale` multiplied here, not into a local array first, and dQ's
+    // address formed here, after the values for the store (a plain store's order), so that NVVM
+    // hoists nothing common out of the two branches (bench/NOTES.md step 25).
+    __device__ __forceinline__ static void store_slot_f32(float* p, const float* v) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* p, const float* v) {
+        *reinterpret_cast<uint32_t*>(p) = pack2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* p, const float* v, float scale) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[0] * scale, v[1] * scale);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* p, const float* v, float scale) {
+        *reinterpret_cast<uint32_t*>(p) = pack2(v[0] * scale, v[1] * scale);
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void add_slot_f32(float* row, int col, const float* v) {
+        red_add_f32x2(row + col, v[0], v[1]);
+    }
+
     // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
     // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
     // jg0 + t; drop.random8 / keep_word, philox.cuh) and four word exchanges give every thread word
