@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["TARGETS", "LDS_LIMIT", "WAVE_SIZE", "REGISTERS_PER_LANE", "ResourceReport", "clang", "offline_compile_hip",
-           "PORTED_SOURCES", "ported_specs", "hip_defines", "device_asm", "fwd_tiles", "fwd_spec", "FWD_HDIMS", "with_dynamic_lds"]
+           "PORTED_SOURCES", "ported_specs", "hip_defines", "device_asm", "fwd_tiles", "fwd_spec", "bwd_tiles", "bwd_spec",
+           "FWD_HDIMS", "HDIM_PAIRS", "HIP_CODEGEN_OPTIONS", "with_dynamic_lds"]
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 #: bytes of LDS (shared memory) one workgroup may use
@@ -58,9 +59,16 @@ def clang() -> str | None:
 _REMARK = re.compile(r"remark:\s+(?:Function Name: (\S+)|([A-Za-z ]+?)(?: \[[^\]]*\])?: (\d+))")
 
 
+#: code-generation options every HIP build of the kernels takes (the offline clang check here and
+#: hiprtc alike): native fp32 atomic adds for the dQ workspace (``global_atomic_add_f32``; without
+#: it clang makes each add a compare-and-swap loop on gfx90a; the workspace is coarse-grained
+#: device memory, where the native add is exact)
+HIP_CODEGEN_OPTIONS = ("-munsafe-fp-atomics",)
+
+
 def _clang_cmd(cc: str, src: Path, out: Path, target: str, include_dirs, defines) -> list[str]:
     return [cc, "-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "--no-gpu-bundle-output", "-nogpulib",
-            "-nogpuinc", "-O3", "-std=c++17", "-c", str(src), "-o", str(out),
+            "-nogpuinc", "-O3", "-std=c++17", *HIP_CODEGEN_OPTIONS, "-c", str(src), "-o", str(out),
             *(f"-I{d}" for d in include_dirs), *(f"-D{d}" for d in defines)]
 
 
@@ -135,7 +143,7 @@ def device_asm(source: str, target: str, include_dirs=(), defines=()) -> str:
 
 
 #: kernel sources that build for AMD so far: the same files as for CUDA
-PORTED_SOURCES = ("fmha_bwd_dot_do_o", "fmha_bwd_convert_dq", "fmha_dropout_mask", "fmha_fwd")
+PORTED_SOURCES = ("fmha_bwd_dot_do_o", "fmha_bwd_convert_dq", "fmha_dropout_mask", "fmha_fwd", "fmha_bwd_dq_dk_dv")
 
 #: padded head dims of the gfx9 forward: head dims round up to one of these (as CK's buckets;
 #: fewer instances than CUDA's multiples of 16 while the port is compile-checked only)
@@ -181,6 +189,46 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool =
     return replace(spec, target="gfx9", derived=tuple(sorted(derived.items())))
 
 
+#: (wavefronts, query rows per step) of the gfx9 backward, most preferred first
+_BWD_TILES = ((4, 64), (4, 32), (4, 16), (2, 32), (2, 16), (1, 16))
+
+
+def bwd_tiles(hdim_q: int, hdim_v: int, target: str, *, dropout: bool = False) -> dict[str, int]:
+    """Backward (``fmha_bwd_dq_dk_dv`` over MFMA, 16 keys per wavefront) tiles on gfx9: 4
+    wavefronts and the largest query block of 64, 32 or 16 rows whose LDS (K, V, Q and dO
+    double-buffered, dS^T, LSE and D, the dropout keep bits) fits the target; else 2, then 1
+    wavefront. One workgroup per column set (NSPLIT 1): the accumulators of hdim 256 fit the
+    register file (512 VGPRs + AGPRs per lane)."""
+    from . import cuda
+
+    if target not in TARGETS:
+        raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
+    dq, dv = _bucket(hdim_q), _bucket(hdim_v)
+    for nwarps, bm in _BWD_TILES:
+        tiles = dict(NWARPS=nwarps, BLOCK_M=bm, NSPLIT=1, MIN_BLOCKS=1)
+        m = dict(HDIM_Q=dq, HDIM_V=dv, **tiles, **({"DROPOUT": 1} if dropout else {}))
+        if cuda.derived_macros("fmha_bwd_dq_dk_dv", m)["SMEM_BYTES"] <= LDS_LIMIT[target]:
+            return tiles
+    raise ValueError(f"no backward tile fits {target}'s LDS at head dims {dq}, {dv}")
+
+
+def bwd_spec(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
+             dropout: bool = False):
+    """The gfx9 backward main kernel (``fmha_bwd_dq_dk_dv``, target ``gfx9``) for these head dims
+    and features on ``target``: padded head dims from :data:`FWD_HDIMS`, tiles from
+    :func:`bwd_tiles`, the CUDA build's shared-memory layout (the same Smem struct) and 64 threads
+    per wavefront. Deterministic mode, GQA and group mode are run-time parameters of the same
+    instance, as on CUDA."""
+    from dataclasses import replace
+
+    from ..spec import _mk, feature_macros
+
+    spec = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=_bucket(hdim_q), HDIM_V=_bucket(hdim_v),
+               **bwd_tiles(hdim_q, hdim_v, target, dropout=dropout), **feature_macros(alibi, bias, dropout))
+    derived = dict(spec.derived, NTHREADS=WAVE_SIZE * spec.macro("NWARPS"))
+    return replace(spec, target="gfx9", derived=tuple(sorted(derived.items())))
+
+
 def hip_defines(spec) -> tuple[str, ...]:
     """``-D`` values (without the ``-D``) for a HIP build of ``spec``: its CUDA macros with the
     thread count for 64-lane wavefronts (dot_do_o runs one wavefront per row; the gfx9 forward
@@ -190,14 +238,20 @@ def hip_defines(spec) -> tuple[str, ...]:
     return (*defs, f"NTHREADS={threads}", "FMHA_HIP_SHIM")
 
 
+#: head-dim pairs the gfx9 tables build (each bucketed by :data:`FWD_HDIMS`: (192, 128) builds as (256, 128))
+HDIM_PAIRS = tuple((d, d) for d in FWD_HDIMS) + ((192, 128),)
+
+
 def ported_specs(target: str) -> list:
     """The instances of :data:`PORTED_SOURCES` for ``target``: the CUDA dispatch table's for the
-    kernels without matrix instructions, and the gfx9 forward's for every head-dim bucket (and the
-    (192, 128) pair), dtype and feature set of the CUDA table."""
+    kernels without matrix instructions, and the gfx9 forward's and backward main kernel's for
+    every head-dim bucket (and the (192, 128) pair), dtype and feature set of the CUDA table
+    (deterministic mode, GQA and group mode are run-time parameters of the same instances)."""
     from ..spec import DTYPES, default_dispatch_table
     from .cuda import FEATURE_SETS
 
-    out = [s for s in default_dispatch_table() if s.source in PORTED_SOURCES and s.source != "fmha_fwd"]
-    pairs = [(d, d) for d in FWD_HDIMS] + [(192, 128)]
-    out += [fwd_spec(dtype, hq, hv, target, **feats) for feats in FEATURE_SETS for dtype in DTYPES for hq, hv in pairs]
+    mfma = ("fmha_fwd", "fmha_bwd_dq_dk_dv")
+    out = [s for s in default_dispatch_table() if s.source in PORTED_SOURCES and s.source not in mfma]
+    for make in (fwd_spec, bwd_spec):
+        out += [make(dtype, hq, hv, target, **feats) for feats in FEATURE_SETS for dtype in DTYPES for hq, hv in HDIM_PAIRS]
     return out

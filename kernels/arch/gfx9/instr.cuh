@@ -54,6 +54,14 @@ FMHA_GFX9_FN inline float shfl_xor(float x, int mask, int width) {
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, x)));
 }
 
+// *p += v in global memory, atomically, result unused (relaxed, device scope; the dQ adds). The
+// compiler makes it one global_atomic_add_f32 on gfx942 / gfx950, and on gfx90a only under
+// -munsafe-fp-atomics (the memory being coarse-grained, as hipMalloc's is): otherwise a
+// compare-and-swap loop there, correct but slow (the ROCm backend passes the option).
+FMHA_GFX9_FN inline void atomic_add_f32(float* p, float v) {
+    __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+
 // Row reductions of an accumulator (each lane holds one column; the rows of a column live in one
 // lane): across the columns of a row, i.e. across the N lanes of a lane group, by xor shuffles
 // within groups of N lanes (ds_swizzle / DPP are the compiler's business here).
