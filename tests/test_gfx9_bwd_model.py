@@ -280,10 +280,32 @@ C host_mfma(V a, V b, C c) {
 #define __builtin_amdgcn_logf(x) std::log2(x)
 #define __builtin_amdgcn_fence(o, s)
 #define __builtin_amdgcn_wave_barrier()
+#define __builtin_amdgcn_mfma_f32_32x32x16_f16(a, b, c, x, y, z) host_mfma(a, b, c)
+#define __builtin_amdgcn_mfma_f32_32x32x16_bf16(a, b, c, x, y, z) host_mfma(a, b, c)
+#define __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, c, x, y, z) host_mfma(a, b, c)
+#define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, x, y, z) host_mfma(a, b, c)
 #define __hip_atomic_fetch_add(p, v, o, s) (*(p) += (v))
 #define FMHA_BF16 1
 #include "arch/gfx9/layout.cuh"
-static int g_pass = 1;  // (one pass: printf below prints when set)
+// gfx950's ds_read_b64_tr_b16, across lanes: the harness runs every lane twice; pass 0 records
+// each lane's address per call, pass 1 returns what the instruction gives (layout.cuh's
+// DsReadTr16: element r from lane src_lane, element src_elem) and prints.
+static int g_pass;
+typedef short hshort4 __attribute__((ext_vector_type(4)));
+static const void* g_tr_addr[256][64];
+static int g_tr_calls;
+static hshort4 host_tr16(const void* p) {
+    const int call = g_tr_calls++;
+    hshort4 out = {0, 0, 0, 0};
+    if (!g_pass) {
+        g_tr_addr[call][g_lane] = p;
+        return out;
+    }
+    using T = fmha::gfx9::DsReadTr16;
+    for (int r = 0; r < 4; ++r) out[r] = static_cast<const short*>(g_tr_addr[call][T::src_lane(g_lane, r)])[T::src_elem(g_lane, r)];
+    return out;
+}
+#define __builtin_amdgcn_ds_read_tr16_b64_v4i16(p) host_tr16((const void*)(p))
 #define printf(...) (g_pass ? std::printf(__VA_ARGS__) : 0)
 #include "arch/gfx9/tile.cuh"
 using namespace fmha;
@@ -304,9 +326,10 @@ static void rec(const char* op, int l) {
 }
 int main() {
     for (int i = 0; i < R * C; ++i) tile[i] = (uint16_t)i;
+    for (g_pass = 0; g_pass < 2; ++g_pass)
     for (int l = 0; l < 64; ++l) {
         g_lane = l;
-        g_calls = 0;
+        g_calls = g_tr_calls = 0;
         const AccFrag f(l);
         for (int n = 0; n < 2; ++n)
             for (int e = 0; e < 4; ++e) printf("acc %d %d %d %d\n", l, 4 * n + e, f.row(e), f.col(n, e));
@@ -370,14 +393,15 @@ int main() {
 """
 
 
-def _cpp_maps(kernel_dir: Path, tmp_path: Path) -> dict:
+def _cpp_maps(kernel_dir: Path, tmp_path: Path, gfx950: bool = False) -> dict:
     cxx = shutil.which("clang++-22") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no clang++ (the host build needs clang's vector extensions)")
     src = tmp_path / "maps.cpp"
     src.write_text(_HARNESS)
     exe = tmp_path / "maps"
-    subprocess.run([cxx, "-std=c++17", "-O0", "-w", f"-I{kernel_dir}", "-o", str(exe), str(src)], check=True)
+    arch = ["-D__gfx950__"] if gfx950 else []
+    subprocess.run([cxx, "-std=c++17", "-O0", "-w", *arch, f"-I{kernel_dir}", "-o", str(exe), str(src)], check=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     maps: dict = {}
     for line in out.splitlines():
@@ -407,14 +431,17 @@ def _model_maps() -> dict:
     return m
 
 
-def test_cpp_maps_equal_the_model(tmp_path):
+@pytest.mark.parametrize("gfx950", [False, True], ids=["gfx90a-gfx942", "gfx950"])
+def test_cpp_maps_equal_the_model(tmp_path, gfx950):
     """The host build of arch/gfx9's functions reads, writes and multiplies exactly the elements
     this file's formulas say, for every lane: AccFrag's row / col, load_a, load_a_t, store_a, the
     A operands of mma_row_nmajor / mma_row_kmajor (recorded at the MFMA builtin), acc_to_a,
-    keep_bit's byte and bit, and the row-slot stores."""
+    keep_bit's byte and bit, and the row-slot stores. The gfx950 build reads columns (load_a_t,
+    mma_row_kmajor) through the transposed LDS read, emulated across lanes by layout.cuh's
+    DsReadTr16 (which tests/test_gfx9_layout.py checks against gfx9_layout's model)."""
     from cupy_fmha.compile import kernel_dir
 
-    got, want = _cpp_maps(kernel_dir(), tmp_path), _model_maps()
+    got, want = _cpp_maps(kernel_dir(), tmp_path, gfx950), _model_maps()
     assert got.keys() == want.keys()
     for op in want:
         assert got[op] == want[op], op
@@ -423,7 +450,10 @@ def test_cpp_maps_equal_the_model(tmp_path):
 _MUTATIONS = {
     # keep_bit reading byte e ^ 1 instead of byte e
     "keep_bit": ("arch/gfx9/fragment.cuh", "(quad >> (8 * e + row_in_group()))",
-                 "(quad >> (8 * (e ^ 1) + row_in_group()))", {"keep"}),
+                 "(quad >> (8 * (e ^ 1) + row_in_group()))", False, {"keep"}),
+    # gfx950: the transposed read's lane addresses with the 4-column groups in the wrong order
+    "tr16_address": ("arch/gfx9/layout.cuh", "return 4 * (lane % 4);", "return 4 * (3 - lane % 4);", True,
+                     {"load_a_t", "kmajor"}),
 }
 
 
@@ -433,11 +463,11 @@ def test_a_changed_formula_is_caught(tmp_path, name):
     matches the model, in exactly the maps that use it."""
     from cupy_fmha.compile import kernel_dir
 
-    path, old, new, broken = _MUTATIONS[name]
+    path, old, new, gfx950, broken = _MUTATIONS[name]
     kdir = tmp_path / "kernels"
     shutil.copytree(kernel_dir(), kdir)
     text = (kdir / path).read_text()
     assert text.count(old) == 1
     (kdir / path).write_text(text.replace(old, new))
-    got, want = _cpp_maps(kdir, tmp_path), _model_maps()
+    got, want = _cpp_maps(kdir, tmp_path, gfx950), _model_maps()
     assert {op for op in want if got.get(op) != want[op]} == broken

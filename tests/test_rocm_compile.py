@@ -96,6 +96,10 @@ def test_fwd_products_run_on_mfma(target, dtype):
     asm = rocm.device_asm(load_source(spec.source), target, defines=rocm.hip_defines(spec))
     ops = set(re.findall(r"v_mfma_f32_16x16x16_?(b?f16)", asm))  # gfx90a's bf16 one is bf16_1k
     assert ops == {"bf16" if dtype == "bf16" else "f16"}, ops
+    # V^T's column fragments: gfx950's transposed LDS read, 16-bit reads elsewhere
+    tr = len(re.findall(r"^\s+ds_read_b64_tr_b16\b", asm, re.M))
+    u16 = len(re.findall(r"^\s+ds_read_u16\b", asm, re.M))
+    assert (tr > 0 and u16 == 0) if target == "gfx950" else (tr == 0 and u16 > 0), (tr, u16)
     assert not re.search(r"^\s+(scratch|buffer)_(load|store)", asm, re.M)
     assert re.search(r"\.private_segment_fixed_size:\s+0\b", asm)
 
@@ -116,7 +120,8 @@ def test_fwd_tiles_fit_lds():
 def test_bwd_products_run_on_mfma(target, dtype):
     """The backward's five products are MFMA instructions (16x16x16 of the dtype; per query block
     and wavefront: GEMM0 and GEMM2 HDIM / 16 k-steps, GEMM1 and GEMM3 HDIM / 16 tiles per 16 query
-    rows, GEMM4 its share of dQ's tiles), the dQ adds are native fp32 atomics (no
+    rows, GEMM4 its share of dQ's tiles), column fragments come from transposed LDS reads on
+    gfx950 (16-bit reads elsewhere), the dQ adds are native fp32 atomics (no
     compare-and-swap loop: the ROCm options carry -munsafe-fp-atomics for gfx90a), and nothing
     goes through scratch memory."""
     _need_clang()
@@ -128,6 +133,10 @@ def test_bwd_products_run_on_mfma(target, dtype):
     mt4 = bm // 16
     per_step = 2 * 8 * (bm // 16) + 2 * 8 * (bm // 16) + (spec.macro("BLOCK_N") // 16) * -(-8 // (nw // mt4))
     assert len(ops) == per_step, (len(ops), per_step)
+    # column fragments (dO and Q k-major, dS^T for GEMM4, K for dQ): gfx950's transposed LDS read
+    tr = len(re.findall(r"^\s+ds_read_b64_tr_b16\b", asm, re.M))
+    u16 = len(re.findall(r"^\s+ds_read_u16\b", asm, re.M))
+    assert (tr > 0 and u16 == 0) if target == "gfx950" else (tr == 0 and u16 > 0), (tr, u16)
     assert re.search(r"^\s+global_atomic_add_f32\b", asm, re.M)
     assert not re.search(r"cmpswap", asm)
     assert not re.search(r"^\s+(scratch|buffer)_(load|store)", asm, re.M)

@@ -8,8 +8,8 @@
 //   sm90/  wgmma (descriptors, fences), the blocked tile layout wgmma reads, bulk copies and named
 //          barriers, TMA tensor loads with mbarriers and setmaxnreg (tma.cuh): only when compiling
 //          for sm_90a
-//   gfx9/  AMD CDNA (gfx90a, gfx942, gfx950; wave64): MFMA wrappers and their layouts (instr.cuh,
-//          layout.cuh), wavefront pieces (elem.cuh), and the sm80
+//   gfx9/  AMD CDNA (gfx90a, gfx942, gfx950; wave64): MFMA wrappers, gfx950's transposed LDS read
+//          and their layouts (instr.cuh, layout.cuh), wavefront pieces (elem.cuh), and the sm80
 //          names over MFMA for the mma.sync-family forward and backward (fragment.cuh: AccFrag;
 //          tile.cuh: loads, stores and products)
 #pragma once

@@ -9,7 +9,8 @@
 // Shared-memory tiles are row-major with pitch smem_pitch(D), as on sm80. Global -> LDS copies are
 // plain 16-byte loads and stores (synchronous: cp_async_commit / cp_async_wait are no-ops; the
 // kernels' barriers still order them). Column fragments (a k-major B operand, a transposed A) are
-// four 16-bit reads per lane (load_col_frag). Issue 12; compile-checked, never run.
+// one ds_read_b64_tr_b16 per lane on gfx950, four 16-bit reads elsewhere (load_col_frag). Issue
+// 12; compile-checked, never run.
 #pragma once
 #include "../../common.cuh"
 #include "instr.cuh"
@@ -69,12 +70,21 @@ __device__ __forceinline__ void load_a(uint32_t a[2], const uint16_t* s, int pit
 
 // The 4 elements of column m0 + lane % 16, rows k0 + 4 (lane / 16) .. + 3, of a row-major tile:
 // the row fragment of A = M^T at k-step (m0, k0) for M a [k][m] tile (load_a_t), and the A
-// operand of mma_row_kmajor: four 16-bit LDS reads (gfx950's transposed LDS reads would make it one).
+// operand of mma_row_kmajor. On gfx950 one transposed LDS read (its 16-lane group reads the 4 x 16
+// block of rows k0 + 4 (lane / 16) .. + 3, columns m0 .. m0 + 15, each lane addressing the 4
+// elements DsReadTr16 names); elsewhere four 16-bit LDS reads.
 __device__ __forceinline__ void load_col_frag(uint32_t a[2], const uint16_t* s, int pitch, int m0, int k0, int lane) {
     using L = gfx9::Mfma16x16x16;
+#if defined(__gfx950__)
+    using T = gfx9::DsReadTr16;
+    const gfx9::short4_t v = gfx9::ds_read_tr16(s + (k0 + L::b_k(lane, 0) + T::addr_row(lane)) * pitch + m0 + T::addr_col(lane));
+    a[0] = (uint16_t)v[0] | (uint32_t)(uint16_t)v[1] << 16;
+    a[1] = (uint16_t)v[2] | (uint32_t)(uint16_t)v[3] << 16;
+#else
     const uint16_t* col = s + (k0 + L::b_k(lane, 0)) * pitch + m0 + L::b_col(lane, 0);
     a[0] = col[0] | (uint32_t)col[pitch] << 16;
     a[1] = col[2 * pitch] | (uint32_t)col[3 * pitch] << 16;
+#endif
 }
 
 // The row fragment of k-step (m0, k0) of A = M^T, M a row-major [k][m] tile: row m0 + lane % 16
