@@ -254,17 +254,17 @@ __device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* ac
         for (int n = 0; n < NDK; ++n) {
             const int col = dk_col0 + f.col(n, E * r);
             if (col >= hdim_q) continue;
-            const float* x = acc_dk + 4 * n + E * r;
-            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dk) + dk_off + col, x, scale);
-            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dk) + dk_off + col, x, scale);
+            const AccFrag::Slot x = AccFrag::scaled_slot(acc_dk + 4 * n + E * r, scale);
+            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dk) + dk_off, col, x);
+            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dk) + dk_off, col, x);
         }
 #pragma unroll
         for (int n = 0; n < NDV; ++n) {
             const int col = dv_col0 + f.col(n, E * r);
             if (col >= hdim_v) continue;
             const float* x = acc_dv + 4 * n + E * r;
-            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dv) + dv_off + col, x);
-            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dv) + dv_off + col, x);
+            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dv) + dv_off, col, x);
+            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dv) + dv_off, col, x);
         }
     }
 }

@@ -377,9 +377,9 @@ int main() {
         alignas(16) float fo[8] = {}, fs[4] = {};
         AccFrag::store_slot_f32(fo, 0, v);
         AccFrag::add_slot_f32(fo, 4, v);
-        AccFrag::store_slot_f32(fs, v, 2.f);
+        AccFrag::store_slot_f32(fs, 0, AccFrag::scaled_slot(v, 2.f));
         alignas(16) uint16_t ho[4] = {};
-        AccFrag::store_slot_16bit(ho, v);
+        AccFrag::store_slot_16bit(ho, 0, v);
         for (int i = 0; i < 4; ++i) {
             const unsigned hb = (unsigned)ho[i] << 16;
             float hx;

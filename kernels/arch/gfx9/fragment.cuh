@@ -72,18 +72,27 @@ struct AccFrag {
         return (quad >> (8 * e + row_in_group())) & 1u;
     }
 
-    // A row slot's SLOT_ELEMS = 4 adjacent values v[0..3] to global memory at p (its first column,
-    // 16-byte aligned for fp32, 8 for 16-bit: head dims and row strides are multiples of 8): fp32
-    // stores or stores in the input dtype, optionally each times `scale` (dK, dV); at row + col,
-    // fp32 stores or fp32 atomic adds (dQ; 4 scalar adds: there is no packed fp32 atomic). The
-    // same overloads as sm80's.
-    __device__ __forceinline__ static void store_slot_f32(float* p, const float* v, float scale = 1.f) {
-        *reinterpret_cast<float4*>(p) = make_float4(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale);
+    // A row slot's SLOT_ELEMS = 4 adjacent values to global memory at row + col (col: the slot's
+    // first column; 16-byte aligned for fp32, 8 for 16-bit: head dims and row strides are
+    // multiples of 8): fp32 stores, stores in the input dtype, or fp32 atomic adds (dQ; 4 scalar
+    // adds: there is no packed fp32 atomic); from accumulator elements v[0..3], or from a Slot
+    // (dK's values scaled first, scaled_slot). The same overloads as sm80's.
+    struct Slot {
+        float v[SLOT_ELEMS];
+    };
+    __device__ __forceinline__ static Slot scaled_slot(const float* v, float scale) {
+        return Slot{{v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale}};
     }
-    __device__ __forceinline__ static void store_slot_16bit(uint16_t* p, const float* v, float scale = 1.f) {
-        *reinterpret_cast<uint2*>(p) = make_uint2(pack2(v[0] * scale, v[1] * scale), pack2(v[2] * scale, v[3] * scale));
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) {
+        *reinterpret_cast<float4*>(row + col) = make_float4(v[0], v[1], v[2], v[3]);
     }
-    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) { store_slot_f32(row + col, v); }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const float* v) {
+        *reinterpret_cast<uint2*>(row + col) = make_uint2(pack2(v[0], v[1]), pack2(v[2], v[3]));
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const Slot& x) { store_slot_f32(row, col, x.v); }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const Slot& x) {
+        store_slot_16bit(row, col, x.v);
+    }
     __device__ __forceinline__ static void add_slot_f32(float* row, int col, const float* v) {
 #pragma unroll
         for (int c = 0; c < SLOT_ELEMS; ++c) gfx9::atomic_add_f32(row + col + c, v[c]);

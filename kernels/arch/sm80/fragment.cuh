@@ -69,26 +69,29 @@ struct AccFrag {
         return (pair >> ((e & 1) * 8 + row_in_group())) & 1u;
     }
 
-    // A row slot's SLOT_ELEMS adjacent values v[0..] to global memory at p (its first column):
-    // fp32 stores or stores in the input dtype, optionally each times `scale` (dK, dV); at row +
-    // col, fp32 stores or fp32 atomic adds (dQ). The forms keep the CUDA build's code what it was
-    // before these helpers: `scale` multiplied here, not into a local array first, and dQ's
-    // address formed here, after the values for the store (a plain store's order), so that NVVM
-    // hoists nothing common out of the two branches (bench/NOTES.md step 25).
-    __device__ __forceinline__ static void store_slot_f32(float* p, const float* v) {
-        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-    }
-    __device__ __forceinline__ static void store_slot_16bit(uint16_t* p, const float* v) {
-        *reinterpret_cast<uint32_t*>(p) = pack2(v[0], v[1]);
-    }
-    __device__ __forceinline__ static void store_slot_f32(float* p, const float* v, float scale) {
-        *reinterpret_cast<float2*>(p) = make_float2(v[0] * scale, v[1] * scale);
-    }
-    __device__ __forceinline__ static void store_slot_16bit(uint16_t* p, const float* v, float scale) {
-        *reinterpret_cast<uint32_t*>(p) = pack2(v[0] * scale, v[1] * scale);
-    }
+    // A row slot's SLOT_ELEMS adjacent values to global memory at row + col (col: the slot's first
+    // column): fp32 stores, stores in the input dtype, or fp32 atomic adds (dQ); from accumulator
+    // elements v[0..], or from a Slot (dK's values scaled first, scaled_slot). The forms keep the
+    // CUDA build's code what it was before these helpers (bench/NOTES.md step 25): the scaled
+    // values built without a loop (a local array filled by a loop stays in memory until the loop
+    // is unrolled, and NVVM's code changed), and the address row + col formed here, after the
+    // values for the stores (a plain store's order: with the address first NVVM hoisted it out of
+    // the fp32 / 16-bit branches, or placed it between the values).
+    struct Slot {
+        float v[SLOT_ELEMS];
+    };
+    __device__ __forceinline__ static Slot scaled_slot(const float* v, float scale) { return Slot{{v[0] * scale, v[1] * scale}}; }
     __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) {
         *reinterpret_cast<float2*>(row + col) = make_float2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const float* v) {
+        *reinterpret_cast<uint32_t*>(row + col) = pack2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const Slot& x) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(x.v[0], x.v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const Slot& x) {
+        *reinterpret_cast<uint32_t*>(row + col) = pack2(x.v[0], x.v[1]);
     }
     __device__ __forceinline__ static void add_slot_f32(float* row, int col, const float* v) {
         red_add_f32x2(row + col, v[0], v[1]);
