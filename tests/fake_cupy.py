@@ -47,10 +47,15 @@ def _fake(x):
     return f
 
 
-def fake_cupy(cc: str):
+def fake_cupy(cc: str, hip_arch: str | None = None):
+    """The stand-in module for a device of compute capability ``cc``; with ``hip_arch`` (HIP's
+    ``gcnArchName``, e.g. ``"gfx942:sramecc+:xnack-"``) a cupy-rocm one, whose runtime says
+    ``is_hip`` and whose ``cc`` is what CuPy reports there (e.g. "94")."""
+    runtime = types.SimpleNamespace(is_hip=hip_arch is not None,
+                                    getDeviceProperties=lambda i: {"gcnArchName": (hip_arch or "").encode()})
     return types.SimpleNamespace(
         ndarray=FakeArray,
-        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc)),
+        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc), runtime=runtime),
         asarray=lambda x, dtype=None: _fake(np.asarray(x, dtype=dtype)),
         ascontiguousarray=lambda x: _fake(np.ascontiguousarray(x)),
         zeros=lambda shape, dtype=np.float32: _fake(np.zeros(shape, dtype)),
@@ -115,7 +120,8 @@ class Recorder:
                 # its bytes, as an unstructured void array of the struct's size
                 assert args[0].dtype.itemsize == struct.itemsize, (spec.source, args[0].dtype)
                 args = (args[0].view(struct),)
-                launch = dict(spec=spec, grid=grid, args=decode_params(args[0]), maps=maps)
+                launch = dict(spec=spec, grid=grid, block=block, shared_mem=shared_mem, args=decode_params(args[0]),
+                              maps=maps)
                 rec.launches.append(launch)
                 if rec.hook is not None:
                     rec.hook(launch)
