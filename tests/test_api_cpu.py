@@ -108,3 +108,18 @@ def test_alibi_slopes_checked_before_the_gpu(monkeypatch):
     lse = np.zeros((1, 2, 8), np.float32)
     with pytest.raises((TypeError, ValueError), match="alibi_slopes"):
         api.attention_backward(do, q, q, q, q, lse, alibi_slopes=np.ones(3, np.float16))
+
+
+def test_every_subpackage_is_in_the_wheel():
+    # pyproject lists the packages by hand: a subpackage missing there is absent from a
+    # non-editable install (`pip install .`, a wheel), e.g. cupy_fmha.backends, which the plan,
+    # the launcher and the GPU API import.
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"cupy_fmha." + ".".join(p.parent.relative_to(root / "cupy_fmha").parts)
+             for p in (root / "cupy_fmha").glob("*/**/__init__.py")}
+    assert found, "no subpackages found"
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
