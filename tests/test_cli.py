@@ -812,3 +812,14 @@ def test_unwritable_output_is_one_line(monkeypatch, capsys):
         cli.main()
     assert exc.value.code == 1
     assert capsys.readouterr().err.strip() == "cupy-fmha: cannot write the output: No space left on device"
+
+
+def test_python_m_cupy_fmha_cli_runs_the_app():
+    # `python -m cupy_fmha.cli` works like the `cupy-fmha` console script (no installed script needed)
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "cupy_fmha.cli", "fwd", "--warmup", "-1"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.stderr.strip() == "cupy-fmha: error: --warmup: must be in [0, 100000], got -1"
