@@ -234,6 +234,9 @@ def _check_layout_and_devices(named, also_on_device=()) -> None:
 
 
 def _check_layout(layout) -> str:
+    if layout == "thd":  # group mode's layout, reached here without its offsets
+        raise ValueError(f"layout: 'thd' (packed sequences) needs cu_seqlens_q and cu_seqlens_k; "
+                         f"without them expected one of {LAYOUTS}")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     return layout

@@ -73,6 +73,7 @@ ERRORS = [
     ("do", ValueError, "rank-4", lambda a, kw: a.update(do=a["do"][None])),
     ("lse", ValueError, "rank-3", lambda a, kw: a.update(lse=a["lse"][..., None])),
     ("layout", ValueError, "bshd", lambda a, kw: kw.update(layout="sbhd")),
+    ("layout", ValueError, "needs cu_seqlens_q", lambda a, kw: kw.update(layout="thd")),
     ("k", ValueError, "batch", lambda a, kw: a.update(k=np.concatenate([a["k"], a["k"]]))),
     ("v", ValueError, "batch", lambda a, kw: a.update(v=a["v"][:1])),
     ("v", ValueError, "seqlen", lambda a, kw: a.update(v=a["v"][:, :3])),
