@@ -109,8 +109,7 @@ _functions: dict = {}
 
 
 def get_function(spec: KernelSpec):
-    """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use):
-    NVRTC on NVIDIA, hiprtc with :func:`cupy_fmha.backends.rocm.compile_options` on ROCm.
+    """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use).
 
     Raises:
         RuntimeError: when NVRTC rejects the source (the log is included).
@@ -121,16 +120,11 @@ def get_function(spec: KernelSpec):
     key = (spec, dev.id)
     fn = _functions.get(key)
     if fn is None:
-        if getattr(getattr(cupy.cuda, "runtime", None), "is_hip", False):  # cupy-rocm: hiprtc
-            from .backends import rocm
+        from .spec import backend_for
 
-            options = rocm.compile_options(spec, rocm.device_target(cupy, dev.id))
-        else:
-            from .spec import backend_for
-
-            options = nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
+        arch = backend_for(int(dev.compute_capability)).compile_arch(spec)
         try:
-            mod = cupy.RawModule(code=load_source(spec.source), options=options)
+            mod = cupy.RawModule(code=load_source(spec.source), options=nvrtc_options(spec, arch))
             fn = mod.get_function(spec.entry)
         except cupy.cuda.compiler.CompileException as exc:  # pragma: no cover - needs a GPU
             raise RuntimeError(f"cupy-fmha: compiling {spec.name} failed:\n{exc}") from exc
