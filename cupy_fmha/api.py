@@ -112,12 +112,18 @@ def _cupy():
 _CC: dict = {}
 
 
-def _cc(cp) -> int:
-    """Compute capability of the current device as an int (e.g. 90)."""
+def _cc(cp):
+    """The current device's key for the backends (:func:`cupy_fmha.spec.backend_for`): its compute
+    capability as an int (e.g. 90), or on ROCm (cupy-rocm) its gfx target (e.g. ``"gfx942"``)."""
     dev = cp.cuda.Device()
     cc = _CC.get(dev.id)
     if cc is None:
-        cc = _CC[dev.id] = int(dev.compute_capability)
+        if getattr(getattr(cp.cuda, "runtime", None), "is_hip", False):
+            from .backends import rocm
+
+            cc = _CC[dev.id] = rocm.device_target(cp, dev.id)
+        else:
+            cc = _CC[dev.id] = int(dev.compute_capability)
     return cc
 
 

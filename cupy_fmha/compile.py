@@ -109,7 +109,8 @@ _functions: dict = {}
 
 
 def get_function(spec: KernelSpec):
-    """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use).
+    """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use):
+    NVRTC on NVIDIA, hiprtc with :func:`cupy_fmha.backends.rocm.compile_options` on ROCm.
 
     Raises:
         RuntimeError: when NVRTC rejects the source (the log is included).
@@ -120,11 +121,16 @@ def get_function(spec: KernelSpec):
     key = (spec, dev.id)
     fn = _functions.get(key)
     if fn is None:
-        from .spec import backend_for
+        if getattr(getattr(cupy.cuda, "runtime", None), "is_hip", False):  # cupy-rocm: hiprtc
+            from .backends import rocm
 
-        arch = backend_for(int(dev.compute_capability)).compile_arch(spec)
+            options = rocm.compile_options(spec, rocm.device_target(cupy, dev.id))
+        else:
+            from .spec import backend_for
+
+            options = nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
         try:
-            mod = cupy.RawModule(code=load_source(spec.source), options=nvrtc_options(spec, arch))
+            mod = cupy.RawModule(code=load_source(spec.source), options=options)
             fn = mod.get_function(spec.entry)
         except cupy.cuda.compiler.CompileException as exc:  # pragma: no cover - needs a GPU
             raise RuntimeError(f"cupy-fmha: compiling {spec.name} failed:\n{exc}") from exc

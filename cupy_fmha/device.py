@@ -80,7 +80,8 @@ def describe() -> dict:
 
     Keys: ``gpu_available``, ``device``, ``compute_capability``, ``sm_count``, ``memory_gib``,
     ``cupy``, ``cuda_runtime``, ``cuda_driver``, ``nvrtc``, ``kernel_cache_dir``, ``python``,
-    ``numpy`` and, without a GPU, ``note``. Values that cannot be found are ``None``.
+    ``numpy``, on ROCm ``gfx_target`` (e.g. ``"gfx942"``; an unsupported one as HIP names it) and,
+    without a GPU, ``note``. Values that cannot be found are ``None``.
     """
     import numpy as np
 
@@ -122,6 +123,11 @@ def describe() -> dict:
         info["device_count"] = _try(rt.getDeviceCount)
         cc = _try(lambda: dev.compute_capability)
         info["compute_capability"] = f"{cc[:-1]}.{cc[-1]}" if cc else None
+        if getattr(rt, "is_hip", False):  # cupy-rocm: the gfx target picks the kernels, not the cc
+            from .backends import rocm
+
+            arch = props.get("gcnArchName", b"")
+            info["gfx_target"] = _try(lambda: rocm.target_of(arch)) or (arch.decode() if isinstance(arch, bytes) else arch)
         info["sm_count"] = props.get("multiProcessorCount")
         total = props.get("totalGlobalMem") or _try(lambda: dev.mem_info[1])
         info["memory_gib"] = round(total / 2**30, 1) if total else None

@@ -112,8 +112,13 @@ def feature_macros(alibi: bool = False, bias: bool = False, dropout: bool = Fals
 
 
 
-def backend_for(cc: int):
-    """The backend module serving a device of compute capability ``cc`` (an int, e.g. 90)."""
+def backend_for(cc):
+    """The backend module serving a device whose key is ``cc``: an NVIDIA compute capability (an
+    int, e.g. 90) or an AMD gfx target (a str, e.g. ``"gfx942"``: :mod:`cupy_fmha.backends.rocm`)."""
+    if isinstance(cc, str) and cc.startswith("gfx"):
+        from .backends import rocm
+
+        return rocm
     from .backends import cuda
 
     return cuda

@@ -1,8 +1,9 @@
 // Attention maths shared by the mma.sync and the wgmma kernels: block ranges under a mask,
 // the forward's online softmax, the backward's P / dS step and its dK/dV store. Everything works
-// on accumulators of n8 tiles, flattened (element e of n8-tile n is [4n + e]), addressed through
-// the architecture layer's fragment type (AccFrag: row(e), col(n, e), row reductions). No PTX here
-// beyond the architecture layer's helpers.
+// on accumulators of tiles of AccFrag::N columns (n8 tiles on sm80, 16 columns on gfx9), flattened
+// (element e of tile n is [4n + e]), addressed through the architecture layer's fragment type
+// (AccFrag: row(e), col(n, e), row reductions, keep bits, row-slot stores). No PTX here beyond the
+// architecture layer's helpers.
 #pragma once
 #include "common.cuh"
 #include "arch/arch.cuh"
@@ -208,12 +209,13 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
     }
 }
 
-// Backward: S^T, dP^T (NQ n8-tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
+// Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
 // With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
-// the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = 8 NQ),
-// `keep_bits` pointing at the byte row of key group key0 / 8 (key0 a multiple of 8).
+// the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
+// read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
+// (key0 a multiple of 8).
 // (Kept as one loop, unlike the forward: the compiler unswitches it by itself here, and splitting
 // it by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into spills.)
 template <int NQ>
@@ -236,9 +238,8 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             float p = fast_exp2(x);
             if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             if constexpr (DROPOUT) {
-                // bytes of query rows c & ~1 and c | 1 of key group row_group(e): bit row_in_group (+ 8)
-                const uint32_t pair = *reinterpret_cast<const uint16_t*>(keep_bits + f.row_group(e) * (8 * NQ) + f.col(n, 0));
-                const float z = (pair >> ((e & 1) * 8 + f.row_in_group())) & 1u ? drop.rp_keep : 0.f;
+                // the tile's byte mask has one byte per (key group, query row): NQ tiles of N query rows
+                const float z = f.keep_bit(keep_bits, AccFrag::N * NQ, n, e) ? drop.rp_keep : 0.f;
                 s[4 * n + e] = p * z;
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
             } else {
@@ -263,35 +264,37 @@ __device__ __forceinline__ void store_ds(const float* ds, float* ds_g, index_t l
 }
 
 // Backward epilogue: this thread's rows key0 + f.row(e) of dK (scaled) and dV, columns from dk_col0
-// (NDK n8 tiles) and dv_col0 (NDV), into the outputs (input dtype, K/V head hk) or,
-// for GQA, into fp32 workspaces per query head h.
+// (NDK accumulator tiles) and dv_col0 (NDV), into the outputs (input dtype, K/V head hk) or,
+// for GQA, into fp32 workspaces per query head h; each row slot's SLOT_ELEMS adjacent columns in
+// one store (AccFrag::store_slot_*).
 template <int NDK, int NDV>
 __device__ __forceinline__ void store_dk_dv(const float* acc_dk, const float* acc_dv, float scale, int key0, const AccFrag& f,
                                             int seqlen_k, int hdim_q, int hdim_v, int dk_col0, int dv_col0,
                                             bool fp32, void* dk, void* dv, int b, int head,
                                             index_t dk_sb, index_t dk_sh, index_t dk_ss,
                                             index_t dv_sb, index_t dv_sh, index_t dv_ss) {
+    constexpr int E = AccFrag::SLOT_ELEMS;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int j = key0 + f.row(2 * r);
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
+        const int j = key0 + f.row(E * r);
         if (j >= seqlen_k) continue;
         const index_t dk_off = b * dk_sb + head * dk_sh + (index_t)j * dk_ss;
         const index_t dv_off = b * dv_sb + head * dv_sh + (index_t)j * dv_ss;
 #pragma unroll
         for (int n = 0; n < NDK; ++n) {
-            const int col = dk_col0 + f.col(n, 0);
+            const int col = dk_col0 + f.col(n, E * r);
             if (col >= hdim_q) continue;
-            const float x = acc_dk[4 * n + 2 * r] * scale, y = acc_dk[4 * n + 2 * r + 1] * scale;
-            if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dk) + dk_off + col) = make_float2(x, y);
-            else *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(dk) + dk_off + col) = pack2(x, y);
+            const AccFrag::Slot x = AccFrag::scaled_slot(acc_dk + 4 * n + E * r, scale);
+            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dk) + dk_off, col, x);
+            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dk) + dk_off, col, x);
         }
 #pragma unroll
         for (int n = 0; n < NDV; ++n) {
-            const int col = dv_col0 + f.col(n, 0);
+            const int col = dv_col0 + f.col(n, E * r);
             if (col >= hdim_v) continue;
-            const float x = acc_dv[4 * n + 2 * r], y = acc_dv[4 * n + 2 * r + 1];
-            if (fp32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(dv) + dv_off + col) = make_float2(x, y);
-            else *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(dv) + dv_off + col) = pack2(x, y);
+            const float* x = acc_dv + 4 * n + E * r;
+            if (fp32) AccFrag::store_slot_f32(reinterpret_cast<float*>(dv) + dv_off, col, x);
+            else AccFrag::store_slot_16bit(reinterpret_cast<uint16_t*>(dv) + dv_off, col, x);
         }
     }
 }

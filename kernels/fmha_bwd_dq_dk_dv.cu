@@ -3,8 +3,8 @@
 //
 // A CTA owns BLOCK_N = 16 * NWARPS keys of one (batch, query head); warp w owns keys
 // [16w, 16w + 16) of that block. K and V stay in shared memory; Q, dO, LSE and D blocks of
-// BLOCK_M rows stream past them, double-buffered with cp.async, over the rows the mask lets
-// see this key block (CK's GetTileRangeAlongY). Per Q block, on tensor cores:
+// BLOCK_M rows stream past them, double-buffered with cp.async (plain loads on AMD), over the rows
+// the mask lets see this key block (CK's GetTileRangeAlongY). Per Q block, on tensor cores:
 //   GEMM0  S^T  = K Q^T                       (A: K from smem, B: Q)
 //   GEMM2  dP^T = V dO^T                      (A: V from smem, B: dO)
 //          P^T  = exp2(S^T * scale*log2e - LSE*log2e), masked entries 0 (edge tiles only)
@@ -25,7 +25,13 @@
 // Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
 // shared memory, one Philox call per (query row, 8 keys), one Q block ahead (fill_keep_bits);
 // backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep / (1 - p).
-// Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * 32.
+// Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * WARP_LANES.
+// The same source builds for sm80 (mma.sync, warps of 32) and gfx9 (MFMA, wavefronts of 64,
+// "warp" here): fragment layouts, loads, stores and the matrix instructions come from the
+// architecture layer (AccFrag: tiles of N columns, ROW_SLOTS row slots of SLOT_ELEMS adjacent
+// columns per thread, keep_bit, the row-slot stores; FragA, load_a, load_a_t, store_a, acc_to_a,
+// mma_row_nmajor / kmajor; arch/arch.cuh). On gfx9 the products run transposed (arch/gfx9/
+// fragment.cuh), so a lane holds one key and 4 adjacent query rows per tile of S^T.
 // dq_acc: fp32 [batch, nhead_q, seqlen_q, hdim_q], zeroed by the caller, when dq_split_stride == 0
 //         (atomic adds). Deterministic mode: dq_split_stride = batch * nhead_q * seqlen_q * hdim_q
 //         and dq_acc is [nsplit = ceil(seqlen_k / BLOCK_N), batch, nhead_q, seqlen_q, hdim_q],
@@ -47,7 +53,7 @@
 
 using namespace fmha;
 
-static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == 32 * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
+static_assert(BLOCK_N == 16 * NWARPS && NTHREADS == WARP_LANES * NWARPS, "fmha_bwd_dq_dk_dv: one warp per 16 keys (spec.py)");
 
 // Shared memory: K, V; Q, dO, LSE and D double-buffered; dS^T ([BLOCK_N][BLOCK_M], for GEMM4);
 // row-major tiles with pitch smem_pitch(D). DROPOUT: the keep bits of the Q block being processed
@@ -71,11 +77,14 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
     const BwdParams p = FMHA_BWD_PARAMS_STRUCT;  // flattened ABI: see params.cuh
     constexpr int PQ = smem_pitch(HDIM_Q), PV = smem_pitch(HDIM_V), PS = smem_pitch(BLOCK_M);
     constexpr int DQ_OUT = HDIM_Q / NSPLIT, DV_OUT = HDIM_V / NSPLIT;
-    constexpr int NT_M = BLOCK_M / 8;            // n-tiles of S^T / dP^T along the query rows
-    constexpr int NT_DQ = DQ_OUT / 8, NT_DV = DV_OUT / 8;
+    // accumulator tiles (AccFrag::N columns each); each thread holds ROW_SLOTS row slots of E
+    // adjacent columns per tile
+    constexpr int N = AccFrag::N, E = AccFrag::SLOT_ELEMS;
+    constexpr int NT_M = BLOCK_M / N;            // tiles of S^T / dP^T along the query rows
+    constexpr int NT_DQ = DQ_OUT / N, NT_DV = DV_OUT / N;
     constexpr int MT4 = BLOCK_M / 16;            // GEMM4: m-tiles of dQ
     constexpr int WC4 = NWARPS / MT4;            // GEMM4: warps sharing one m-tile
-    constexpr int NT4 = (DQ_OUT / 8 + WC4 - 1) / WC4;  // GEMM4: n-tiles per warp (the last warp
+    constexpr int NT4 = (DQ_OUT / N + WC4 - 1) / WC4;  // GEMM4: tiles per warp (the last warp
                                                         // of a row may compute unused columns)
     static_assert(NWARPS % MT4 == 0, "NWARPS must be a multiple of BLOCK_M / 16");
     static_assert(DQ_OUT % 16 == 0 && DV_OUT % 16 == 0, "split head dims must be multiples of 16");
@@ -142,13 +151,13 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         zero<NT_M>(dp);
 #pragma unroll
         for (int kk = 0; kk < HDIM_Q / 16; ++kk) {
-            uint32_t a[4];
+            FragA a;
             load_a(a, sK, PQ, n0, kk * 16, lane);
             mma_row_nmajor<NT_M>(s, a, sQb, PQ, 0, kk * 16, lane);
         }
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk) {
-            uint32_t a[4];
+            FragA a;
             load_a(a, sV, PV, n0, kk * 16, lane);
             mma_row_nmajor<NT_M>(dp, a, sdOb, PV, 0, kk * 16, lane);
         }
@@ -164,20 +173,16 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         // GEMM1: dV += P^T dO ; GEMM3: dK += dS^T Q ; dS^T to shared memory for GEMM4
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            FragA a;
+            acc_to_a(a, s, kk);
             mma_row_kmajor<NT_DV>(acc_dv, a, sdOb, PV, split * DV_OUT, kk * 16, lane);
         }
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            uint32_t a[4];
-            c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
+            FragA a;
+            acc_to_a(a, dp, kk);
             mma_row_kmajor<NT_DQ>(acc_dk, a, sQb, PQ, split * DQ_OUT, kk * 16, lane);
-            // a = C elements (0, 1) and (2, 3) of n8 tiles 2kk (a[0], a[1]) and 2kk + 1 (a[2], a[3])
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(0, 0)) = a[0];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(0, 0)) = a[1];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(0)) * PS + kk * 16 + frag.col(1, 0)) = a[2];
-            *reinterpret_cast<uint32_t*>(sdS + (n0 + frag.row(2)) * PS + kk * 16 + frag.col(1, 0)) = a[3];
+            store_a(sdS, PS, n0, kk * 16, a, frag);  // dS^T rows n0 .. n0 + 15, query rows of k-step kk
         }
         __syncthreads();
 
@@ -186,25 +191,25 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         {
             float acc_dq[NT4][4];
             zero<NT4>(acc_dq);
-            const int c0 = split * DQ_OUT + wc4 * NT4 * 8;
+            const int c0 = split * DQ_OUT + wc4 * NT4 * N;
             const int c_end = min(p.hdim_q, (split + 1) * DQ_OUT);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                uint32_t a[4];
+                FragA a;
                 load_a_t(a, sdS, PS, mt4 * 16, kk * 16, lane);
                 mma_row_kmajor<NT4>(acc_dq, a, sK, PQ, c0, kk * 16, lane);
             }
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = q0 + mt4 * 16 + frag.row(2 * r);
+            for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
+                const int i = q0 + mt4 * 16 + frag.row(E * r);
                 if (i < blk.seqlen_q) {
                     float* row = blk.dq_g + (index_t)i * p.hdim_q;
 #pragma unroll
                     for (int n = 0; n < NT4; ++n) {
-                        const int col = c0 + frag.col(n, 0);
+                        const int col = c0 + frag.col(n, E * r);
                         if (col >= c_end) continue;
-                        if (p.dq_split_stride) *reinterpret_cast<float2*>(row + col) = make_float2(acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
-                        else red_add_f32x2(row + col, acc_dq[n][2 * r], acc_dq[n][2 * r + 1]);
+                        if (p.dq_split_stride) AccFrag::store_slot_f32(row, col, &acc_dq[n][E * r]);
+                        else AccFrag::add_slot_f32(row, col, &acc_dq[n][E * r]);
                     }
                 }
             }

@@ -414,6 +414,7 @@ def pytest_terminal_summary(terminalreporter):
     if not rows:
         return
     terminalreporter.section("ROCm resources (clang, per kernel and target)")
-    terminalreporter.write_line(f"{'kernel':64} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
+    w = max(64, *(len(r[0]) for r in rows))
+    terminalreporter.write_line(f"{'kernel':{w}} {'target':7} {'VGPR':>5} {'AGPR':>5} {'scratch':>7} {'LDS':>7} {'waves/SIMD':>10}")
     for kernel, target, vgprs, agprs, scratch, lds, occ in rows:
-        terminalreporter.write_line(f"{kernel:64} {target:7} {vgprs:5} {agprs:5} {scratch:7} {lds:7} {occ:10}")
+        terminalreporter.write_line(f"{kernel:{w}} {target:7} {vgprs:5} {agprs:5} {scratch:7} {lds:7} {occ:10}")

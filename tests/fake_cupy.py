@@ -86,10 +86,15 @@ def _memory_pointer(mem, offset):
     return (ctypes.c_char * max(size - offset, 1)).from_address(ptr + offset)
 
 
-def fake_cupy(cc: str):
+def fake_cupy(cc: str, hip_arch: str | None = None):
+    """The stand-in module for a device of compute capability ``cc``; with ``hip_arch`` (HIP's
+    ``gcnArchName``, e.g. ``"gfx942:sramecc+:xnack-"``) a cupy-rocm one, whose runtime says
+    ``is_hip`` and whose ``cc`` is what CuPy reports there (e.g. "94")."""
+    runtime = types.SimpleNamespace(is_hip=hip_arch is not None,
+                                    getDeviceProperties=lambda i: {"gcnArchName": (hip_arch or "").encode()})
     return types.SimpleNamespace(
         ndarray=FakeArray,
-        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc),
+        cuda=types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0, compute_capability=cc), runtime=runtime,
                                    Stream=FakeStream, UnownedMemory=lambda ptr, size, owner, dev: (ptr, size, owner),
                                    MemoryPointer=_memory_pointer),
         asarray=lambda x, dtype=None: _fake(np.asarray(x, dtype=dtype)),

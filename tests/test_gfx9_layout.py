@@ -44,6 +44,9 @@ def _cpp_coords(header_text: str, tmp_path) -> dict:
                      f'std::printf("{s.name} B %d %d %d %d\\n", l, i, {t}::b_k(l, i), {t}::b_col(l, i));')
         lines.append(f'for (int l = 0; l < 64; ++l) for (int r = 0; r < {t}::ACC; ++r) '
                      f'std::printf("{s.name} D %d %d %d %d\\n", l, r, {t}::d_row(l, r), {t}::d_col(l, r));')
+    lines.append('for (int l = 0; l < 64; ++l) std::printf("tr16 addr %d 0 %d %d\\n", l, DsReadTr16::addr_row(l), DsReadTr16::addr_col(l));')
+    lines.append('for (int l = 0; l < 64; ++l) for (int r = 0; r < DsReadTr16::ELEMS; ++r) '
+                 'std::printf("tr16 src %d %d %d %d\\n", l, r, DsReadTr16::src_lane(l, r), DsReadTr16::src_elem(l, r));')
     lines.append("return 0; }")
     (tmp_path / "main.cpp").write_text("\n".join(lines))
     subprocess.run([cxx, "-std=c++17", "-O0", "-o", str(tmp_path / "coords"), str(tmp_path / "main.cpp")], check=True)
@@ -64,6 +67,10 @@ def _model_coords() -> dict:
                 coords[(s.name, "B", l, i)] = G.b_coords(s, l, i)
             for r in range(s.acc):
                 coords[(s.name, "D", l, r)] = G.d_coords(s, l, r)
+    for l in range(G.WAVE):
+        coords[("tr16", "addr", l, 0)] = G.tr16_address(l)
+        for r in range(4):
+            coords[("tr16", "src", l, r)] = G.tr16_source(l, r)
     return coords
 
 
@@ -101,3 +108,19 @@ def test_model_multiplies(s):
     np.testing.assert_allclose(d, want, rtol=1e-5, atol=1e-5)
     # and a wrong accumulator layout would not: D rows gathered through the A layout's rows
     assert not np.allclose(d.T, want)
+
+
+def test_tr16_reads_columns_of_each_groups_block():
+    """ds_read_b64_tr_b16 as modelled: each group of 16 lanes, addressing its 4 x 16 block as
+    tr16_address says, gets column lane % 16 of the block, rows 0..3, in elements 0..3; every
+    element of the block lands once. (The model's rule is taken from public users of the
+    instruction, not checked on a GPU; see the module docstring of gfx9_layout.)"""
+    rng = np.random.default_rng(950)
+    blocks = rng.integers(0, 2 ** 16, size=(4, 4, 16))  # [group][row][column]
+    loaded = np.array([[blocks[l // 16, G.tr16_address(l)[0], G.tr16_address(l)[1] + e] for e in range(4)]
+                       for l in range(G.WAVE)])
+    out = G.tr16_model(loaded)
+    for l in range(G.WAVE):
+        assert list(out[l]) == [blocks[l // 16, r, l % 16] for r in range(4)]
+    assert sorted(G.tr16_source(l, r) for l in range(G.WAVE) for r in range(4)) == \
+        [(l, e) for l in range(G.WAVE) for e in range(4)]

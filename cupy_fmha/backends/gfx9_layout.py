@@ -20,6 +20,14 @@ gfx950 double-rate shapes (K 16 and 32) are listed with the same rule (8 consecu
 per lane): **not yet checked against AMD's calculator or a GPU**; no AMD GPU is available to this
 project.
 
+gfx950's transposed LDS read ``ds_read_b64_tr_b16`` (:data:`TR16`, :func:`tr16_model`) gives each
+lane 4 16-bit elements of one column of a 4 x 16 block that its group of 16 lanes reads, one 8-byte
+address per lane: lane ``l`` (``j = l % 16``) addresses row ``j // 4``, columns ``4 (j % 4)`` ..
+``+ 3`` of its group's block, and receives column ``j``, rows 0..3, in its elements 0..3. Source:
+two public users of the instruction that agree on this addressing and result (Modular's MAX
+kernels and a ROCm convolution library's lane map for it; facts, written here from them), **not
+AMD's ISA guide text, and not run**.
+
 ``tools/gen_arch_gfx9.py`` writes ``kernels/arch/gfx9/layout.cuh`` from :data:`LAYOUTS`, and
 ``tests/test_gfx9_layout.py`` checks the header against the table and the model against ``A @ B``.
 """
@@ -31,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Mfma", "LAYOUTS", "WAVE", "a_coords", "b_coords", "d_coords", "scatter_a", "scatter_b",
-           "mfma_model", "gather_d"]
+           "mfma_model", "gather_d", "TrRead", "TR16", "tr16_address", "tr16_source", "tr16_model"]
 
 WAVE = 64
 
@@ -127,3 +135,36 @@ def gather_d(s: Mfma, rd: np.ndarray) -> np.ndarray:
         for r in range(s.acc):
             d[d_coords(s, l, r)] = rd[l, r]
     return d
+
+
+@dataclass(frozen=True)
+class TrRead:
+    """A transposed LDS read: ``name`` (the instruction), the targets that have it, the builtins."""
+
+    name: str
+    targets: tuple[str, ...]
+    builtins: tuple[str, ...]
+
+
+TR16 = TrRead("ds_read_b64_tr_b16", ("gfx950",),
+              ("__builtin_amdgcn_ds_read_tr16_b64_v4i16", "__builtin_amdgcn_ds_read_tr16_b64_v4f16",
+               "__builtin_amdgcn_ds_read_tr16_b64_v4bf16"))
+
+
+def tr16_address(lane: int) -> tuple[int, int]:
+    """(row, first column) of its group's 4 x 16 block that ``lane``'s 8-byte address points at."""
+    j = lane % 16
+    return j // 4, 4 * (j % 4)
+
+
+def tr16_source(lane: int, r: int) -> tuple[int, int]:
+    """(lane, element) of the 8-byte values the group's lanes read that lands in element ``r`` of
+    ``lane``'s result: row r, column lane % 16 of the block."""
+    j = lane % 16
+    return 16 * (lane // 16) + 4 * r + j // 4, j % 4
+
+
+def tr16_model(loaded: np.ndarray) -> np.ndarray:
+    """The instruction, lane by lane: registers [64, 4] (each lane's 4 elements at its address)
+    in, the transposed registers [64, 4] out."""
+    return np.array([[loaded[tr16_source(l, r)] for r in range(4)] for l in range(WAVE)], dtype=loaded.dtype)

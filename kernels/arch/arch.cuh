@@ -8,14 +8,15 @@
 //   sm90/  wgmma (descriptors, fences), the blocked tile layout wgmma reads, bulk copies and named
 //          barriers, TMA tensor loads with mbarriers and setmaxnreg (tma.cuh): only when compiling
 //          for sm_90a
-//   gfx9/  AMD CDNA (gfx90a, gfx942, gfx950; wave64): MFMA wrappers and their layouts (instr.cuh,
-//          layout.cuh), wavefront pieces (elem.cuh), and the sm80 names over MFMA for the
-//          mma.sync-family forward (fragment.cuh: AccFrag; tile.cuh: loads and products)
+//   gfx9/  AMD CDNA (gfx90a, gfx942, gfx950; wave64): MFMA wrappers, gfx950's transposed LDS read
+//          and their layouts (instr.cuh, layout.cuh), wavefront pieces (elem.cuh), and the sm80
+//          names over MFMA for the mma.sync-family forward and backward (fragment.cuh: AccFrag;
+//          tile.cuh: loads, stores and products)
 #pragma once
 // common.cuh first, outside the conditional blocks: cupy_fmha.compile expands each local include
 // once, where it first appears, without evaluating #if
 #include "../common.cuh"
-#if defined(__HIP__)  // AMD gfx9 (issue 12, in progress: the MMA-free kernels and fmha_fwd)
+#if defined(__HIP__)  // AMD gfx9 (issue 12, in progress: the MMA-free kernels, fmha_fwd, fmha_bwd_dq_dk_dv)
 #include "gfx9/instr.cuh"
 #include "gfx9/elem.cuh"
 #include "gfx9/fragment.cuh"

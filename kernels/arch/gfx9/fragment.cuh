@@ -1,5 +1,6 @@
 // Architecture layer, gfx9 (wave64): the accumulator layout of the mma.sync-family kernels on
-// MFMA (fmha_fwd.cu), under the names the sm80 layer gives it (AccFrag, warp_sync).
+// MFMA (fmha_fwd.cu, fmha_bwd_dq_dk_dv.cu), under the names the sm80 layer gives it (AccFrag,
+// warp_sync).
 //
 // The products are computed transposed: for S = Q K^T the instruction (v_mfma_f32_16x16x16,
 // layout.cuh's Mfma16x16x16) gets K's rows as its A operand and Q^T as B, so its accumulator
@@ -7,7 +8,10 @@
 // the lane's registers (D's rows: 4 (lane / 16) + r). A lane thus holds, per tile of 16 keys, 4
 // adjacent columns of one row: the row maths needs no exchange across a row inside a lane, the 4
 // lane groups holding one row combine with two xor shuffles (16, 32), and S's accumulator is
-// already the B operand of O^T = V^T P^T (tile.cuh). Issue 12; compile-checked, never run.
+// already the B operand of O^T = V^T P^T (tile.cuh). The backward computes S^T the same way with
+// the roles swapped (D = Q K^T: a lane holds one key, its column, and 4 adjacent query rows per
+// tile), and its accumulators feed dV += P^T dO and dK += dS^T Q as B operands. Issue 12;
+// compile-checked, never run.
 #pragma once
 #include "../../common.cuh"
 #include "instr.cuh"
@@ -34,8 +38,7 @@ struct AccFrag {
     // D = K Q^T: this lane's D column is its query row, D's rows its keys
     __device__ __forceinline__ int row(int e) const { return L::d_col(lane, e); }
     __device__ __forceinline__ int col(int n, int e) const { return n * N + L::d_row(lane, e); }
-    // row(e) = 8 row_group(e) + row_in_group(), as on sm80 (the backward's keep-bit addressing,
-    // attention.cuh's backward_p_ds, still assumes sm80's column pairs: not ported yet)
+    // row(e) = 8 row_group(e) + row_in_group(), as on sm80
     __device__ __forceinline__ int row_group(int e) const { return row(e) >> 3; }
     __device__ __forceinline__ int row_in_group() const { return row(0) & 7; }
     __device__ __forceinline__ bool row_leader() const { return lane < N; }
@@ -57,6 +60,42 @@ struct AccFrag {
         for (int n = 0; n < NT; ++n)
             *reinterpret_cast<uint2*>(s + (m0 + row(0)) * pitch + col(n, 0)) =
                 make_uint2(pack2(acc[n][0], acc[n][1]), pack2(acc[n][2], acc[n][3]));
+    }
+
+    // Backward dropout: the keep bit of element e of tile n, from the byte mask fill_keep_bits
+    // makes (byte [key group][query row], `pitch` bytes per key group) of a tile whose rows are
+    // keys and whose columns are query rows (S^T = Q K^T's accumulator: the lane's key, row(e),
+    // and its 4 adjacent query rows col(n, 0) .. + 3): the 4 bytes of those query rows in one
+    // 32-bit read, byte e, bit row_in_group().
+    __device__ __forceinline__ bool keep_bit(const unsigned char* bits, int pitch, int n, int e) const {
+        const uint32_t quad = *reinterpret_cast<const uint32_t*>(bits + row_group(e) * pitch + col(n, 0));
+        return (quad >> (8 * e + row_in_group())) & 1u;
+    }
+
+    // A row slot's SLOT_ELEMS = 4 adjacent values to global memory at row + col (col: the slot's
+    // first column; 16-byte aligned for fp32, 8 for 16-bit: head dims and row strides are
+    // multiples of 8): fp32 stores, stores in the input dtype, or fp32 atomic adds (dQ; 4 scalar
+    // adds: there is no packed fp32 atomic); from accumulator elements v[0..3], or from a Slot
+    // (dK's values scaled first, scaled_slot). The same overloads as sm80's.
+    struct Slot {
+        float v[SLOT_ELEMS];
+    };
+    __device__ __forceinline__ static Slot scaled_slot(const float* v, float scale) {
+        return Slot{{v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale}};
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) {
+        *reinterpret_cast<float4*>(row + col) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const float* v) {
+        *reinterpret_cast<uint2*>(row + col) = make_uint2(pack2(v[0], v[1]), pack2(v[2], v[3]));
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const Slot& x) { store_slot_f32(row, col, x.v); }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const Slot& x) {
+        store_slot_16bit(row, col, x.v);
+    }
+    __device__ __forceinline__ static void add_slot_f32(float* row, int col, const float* v) {
+#pragma unroll
+        for (int c = 0; c < SLOT_ELEMS; ++c) gfx9::atomic_add_f32(row + col + c, v[c]);
     }
 
     // Forward dropout: keep bits of tiles m = 0 .. tiles - 1 (keys 8 jg0 + 16 m ..) in row i, bits

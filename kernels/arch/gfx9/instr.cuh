@@ -1,8 +1,8 @@
 // Architecture layer, gfx9 (AMD CDNA: gfx90a, gfx942, gfx950; wave64): the MFMA instructions as
 // compiler builtins (clang's __builtin_amdgcn_mfma_*; hiprtc and clang -x hip know them), over
-// the fragment layouts of layout.cuh beside it. Hand-written. Compile-checked for the three
-// targets by tests/test_rocm_compile.py (clang-22); never run: no AMD GPU is available to this
-// project (the ROCm backend is issue 12, in progress).
+// the fragment layouts of layout.cuh beside it, and gfx950's transposed LDS read. Hand-written.
+// Compile-checked for the three targets by tests/test_rocm_compile.py (clang-22); never run: no
+// AMD GPU is available to this project (the ROCm backend is issue 12, in progress).
 #pragma once
 #include "layout.cuh"
 
@@ -42,6 +42,14 @@ FMHA_GFX9_FN inline floatx4_t mfma_16x16x32(half8_t a, half8_t b, floatx4_t c) {
 FMHA_GFX9_FN inline floatx4_t mfma_16x16x32(bf16x8_t a, bf16x8_t b, floatx4_t c) {
     return __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, 0, 0, 0);
 }
+
+// ds_read_b64_tr_b16 (layout.cuh's DsReadTr16): 4 16-bit elements of one column of the 4 x 16
+// block the lane's group of 16 reads; p, the lane's 8-byte address, must be an LDS address.
+typedef short short4_t __attribute__((ext_vector_type(4)));
+FMHA_GFX9_FN inline short4_t ds_read_tr16(const void* p) {
+    typedef __attribute__((address_space(3))) short4_t lds_short4;
+    return __builtin_amdgcn_ds_read_tr16_b64_v4i16((lds_short4*)p);
+}
 #endif
 
 // Lane index in the wavefront, and the value of `x` in lane (this lane ^ mask) inside groups of
@@ -52,6 +60,14 @@ FMHA_GFX9_FN inline float shfl_xor(float x, int mask, int width) {
     const int lane = lane_id();
     const int src = (lane & ~(width - 1)) | ((lane ^ mask) & (width - 1));
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, x)));
+}
+
+// *p += v in global memory, atomically, result unused (relaxed, device scope; the dQ adds). The
+// compiler makes it one global_atomic_add_f32 on gfx942 / gfx950, and on gfx90a only under
+// -munsafe-fp-atomics (the memory being coarse-grained, as hipMalloc's is): otherwise a
+// compare-and-swap loop there, correct but slow (the ROCm backend passes the option).
+FMHA_GFX9_FN inline void atomic_add_f32(float* p, float v) {
+    __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 
 // Row reductions of an accumulator (each lane holds one column; the rows of a column live in one

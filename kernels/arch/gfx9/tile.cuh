@@ -1,17 +1,21 @@
 // Architecture layer, gfx9 (wave64): tile movement and the MFMA fragment loaders of the
-// mma.sync-family kernels, under the sm80 layer's names (load_tile_async, load_a, mma_row_nmajor,
-// mma_row_kmajor, acc_to_a). One instruction, v_mfma_f32_16x16x16 (fp16 / bf16; all three
-// targets), with the products transposed (fragment.cuh): per 16x16 k-step a wavefront computes
-// D = B_tile * A_rows^T, the rows' fragment (FragA: 4 consecutive k elements of one row, lane %
-// 16 the row, lane / 16 the k group) being the instruction's B operand.
+// mma.sync-family kernels, under the sm80 layer's names (load_tile_async, load_vec_async, load_a,
+// load_a_t, store_a, mma_row_nmajor, mma_row_kmajor, acc_to_a). One instruction,
+// v_mfma_f32_16x16x16 (fp16 / bf16; all three targets), with the products transposed
+// (fragment.cuh): per 16x16 k-step a wavefront computes D = B_tile * A_rows^T, the rows' fragment
+// (FragA: 4 consecutive k elements of one row, lane % 16 the row, lane / 16 the k group) being the
+// instruction's B operand.
 //
 // Shared-memory tiles are row-major with pitch smem_pitch(D), as on sm80. Global -> LDS copies are
 // plain 16-byte loads and stores (synchronous: cp_async_commit / cp_async_wait are no-ops; the
-// kernels' barriers still order them). Issue 12; compile-checked, never run.
+// kernels' barriers still order them). Column fragments (a k-major B operand, a transposed A) are
+// one ds_read_b64_tr_b16 per lane on gfx950, four 16-bit reads elsewhere (load_col_frag). Issue
+// 12; compile-checked, never run.
 #pragma once
 #include "../../common.cuh"
 #include "instr.cuh"
 #include "elem.cuh"
+#include "fragment.cuh"
 
 namespace fmha {
 
@@ -46,6 +50,11 @@ __device__ __forceinline__ void load_tile_async(uint16_t* smem, const uint16_t* 
         *reinterpret_cast<uint4*>(smem + r * smem_pitch(D) + col) = v;
     }
 }
+// Copy N floats v[row0 .. row0 + N) into shared memory, 0 past nrows (the per-row LSE and D).
+template <int N, int NT>
+__device__ __forceinline__ void load_vec_async(float* smem, const float* gmem, int row0, int nrows, int tid) {
+    for (int r = tid; r < N; r += NT) smem[r] = row0 + r < nrows ? gmem[row0 + r] : 0.f;
+}
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
@@ -57,6 +66,38 @@ __device__ __forceinline__ void load_a(uint32_t a[2], const uint16_t* s, int pit
     const uint2 v = *reinterpret_cast<const uint2*>(s + (m0 + L::b_col(lane, 0)) * pitch + k0 + L::b_k(lane, 0));
     a[0] = v.x;
     a[1] = v.y;
+}
+
+// The 4 elements of column m0 + lane % 16, rows k0 + 4 (lane / 16) .. + 3, of a row-major tile:
+// the row fragment of A = M^T at k-step (m0, k0) for M a [k][m] tile (load_a_t), and the A
+// operand of mma_row_kmajor. On gfx950 one transposed LDS read (its 16-lane group reads the 4 x 16
+// block of rows k0 + 4 (lane / 16) .. + 3, columns m0 .. m0 + 15, each lane addressing the 4
+// elements DsReadTr16 names); elsewhere four 16-bit LDS reads.
+__device__ __forceinline__ void load_col_frag(uint32_t a[2], const uint16_t* s, int pitch, int m0, int k0, int lane) {
+    using L = gfx9::Mfma16x16x16;
+#if defined(__gfx950__)
+    using T = gfx9::DsReadTr16;
+    const gfx9::short4_t v = gfx9::ds_read_tr16(s + (k0 + L::b_k(lane, 0) + T::addr_row(lane)) * pitch + m0 + T::addr_col(lane));
+    a[0] = (uint16_t)v[0] | (uint32_t)(uint16_t)v[1] << 16;
+    a[1] = (uint16_t)v[2] | (uint32_t)(uint16_t)v[3] << 16;
+#else
+    const uint16_t* col = s + (k0 + L::b_k(lane, 0)) * pitch + m0 + L::b_col(lane, 0);
+    a[0] = col[0] | (uint32_t)col[pitch] << 16;
+    a[1] = col[2 * pitch] | (uint32_t)col[3 * pitch] << 16;
+#endif
+}
+
+// The row fragment of k-step (m0, k0) of A = M^T, M a row-major [k][m] tile: row m0 + lane % 16
+// of A is column m0 + lane % 16 of M, its k elements k0 + 4 (lane / 16) .. + 3 rows of M.
+__device__ __forceinline__ void load_a_t(uint32_t a[2], const uint16_t* s, int pitch, int m0, int k0, int lane) {
+    load_col_frag(a, s, pitch, m0, k0, lane);
+}
+
+// The row fragment a of k-step (m0, k0) into a row-major [m][k] tile s: the inverse of load_a
+// (one 8-byte LDS store: row m0 + lane % 16, columns k0 + 4 (lane / 16) .. + 3).
+__device__ __forceinline__ void store_a(uint16_t* s, int pitch, int m0, int k0, const uint32_t a[2], const AccFrag& f) {
+    using L = gfx9::Mfma16x16x16;
+    *reinterpret_cast<uint2*>(s + (m0 + L::b_col(f.lane, 0)) * pitch + k0 + L::b_k(f.lane, 0)) = make_uint2(a[0], a[1]);
 }
 
 // acc[n] += rows * B[:, tile n] for NT tiles of 16 columns from n0 of an [n][k] tile (B n-major):
@@ -74,15 +115,14 @@ __device__ __forceinline__ void mma_row_nmajor(float (*acc)[4], const uint32_t a
 
 // acc[n] += rows * B[:, tile n] for NT tiles of 16 columns from n0 of a [k][n] tile (B k-major):
 // the instruction's A operand B^T[n0 + 16 n + lane % 16][k0 + 4 (lane / 16) + i] is a column of
-// the tile, read as 4 16-bit LDS loads (gfx950's transposed LDS reads would make it one).
+// the tile (load_col_frag: A's (row, k) are B's (col, k), layout.cuh).
 template <int NT>
 __device__ __forceinline__ void mma_row_kmajor(float (*acc)[4], const uint32_t a[2], const uint16_t* s,
                                                int pitch, int n0, int k0, int lane) {
-    using L = gfx9::Mfma16x16x16;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-        const uint16_t* col = s + (k0 + L::a_k(lane, 0)) * pitch + n0 + n * 16 + L::a_row(lane, 0);
-        const uint32_t b[2] = {col[0] | (uint32_t)col[pitch] << 16, col[2 * pitch] | (uint32_t)col[3 * pitch] << 16};
+        uint32_t b[2];
+        load_col_frag(b, s, pitch, n0 + n * 16, k0, lane);
         mfma_16x16x16(acc[n], b, a);
     }
 }

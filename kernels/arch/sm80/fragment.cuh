@@ -60,6 +60,43 @@ struct AccFrag {
         }
     }
 
+    // Backward dropout: the keep bit of element e of tile n, from the byte mask fill_keep_bits
+    // makes (byte [key group][query row], `pitch` bytes per key group) of a tile whose rows are
+    // keys and whose columns are query rows (S^T): the bytes of query rows col(n, 0) and
+    // col(n, 0) + 1 in one 16-bit read, bit row_in_group() (+ 8 for the second column).
+    __device__ __forceinline__ bool keep_bit(const unsigned char* bits, int pitch, int n, int e) const {
+        const uint32_t pair = *reinterpret_cast<const uint16_t*>(bits + row_group(e) * pitch + col(n, 0));
+        return (pair >> ((e & 1) * 8 + row_in_group())) & 1u;
+    }
+
+    // A row slot's SLOT_ELEMS adjacent values to global memory at row + col (col: the slot's first
+    // column): fp32 stores, stores in the input dtype, or fp32 atomic adds (dQ); from accumulator
+    // elements v[0..], or from a Slot (dK's values scaled first, scaled_slot). The forms keep the
+    // CUDA build's code what it was before these helpers (bench/NOTES.md step 25): the scaled
+    // values built without a loop (a local array filled by a loop stays in memory until the loop
+    // is unrolled, and NVVM's code changed), and the address row + col formed here, after the
+    // values for the stores (a plain store's order: with the address first NVVM hoisted it out of
+    // the fp32 / 16-bit branches, or placed it between the values).
+    struct Slot {
+        float v[SLOT_ELEMS];
+    };
+    __device__ __forceinline__ static Slot scaled_slot(const float* v, float scale) { return Slot{{v[0] * scale, v[1] * scale}}; }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const float* v) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const float* v) {
+        *reinterpret_cast<uint32_t*>(row + col) = pack2(v[0], v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_f32(float* row, int col, const Slot& x) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(x.v[0], x.v[1]);
+    }
+    __device__ __forceinline__ static void store_slot_16bit(uint16_t* row, int col, const Slot& x) {
+        *reinterpret_cast<uint32_t*>(row + col) = pack2(x.v[0], x.v[1]);
+    }
+    __device__ __forceinline__ static void add_slot_f32(float* row, int col, const float* v) {
+        red_add_f32x2(row + col, v[0], v[1]);
+    }
+
     // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
     // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
     // jg0 + t; drop.random8 / keep_word, philox.cuh) and four word exchanges give every thread word

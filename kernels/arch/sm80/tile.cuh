@@ -9,6 +9,7 @@
 #pragma once
 #include "../../common.cuh"
 #include "instr.cuh"
+#include "fragment.cuh"
 
 namespace fmha {
 
@@ -97,6 +98,19 @@ __device__ __forceinline__ void mma_row_nmajor(float (*acc)[4], const uint32_t a
         mma_16816(acc[n], a, b);
         mma_16816(acc[n + 1], a, b + 2);
     }
+}
+
+// The A fragment a (k-step at (m0, k0)) into a row-major [m][k] tile s, 16-bit: the inverse of
+// load_a, through the accumulator layout the fragment came from (c_to_a / acc_to_a: a[0], a[1]
+// rows row(0), row(2) of columns col(0, 0) .. + 1; a[2], a[3] the same rows of col(1, 0) .. + 1).
+// m0 by reference: with an int parameter NVVM's first pass over this function (callees first)
+// puts the parameter second in m0 + row(0), and after inlining the kernel's PTX names the
+// operands the other way round (the only difference against the stores written out in the kernel).
+__device__ __forceinline__ void store_a(uint16_t* s, int pitch, const int& m0, int k0, const uint32_t a[4], const AccFrag& f) {
+    *reinterpret_cast<uint32_t*>(s + (m0 + f.row(0)) * pitch + k0 + f.col(0, 0)) = a[0];
+    *reinterpret_cast<uint32_t*>(s + (m0 + f.row(2)) * pitch + k0 + f.col(0, 0)) = a[1];
+    *reinterpret_cast<uint32_t*>(s + (m0 + f.row(0)) * pitch + k0 + f.col(1, 0)) = a[2];
+    *reinterpret_cast<uint32_t*>(s + (m0 + f.row(2)) * pitch + k0 + f.col(1, 0)) = a[3];
 }
 
 // C fragments of n-tiles 2j, 2j+1 (fp32) -> A fragment (16-bit) of k-step j: the register reuse
