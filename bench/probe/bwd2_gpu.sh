@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU run for the ws backward's SWIZZLE build (issue 10; bench/NOTES.md step 29): the swizzled
+# One GPU run for the ws backward's SWIZZLE build (issue 10; bench/NOTES.md step 30): the swizzled
 # descriptor probe (GEMM4's column starts), the ws backward's GPU tests and the deterministic tests
 # under CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1, an A/B timing of the backward (default build vs SWIZZLE=1 vs
 # cuDNN), and compute-sanitizer's memcheck of small SWIZZLE calls. Run from the repository root on the

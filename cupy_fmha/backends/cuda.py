@@ -297,7 +297,7 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
 #: The warp-specialized backward's compile-time variants (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu), each
 #: a 0/1 macro: SWIZZLE (K, V, Q, dO as 128-byte-swizzled tiles in boxes of 64 columns instead of
 #: column-blocked tiles of 16-byte rows, as the forward's SWIZZLE). Off by default until measured
-#: (bench/NOTES.md step 29); ``CUPY_FMHA_BWD_WS_TILES`` (e.g. ``SWIZZLE=1``) switches it for
+#: (bench/NOTES.md step 30); ``CUPY_FMHA_BWD_WS_TILES`` (e.g. ``SWIZZLE=1``) switches it for
 #: comparisons (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1``).
 BWD_WS_VARIANTS = dict(SWIZZLE=0)
 
