@@ -10,9 +10,17 @@
 // block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //
-// Tiles from TMA are column-blocked ([D/8][rows][8]: desc_cb_* in arch/sm90/tile.cuh), one box
-// per tile (cupy_fmha/backends/tma.py, column_blocked_view); dS^T is written by the MMA warps in
-// the blocked layout of tile.cuh, double-buffered so that one barrier per query block suffices.
+// Tiles from TMA (K, V, Q, dO), one compile-time choice (SWIZZLE, as fmha_fwd_sm90_ws; default 0):
+//   SWIZZLE=0   column-blocked ([D/8][rows][8]: desc_cb_* in arch/sm90/tile.cuh), one box per tile
+//               (cupy_fmha/backends/tma.py, column_blocked_view) whose rows are 16 bytes
+//   SWIZZLE=1   128-byte swizzled ([D/64][rows][64]: desc_sw_* in arch/sm90/tma.cuh), one box of 64
+//               columns (128-byte rows) per slab of the plain 4-D map, 8x fewer box rows per tile;
+//               the tiles start at the first 1024-byte boundary of the dynamic shared memory.
+//               GEMM4 reads K MN-major over this warpgroup's half of the columns: at hdim 64 that
+//               half starts mid-slab (column 32), a start address 64 bytes into the swizzle atom
+//               (desc_sw_mnmajor)
+// dS^T is written by the MMA warps in the blocked layout of tile.cuh (both builds), double-buffered
+// so that one barrier per query block suffices.
 //
 // Not yet here: dropout and elementwise bias (static_assert; the library routes them to
 // fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
@@ -28,8 +36,9 @@
 // their (batch, head), which the grid (key blocks fastest) launches earlier. (No dQ slabs here:
 // dq_split_stride is 0; the launcher asks for DQ_ORDERED's workspace.)
 //
-// Parameters: four tensor maps (Q, K, V, dO as column-blocked views; zeros for an empty tensor),
-// then BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
+// Parameters: four tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
+// 4-D (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor), then
+// BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -41,13 +50,14 @@ static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && 
               "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 query rows per step");
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
 static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
+static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_bwd_dq_dk_dv_sm90_ws: swizzled tiles are slabs of 64 columns");
 
 constexpr int MMA_THREADS = 128 * NWG;
 
 struct Smem {
-    uint16_t k[BLOCK_N * HDIM_Q];              // column-blocked
+    uint16_t k[BLOCK_N * HDIM_Q];              // column-blocked or swizzled (SWIZZLE)
     uint16_t v[BLOCK_N * HDIM_V];
-    uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked
+    uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked or swizzled
     uint16_t dout[STAGES][BLOCK_M * HDIM_V];
     uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), double-buffered
     float dq[BLOCK_M * HDIM_Q];                // dQ staging: the workspace tile (common.cuh)
@@ -55,9 +65,42 @@ struct Smem {
     float d[STAGES][BLOCK_M];
     unsigned long long full[STAGES], empty[STAGES], kv;
 };
-static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
+// swizzle pattern follows address bits 4-9): the launcher passes 1024 bytes more (SMEM_BYTES). (A
+// constant for it at namespace scope would appear in the PTX of every build.)
+static_assert(sizeof(Smem) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
+
+// One tile of R rows from `row` (all D columns) of a map into `dst`, completing `bar`: one box of the
+// column-blocked view, or (SWIZZLE) one box of 64 columns per slab.
+template <int R, int D>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const TmaMap& m, unsigned bar, int head, int row, int batch) {
+    if constexpr (SWIZZLE) {
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) tma_load_4d(smem_u32(dst) + c * (R * 128), m, bar, c * 64, head, row, batch);
+    } else {
+        tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
+    }
+}
+// Descriptors of the 16-deep K slices of the TMA tiles (R rows), in the layout of this build:
+// K-major at (row0, k0), MN-major at (k0, col0) (col0: a multiple of 64, or inside one slab).
+template <int R>
+__device__ __forceinline__ unsigned long long desc_k_tile(const uint16_t* tile, int row0, int k0) {
+    if constexpr (SWIZZLE) return desc_sw_kmajor<R>(tile, row0, k0);
+    else return desc_cb_kmajor<R>(tile, row0, k0);
+}
+template <int R>
+__device__ __forceinline__ unsigned long long desc_mn_tile(const uint16_t* tile, int k0, int col0) {
+    if constexpr (SWIZZLE) return desc_sw_mnmajor<R>(tile, k0, col0);
+    else return desc_cb_mnmajor<R>(tile, k0, col0);
+}
+// Rows [r0, R) of a TMA tile of C columns set to zero by the MMA threads.
+template <int R, int C>
+__device__ __forceinline__ void zero_tail_rows(uint16_t* tile, int r0, int tid) {
+    if constexpr (SWIZZLE) sw_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
+    else cb_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
+}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
@@ -69,7 +112,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    unsigned char* smem_base = smem_raw;
+    if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    Smem& sm = *reinterpret_cast<Smem*>(smem_base);
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;  // (kb: the grid's key block)
     BwdBlock blk;
     if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;  // uniform over the CTA
@@ -95,8 +140,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const int lane = threadIdx.x;
         if (lane == 0) {
             mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
-            tma_load_5d(smem_u32(sm.k), tm_k, smem_u32(&sm.kv), 0, blk.hk, tk + k0, 0, bq);
-            tma_load_5d(smem_u32(sm.v), tm_v, smem_u32(&sm.kv), 0, blk.hk, tk + k0, 0, bq);
+            load_tile<BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
+            load_tile<BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
         }
         for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
             const int s = i % STAGES;
@@ -105,8 +150,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             const int r0 = qb * BLOCK_M;
             if (lane == 0) {
                 mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
-                tma_load_5d(smem_u32(sm.q[s]), tm_q, smem_u32(&sm.full[s]), 0, h, tq + r0, 0, bq);
-                tma_load_5d(smem_u32(sm.dout[s]), tm_do, smem_u32(&sm.full[s]), 0, h, tq + r0, 0, bq);
+                load_tile<BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
+                load_tile<BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
             }
 #pragma unroll
             for (int r = lane; r < BLOCK_M; r += 32) {
@@ -135,8 +180,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     mbarrier_wait(smem_u32(&sm.kv), 0);
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
-        cb_zero_rows<BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
-        cb_zero_rows<BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
+        zero_tail_rows<BLOCK_N, HDIM_Q>(sm.k, blk.seqlen_k - k0, tid);
+        zero_tail_rows<BLOCK_N, HDIM_V>(sm.v, blk.seqlen_k - k0, tid);
         fence_proxy_async();
         named_barrier_sync(3, MMA_THREADS);
     }
@@ -149,8 +194,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         uint16_t* sdS = sm.ds[i & 1];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
         if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
-            cb_zero_rows<BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
-            cb_zero_rows<BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
+            zero_tail_rows<BLOCK_M, HDIM_Q>(sm.q[s], blk.seqlen_q - q0, tid);
+            zero_tail_rows<BLOCK_M, HDIM_V>(sm.dout[s], blk.seqlen_q - q0, tid);
             fence_proxy_async();
             named_barrier_sync(3, MMA_THREADS);
         }
@@ -162,12 +207,12 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_cb_kmajor<BLOCK_N>(sm.k, key_row0, kk * 16),
-                                    desc_cb_kmajor<BLOCK_M>(sQb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_k_tile<BLOCK_N>(sm.k, key_row0, kk * 16),
+                                    desc_k_tile<BLOCK_M>(sQb, 0, kk * 16), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_cb_kmajor<BLOCK_N>(sm.v, key_row0, kk * 16),
-                                    desc_cb_kmajor<BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_k_tile<BLOCK_N>(sm.v, key_row0, kk * 16),
+                                    desc_k_tile<BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
         wgmma_wait0();
         fence_operand<NQ * 4>(sacc);
@@ -184,21 +229,22 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_cb_mnmajor<BLOCK_M>(sdOb, kk * 16, 0), 1);
-            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_cb_mnmajor<BLOCK_M>(sQb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_mn_tile<BLOCK_M>(sdOb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mn_tile<BLOCK_M>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
         fence_proxy_async();
         bulk_wait_read<0>();                       // the previous block's dQ rows have left sdQ
         named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free
 
-        // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K
+        // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K (SWIZZLE at hdim 64:
+        // the second half starts 64 bytes into K's one slab, inside the swizzle atom: desc_sw_mnmajor)
         float acc_dq[DQ_HALF / 2];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
             wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
-                                    desc_cb_mnmajor<BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
+                                    desc_mn_tile<BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
         fence_operand<DQ_HALF / 2>(acc_dq);

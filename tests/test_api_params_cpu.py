@@ -364,3 +364,121 @@ def test_forward_ws_variant_switch(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PV_OVERLAP=0")
     with pytest.raises(ValueError, match="PINGPONG=1 needs PV_OVERLAP=1"):
         cuda.fwd_ws_spec("bf16", 128, 128)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+@pytest.mark.parametrize("d", [64, 120])
+def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
+    """CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1: the ws backward's four maps (Q, K, V, dO) are the tensors
+    themselves as 4-D (batch, rows, heads, hdim) views with 128-byte swizzle and boxes of 64
+    columns (a padded head dim of 128 takes two per tile; columns past hdim 120 fall outside the
+    tensor, so TMA zero-fills them), rows BLOCK_M = 64 for Q and dO and BLOCK_N = 128 for K and V
+    (packed tokens as one batch entry in group mode); the instance carries SWIZZLE=1 and 1024 bytes
+    more shared memory than the column-blocked build, and the launch passes that size."""
+    from cupy_fmha.backends import cuda, tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")  # the forward only makes o and lse
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)
+    api._tile_map.cache_clear()
+    raw = []
+
+    class Raw(Recorder):
+        def __call__(self, spec):
+            inner = super().__call__(spec)
+
+            class Fn:
+                max_dynamic_shared_size_bytes = 1 << 20
+
+                def __call__(self, grid, block, args, shared_mem=0):
+                    raw.append((spec, args, shared_mem, block))
+                    if spec.source == "fmha_bwd_dq_dk_dv_sm90_ws":
+                        args = args[4:]
+                    inner(grid, block, args, shared_mem=shared_mem)
+
+            return Fn()
+
+    monkeypatch.setattr(api, "get_function", Raw())
+    hq, hk = 4, 2
+    if layout == "thd":
+        lq, lk = [37, 5], [53, 20]
+        rng = np.random.default_rng(4)
+        q, do = (rng.standard_normal((sum(lq), hq, d)).astype(np.float16) for _ in range(2))
+        k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
+        cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
+                  max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+        rows_q, rows_k, batch = sum(lq), sum(lk), 1
+    else:
+        q, k, v, do = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
+        cu, rows_q, rows_k, batch = {}, 37, 53, 2
+    o, lse = cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, **cu)
+    raw.clear()
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, layout=layout, causal=True, **cu)
+    (spec, args, smem, block), = [r for r in raw if r[0].source == "fmha_bwd_dq_dk_dv_sm90_ws"]
+    assert spec.macro("SWIZZLE") == 1 and block == (384, 1, 1)
+    plain = cuda.bwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, BLOCK_M=64))
+    assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
+    for m, rows, heads, box_rows in zip(args[:4], (rows_q, rows_k, rows_k, rows_q), (hq, hk, hk, hq),
+                                         (64, 128, 128, 64)):
+        assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
+        assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)
+        assert m.box_bytes == box_rows * 128 and m.strides[3] == 2
+        if layout == "bhsd":
+            assert m.strides[1:3] == (d * 2, rows * d * 2)
+        else:
+            assert m.strides[1:3] == (heads * d * 2, d * 2)
+    api._tile_map.cache_clear()
+
+
+def test_ws_backward_variant_switch(monkeypatch):
+    """CUPY_FMHA_BWD_WS_TILES picks the ws backward's variants (SWIZZLE, off by default; the default
+    instance keeps its name, SWIZZLE=0 gives the same); an unknown entry is refused; the plan cache
+    keys on the variable (a process can A/B both builds); the shared memory of both builds fits
+    the 227 KB of sm_90 at hdim 128 with two stages (SWIZZLE: 1024 bytes more, to align the tiles)."""
+    from cupy_fmha.backends import cuda
+    from cupy_fmha.spec import TUNING_VARS
+
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
+    base = cuda.bwd_ws_spec("bf16", 128, 128)
+    assert base.macro("SWIZZLE") is None and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=0)
+    assert base.name == "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
+    assert cuda.bwd_ws_spec("bf16", 128, 128).name == base.name
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
+    sw = cuda.bwd_ws_spec("bf16", 128, 128)
+    assert sw.macro("SWIZZLE") == 1 and sw.name == base.name + "_SWIZZLE1"
+    assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == sw.name
+    # K, V 2 x 32 KB; Q, dO 2 stages x 2 x 16 KB; dS^T 2 x 16 KB; dQ 32 KB; LSE, D 1 KB; 5 mbarriers
+    assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 116776
+    assert "CUPY_FMHA_BWD_WS_TILES" in TUNING_VARS
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZLE=1")
+    with pytest.raises(ValueError, match="unknown entries"):
+        cuda.bwd_ws_spec("bf16", 128, 128)
+    # the experimental table compiles the SWIZZLE builds (hdim 64/128, both dtypes, ALiBi or not)
+    names = {s.name for s in cuda.experimental_table()}
+    assert sw.name in names and sum("sm90_ws" in n and "bwd" in n and "SWIZZLE1" in n for n in names) == 8
+
+
+def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):
+    """The same process, one call with the default build and one under CUPY_FMHA_BWD_WS_TILES=
+    SWIZZLE=1: the plan cache keys on the variable, so the second call launches the SWIZZLE build
+    (what bench/ab.py --env-b and bench/probe/bwd_variants.py rely on)."""
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
+    q, k, v, do = _inputs("bshd", d=128, dv=128)
+    o, lse = cupy_fmha.attention_forward(q, k, v, causal=True)
+    seen = []
+    for val in ("", "SWIZZLE=1", ""):
+        monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", val)
+        rec.launches.clear()
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=True)
+        seen += [x["spec"].macro("SWIZZLE", 0) for x in _launches(rec, "fmha_bwd_dq_dk_dv_sm90")]
+    if any(x["spec"].target == "sm90a" for x in rec.launches):
+        assert seen == [0, 1, 0]
+    else:
+        assert seen == []

@@ -4,9 +4,19 @@ the NumPy reference: the cases of the main GPU suites (batch mode: masks, GQA, b
 lengths that are not multiples of any tile; group mode; ALiBi; deterministic mode, which by
 default runs the other kernel) rerun with the switch on, plus a check that the switch really
 selects the kernel. Configurations it does not take (dropout, bias, head dims above 128,
-devices before sm_90) run the usual kernels under the switch too."""
+devices before sm_90) run the usual kernels under the switch too.
+
+The kernel's variants (SWIZZLE: backends/cuda.py BWD_WS_VARIANTS) are chosen by
+CUPY_FMHA_BWD_WS_TILES for the whole run (bench/probe/bwd2_gpu.sh runs this file under
+SWIZZLE=1); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
+swizzled tiles need beyond the shared cases: head dims 56 and 120 (padded to 64 / 128: the columns
+past the head dim come from TMA's zero fill, in boxes of 64 columns), lengths one past a block (65
+query rows, 129 keys), many query blocks through the two-stage ring, and group-mode sequences that
+end inside a query or key block with more blocks before them (the swizzled zero-rows path)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -18,6 +28,7 @@ except Exception:  # pragma: no cover
 import test_gpu_attention as A
 import test_gpu_deterministic as D
 import test_gpu_varlen as V
+from conftest import BF16, F16, Packed, check_group, run, seed_for
 from cupy_fmha.backends import cuda
 
 pytestmark = pytest.mark.gpu
@@ -33,6 +44,15 @@ def test_switch_selects_the_ws_kernel():
         pytest.skip("sm_90 only")
     assert cuda.bwd_specs("bf16", 128, 128, 90).dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert cuda.bwd_specs("bf16", 128, 128, 90, dropout=True).dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90"
+    want = dict(cuda.BWD_WS_VARIANTS)
+    for item in os.environ.get("CUPY_FMHA_BWD_WS_TILES", "").split(","):
+        if item.strip():
+            key, _, val = item.partition("=")
+            want[key.strip()] = int(val)
+    spec = cuda.bwd_specs("fp16", 120, 120, 90).dq_dk_dv
+    for key, val in want.items():
+        assert spec.macro(key, 0) == val, (key, spec.name)
+    print(spec.name)
 
 
 @pytest.mark.parametrize("case", [c for c, v in A.CASES.items() if max(v[7], v[8]) <= 128])
@@ -73,3 +93,37 @@ def test_group_mode_deterministic(case):
 @pytest.mark.parametrize("d", [64, 128])
 def test_group_mode_inf_neighbour(d):
     V.test_inf_in_one_sequence_leaves_its_neighbours_alone(d)
+
+
+# id: (dtype, layout, b, sq, sk, hq, hk, d, dv, mask kwargs), as test_gpu_attention.CASES
+EXTRA = {
+    "f16-d120-none-65x129-gqa2": (F16, "bshd", 2, 65, 129, 4, 2, 120, 120, {}),
+    "bf16-d120-causal-700-bhsd": (BF16, "bhsd", 1, 700, 700, 2, 1, 120, 120, {"causal": True}),
+    "bf16-d56-t:100,20-300x1100": (BF16, "bshd", 1, 300, 1100, 4, 4, 56, 56, {"mask": "t:100,20"}),
+    "f16-d64-b-257x129": (F16, "bshd", 1, 257, 129, 2, 2, 64, 64, {"mask": "b"}),
+    "bf16-d128-none-1537x257": (BF16, "bhsd", 1, 1537, 257, 2, 2, 128, 128, {}),
+    "bf16-d64-causal-1100-gqa4": (BF16, "bshd", 1, 1100, 1100, 4, 1, 64, 64, {"causal": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA))
+def test_batch_mode_extra(case, monkeypatch):
+    monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+# id: (dtype, lengths q, lengths k, hq, hk, d, dv, mask kwargs), as test_gpu_varlen.CASES
+EXTRA_GROUP = {
+    "bf16-d120-b-ends-mid-block": (BF16, [129, 300, 7], [385, 129, 1], 2, 1, 120, 120, {"mask": "b"}),
+    "f16-d64-none-65-rows": (F16, [65, 3, 130], [257, 700, 1], 4, 2, 64, 64, {}),
+    "bf16-d128-t-many-blocks": (BF16, [600, 1], [900, 255], 2, 2, 128, 128, {"mask": "t"}),
+    "f16-d56-causal-mid-block": (F16, [200, 77], [200, 77], 2, 2, 56, 56, {"causal": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA_GROUP))
+def test_group_mode_extra(case):
+    dtype, lq, lk, hq, hk, d, dv, mkw = EXTRA_GROUP[case]
+    inp = Packed(dtype, lq, lk, hq, hk, d, dv, seed_for("bwd-ws-varlen", case))
+    o, lse, g = run(inp, mkw)
+    check_group(inp, o, lse, g, mkw)

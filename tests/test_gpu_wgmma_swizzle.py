@@ -12,7 +12,13 @@ small integers, so the products and sums are exact and the check is equality.
 The MN-major swizzled descriptor is the one the ISA text leaves easiest to misread (which of LBO
 and SBO is the stride between 64-column atoms along N, which between 8-row groups along K):
 the library's reading (arch/sm90/tma.cuh desc_sw_mnmajor: LBO = atom stride along N, SBO = 1024)
-is the one the H200 computes (the note at the end of this file). Needs sm_90."""
+is the one the H200 computes (the note at the end of this file).
+
+The ws backward's GEMM4 (dQ = dS K, SWIZZLE builds) reads K MN-major over one warpgroup's half of
+the columns: at hdim 128 the second half is the second slab (col0 = 64), at hdim 64 it starts 64
+bytes into the one slab's swizzle atom (N = 32, col0 = 32), a start address the ISA's canonical
+layouts do not show; test_wgmma_column_start checks those starts (B a K x BC swizzled tile, N of
+its columns from col0). Needs sm_90."""
 
 from __future__ import annotations
 
@@ -111,7 +117,50 @@ __device__ __forceinline__ void probe(const TmaMap& ma, const TmaMap& mb, const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[(16 * warp + g + 8 * (e >> 1)) * N + 8 * n + 2 * t + (e & 1)] = acc[4 * n + e];
 }
+
+// B MN-major, swizzled, BC columns wide (BC / 64 slabs); the wgmma reads N of them from col0
+// (desc_sw_mnmajor's column start: a slab boundary, or inside one slab when N < 64).
+template <int N, int K, int BC>
+__device__ __forceinline__ void probe_cols(const TmaMap& ma, const TmaMap& mb, float* out, int col0) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    __shared__ __align__(8) unsigned long long bar;
+    unsigned char* base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint16_t* sA = reinterpret_cast<uint16_t*>(base);
+    uint16_t* sB = sA + A_ROWS * K;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbarrier_init(smem_u32(&bar), 1);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbarrier_arrive_expect_tx(smem_u32(&bar), 2u * (A_ROWS * K + K * BC));
+        for (int c = 0; c < K / 64; ++c) tma_load_4d(smem_u32(sA) + c * (A_ROWS * 128), ma, smem_u32(&bar), c * 64, 0, 0, 0);
+        for (int c = 0; c < BC / 64; ++c) tma_load_4d(smem_u32(sB) + c * (K * 128), mb, smem_u32(&bar), c * 64, 0, 0, 0);
+    }
+    mbarrier_wait(smem_u32(&bar), 0);
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk)
+        wgmma_ss<N, 0, 1>(acc, desc_sw_kmajor<A_ROWS>(sA, 0, kk * 16), desc_sw_mnmajor<K>(sB, kk * 16, col0), 1);
+    wgmma_commit();
+    wgmma_wait0();
+    fence_operand<N / 2>(acc);
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[(16 * warp + g + 8 * (e >> 1)) * N + 8 * n + 2 * t + (e & 1)] = acc[4 * n + e];
+}
 """
+
+# (N, K, BC, col0): GEMM4 of the ws backward, SWIZZLE builds: hdim 64 (N 32 from a 64-column K
+# tile, columns 0 and 32), hdim 128 (N 64 from a 128-column tile, columns 0 and 64); K = 128 keys;
+# and N 32 from column 96 of a 128-column tile (inside the second slab's atom)
+COL_CASES = [(32, 128, 64, 0), (32, 128, 64, 32), (64, 128, 128, 0), (64, 128, 128, 64), (32, 128, 128, 96)]
 
 # (N, K, TB: B MN-major, RS: A from registers, SW: swizzled). A swizzled K-major tile (A from shared
 # memory, or B with TB = 0) needs K >= 64: one 128-byte row per box; an MN-major B of K = 16 rows
@@ -130,6 +179,10 @@ def _source() -> str:
         f"const __grid_constant__ TmaMap mb, const uint16_t* a_g, float* out, int a_row0, int mode, int lbo, int sbo) "
         f"{{ probe<{c[0]}, {c[1]}, {c[2]}, {c[3]}, {c[4]}>(ma, mb, a_g, out, a_row0, mode, lbo, sbo); }}"
         for c in CASES)
+    wrappers += "\n" + "\n".join(
+        f'extern "C" __global__ void __launch_bounds__(128, 1) probe_cols_n{n}_k{k}_bc{bc}(const __grid_constant__ TmaMap ma, '
+        f"const __grid_constant__ TmaMap mb, float* out, int col0) {{ probe_cols<{n}, {k}, {bc}>(ma, mb, out, col0); }}"
+        for n, k, bc in sorted({c[:3] for c in COL_CASES}))
     return C.expand_includes(_PROBE.replace("A_ROWS", str(A_ROWS))) + "\n" + wrappers
 
 
@@ -186,6 +239,26 @@ def test_wgmma_on_tma_tiles(module, case):
     got, want = _run(module, case, a_row0)
     bad = np.argwhere(got != want)
     assert bad.size == 0, f"{_name(*case)}: {len(bad)} of {got.size} wrong, first at {bad[:4].tolist()}"
+
+
+@pytest.mark.parametrize("case", COL_CASES, ids=lambda c: "n{}_k{}_bc{}_col{}".format(*c))
+def test_wgmma_column_start(module, case):
+    """desc_sw_mnmajor with a column start: a slab boundary (col0 % 64 == 0), or inside the swizzle
+    atom (N = 32 from column 32 or 96: the ws backward's GEMM4 at hdim 64) gives A B[:, col0:col0 + N]."""
+    n, k, bc, col0 = case
+    a, a_bits = _ints(("wgmma-cols-a", n, k, bc), (A_ROWS, k))
+    b, b_bits = _ints(("wgmma-cols-b", n, k, bc), (k, bc))
+    a_dev, b_dev = cp.asarray(a_bits), cp.asarray(b_bits)
+    out = cp.full((64, n), np.nan, dtype=cp.float32)  # poisoned
+    fn = module.get_function(f"probe_cols_n{n}_k{k}_bc{bc}")
+    smem = 1024 + 2 * (A_ROWS * k + k * bc)
+    fn.max_dynamic_shared_size_bytes = smem
+    ma, mb = _map(a_dev, A_ROWS, k, A_ROWS, 1), _map(b_dev, k, bc, k, 1)
+    fn((1, 1, 1), (128, 1, 1), (ma, mb, out, np.int32(col0)), shared_mem=smem)
+    got = cp.asnumpy(out)
+    want = a[:64].astype(np.float64) @ b[:, col0:col0 + n].astype(np.float64)
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{case}: {len(bad)} of {got.size} wrong, first at {bad[:4].tolist()}"
 
 
 # The H200 run of 2026-12-01 (bench/NOTES.md step 27) settled the MN-major swizzled reading: LBO =

@@ -8,7 +8,7 @@ options, so the cache keys match what the tests and benchmarks ask for later).
 Instances: for fp16 and bf16, the head dims of tests/test_gpu_fwd_ws.py (32 ... 128), with and
 without ALiBi, on this device: the forward (the default choice and, at padded head dims 64/128,
 the warp-specialized forward under each ``CUPY_FMHA_FWD_WS_TILES`` value given) and the
-backward's kernels. Prints the count and the time taken."""
+backward's kernels (and the ws backward under each ``--bwd-ws-variants`` value). Prints the count and the time taken."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
 HDIMS = (32, 40, 56, 64, 72, 96, 104, 120, 128)
 
 
-def _specs(variants: list[str]) -> list:
+def _specs(variants: list[str], bwd_variants: tuple[str, ...] = ()) -> list:
     from cupy_fmha.backends import cuda
 
     cc = 90
@@ -41,6 +41,10 @@ def _specs(variants: list[str]) -> list:
                         os.environ["CUPY_FMHA_FWD_WS_TILES"] = v
                         specs.append(cuda.fwd_ws_spec(dtype, d, d, alibi=alibi))
                     os.environ.pop("CUPY_FMHA_FWD_WS_TILES", None)
+                    for v in bwd_variants:  # the ws backward under each CUPY_FMHA_BWD_WS_TILES value
+                        os.environ["CUPY_FMHA_BWD_WS_TILES"] = v
+                        specs.append(cuda.bwd_ws_spec(dtype, d, d, alibi=alibi))
+                    os.environ.pop("CUPY_FMHA_BWD_WS_TILES", None)
                 for s in specs:
                     seen.setdefault(s.name, s)
     return list(seen.values())
@@ -56,9 +60,10 @@ def _build(spec) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fwd-ws-variants", nargs="*", default=[""], help="CUPY_FMHA_FWD_WS_TILES values")
+    ap.add_argument("--bwd-ws-variants", nargs="*", default=[], help="CUPY_FMHA_BWD_WS_TILES values")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     args = ap.parse_args()
-    specs = _specs(args.fwd_ws_variants)
+    specs = _specs(args.fwd_ws_variants, tuple(args.bwd_ws_variants))
     t0 = time.perf_counter()
     failed = 0
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:

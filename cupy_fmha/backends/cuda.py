@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "fwd_ws_spec", "fwd_ws_tiles", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -71,9 +71,10 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
             smem += 4 * bm * dq
         return dict(NTHREADS=128 * m["NWG"], SMEM_BYTES=smem, DQ_TILED=1 if bulk else 0)
     if source == "fmha_bwd_dq_dk_dv_sm90_ws":  # K, V; Q, dO x STAGES; dS^T x 2; dQ tile; LSE, D x STAGES; mbarriers
+        # (full, empty per stage; kv); SWIZZLE: 1024 bytes to align the tiles
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * dq
-                + 4 * 2 * st * bm + 8 * (2 * st + 1))
+                + 4 * 2 * st * bm + 8 * (2 * st + 1) + (1024 if m.get("SWIZZLE") else 0))
         return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem, DQ_TILED=1, DQ_ORDERED=1)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
@@ -293,12 +294,37 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
                 {"dropout": True}, {"dropout": True, "alibi": True}, {"dropout": True, "bias": True})
 
 
-def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+#: The warp-specialized backward's compile-time variants (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu), each
+#: a 0/1 macro: SWIZZLE (K, V, Q, dO as 128-byte-swizzled tiles in boxes of 64 columns instead of
+#: column-blocked tiles of 16-byte rows, as the forward's SWIZZLE). Off by default until measured
+#: (bench/NOTES.md step 30); ``CUPY_FMHA_BWD_WS_TILES`` (e.g. ``SWIZZLE=1``) switches it for
+#: comparisons (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1``).
+BWD_WS_VARIANTS = dict(SWIZZLE=0)
+
+
+def bwd_ws_tiles() -> dict[str, int]:
+    """The ws backward's table entries: two MMA warpgroups of 64 keys, 64 query rows per step, and
+    the variant macros that are on (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``);
+    macros at 0 are left out, so the default instances keep their names and code."""
+    tiles = _override("CUPY_FMHA_BWD_WS_TILES", dict(NWG=2, BLOCK_N=128, BLOCK_M=64, **BWD_WS_VARIANTS))
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *BWD_WS_VARIANTS}
+    if unknown:
+        raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
+    return {k: v for k, v in tiles.items() if v or k not in BWD_WS_VARIANTS}
+
+
+def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
+                tiles: dict[str, int] | None = None) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout or bias
-    (:func:`use_ws` says when it is dispatched)."""
+    (:func:`use_ws` says when it is dispatched). ``tiles``: the table entries (default
+    :func:`bwd_ws_tiles`)."""
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               NWG=2, BLOCK_N=128, BLOCK_M=64, **feature_macros(alibi, False, False))
+               **(bwd_ws_tiles() if tiles is None else tiles), **feature_macros(alibi, False, False))
+
+
+#: the ws backward's variant builds compiled offline besides the default (experimental_table)
+BWD_WS_BUILDS = (dict(SWIZZLE=1),)
 
 
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
@@ -340,10 +366,14 @@ def experimental_table() -> list[KernelSpec]:
     """Instances built and compile-checked that the library dispatches only under a switch: the
     ``fmha_bwd_dq_dk_dv_sm90`` and ``fmha_fwd_sm90`` builds the warp-specialized kernels replaced
     at hdim 64 and 128 (``CUPY_FMHA_BWD_WS=0``, :func:`use_ws`; ``CUPY_FMHA_FWD_WS=0``,
-    :func:`use_fwd_ws`), and the ws forward's pipeline variants (:data:`FWD_WS_BUILDS`,
-    ``CUPY_FMHA_FWD_WS_TILES``)."""
+    :func:`use_fwd_ws`), the ws forward's pipeline variants (:data:`FWD_WS_BUILDS`,
+    ``CUPY_FMHA_FWD_WS_TILES``) and the ws backward's (:data:`BWD_WS_BUILDS`, ``CUPY_FMHA_BWD_WS_TILES``)."""
     out = [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    # the ws backward's variants (BWD_WS_VARIANTS), not dispatched by default
+    for variant in BWD_WS_BUILDS:
+        out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, BLOCK_M=64, **variant))
+                for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))

@@ -128,14 +128,21 @@ __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* til
     return wgmma_desc_sw128(smem_u32(tile) + (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2, 16, 1024);
 }
 // MN-major operand (R rows = K, columns = M or N, C of them): the 16-deep K slice at (k0, col0), k0 a
-// multiple of 16 and col0 of 64. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte
-// offset between swizzle atoms along M/N (here the slab stride, R * 128: the next 64 columns), SBO =
-// the byte offset between groups of 8 rows along K (1024); checked on the H200 against NumPy by
-// tests/test_gpu_wgmma_swizzle.py (the swapped reading is wrong). With C = 64 the MN extent is one
-// atom and LBO is not used.
+// multiple of 16. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte offset between
+// swizzle atoms along M/N (here the slab stride, R * 128: the next 64 columns), SBO = the byte offset
+// between groups of 8 rows along K (1024); checked on the H200 against NumPy by
+// tests/test_gpu_wgmma_swizzle.py (the swapped reading is wrong). With an MN extent of one atom (64)
+// LBO is not used.
+// col0 a multiple of 64, or (an MN extent under 64: N = 32 at hdim 64 in the backward's GEMM4) a
+// multiple of 8 with col0 % 64 + N <= 64: the start then lies 2 * (col0 % 64) bytes into the atom's
+// first row, as desc_sw_kmajor's K steps do. That start offset only touches address bits 4-6, k0 * 128
+// keeps bits 7-9 at the 1024-byte pattern's row 0 (base offset 0 stays right), and the chunk the
+// hardware forms for row j, column col0 + 8i (bits 4-6 = col0 % 64 / 8 + i, XORed with bits 7-9 = j)
+// is the chunk TMA wrote that column to; the reading relies on the swizzle being applied to the
+// computed address, which the K-major K steps (same XOR, same bits) already rely on.
 template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_mnmajor(const uint16_t* tile, int k0, int col0) {
-    const unsigned addr = smem_u32(tile) + (col0 >> 6) * (R * 128) + k0 * 128;
+    const unsigned addr = smem_u32(tile) + (col0 >> 6) * (R * 128) + k0 * 128 + (col0 & 63) * 2;
     return wgmma_desc_sw128(addr, R * 128, 1024);
 }
 // Rows [r0, R) of a swizzled tile of C columns set to zero by THREADS threads (rows a TMA box brought

@@ -1,0 +1,58 @@
+"""Small calls of the warp-specialized Hopper backward for compute-sanitizer (memcheck first): the
+build chosen by CUPY_FMHA_BWD_WS_TILES (e.g. SWIZZLE=1), fp16 and bf16, head dims 64, 120 (padded to
+128: TMA's zero fill of the columns past the head dim) and 128, plain, causal, GQA, ALiBi,
+deterministic (the ordered dQ adds), and group mode with sequences that end inside a query and a key
+block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys).
+
+    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims]
+"""
+
+import os
+import sys
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+import cupy_fmha
+from cupy_fmha.backends import cuda
+
+os.environ.setdefault("CUPY_FMHA_BWD_WS", "1")
+rng = cp.random.default_rng(0)
+
+
+def randn(shape, dtype):
+    return rng.standard_normal(shape, dtype=cp.float32).astype(dtype)
+
+
+def run(d, dtype, sq=65, sk=129, hq=2, hk=2, **kw):
+    q, do = randn((1, sq, hq, d), dtype), randn((1, sq, hq, d), dtype)
+    k, v = randn((1, sk, hk, d), dtype), randn((1, sk, hk, d), dtype)
+    det = kw.pop("deterministic", False)
+    o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, deterministic=det, **kw)
+    cp.cuda.Device().synchronize()
+
+
+def run_group(d, dtype, lq=(65, 3, 130), lk=(129, 200, 1), h=2, **kw):
+    cu_q = cp.asarray(np.cumsum([0, *lq]), dtype=cp.int32)
+    cu_k = cp.asarray(np.cumsum([0, *lk]), dtype=cp.int32)
+    q, do = randn((sum(lq), h, d), dtype), randn((sum(lq), h, d), dtype)
+    k, v = randn((sum(lk), h, d), dtype), randn((sum(lk), h, d), dtype)
+    g = dict(layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
+    o, lse = cupy_fmha.attention_forward(q, k, v, **g)
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, **g)
+    cp.cuda.Device().synchronize()
+
+
+hdims = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "64,120,128").split(",")]
+print(cuda.bwd_specs("bf16", 128, 128, 90).dq_dk_dv.name, flush=True)
+for dtype in (cp.float16, ml_dtypes.bfloat16):
+    for d in hdims:
+        run(d, dtype)
+        run(d, dtype, causal=True)
+        run(d, dtype, hk=1, sq=200, sk=300)
+        run(d, dtype, causal=True, deterministic=True, sq=200, sk=300)
+        run(d, dtype, alibi_slopes=cp.asarray([0.5, 0.25], dtype=cp.float32))
+        run_group(d, dtype, mask="b")
+print("ok")
