@@ -185,6 +185,7 @@ def test_ws_backward_tensor_maps(monkeypatch, layout):
     monkeypatch.setattr(api, "_CC", {})
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")  # the column-blocked build
     # the forward here only makes o and lse: its own maps (checked below) would be unencoded too
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
     monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)  # the driver call needs a GPU
@@ -264,9 +265,10 @@ def test_ws_backward_empty_and_unit_axes(monkeypatch):
     api._tile_map.cache_clear()
     cupy_fmha.attention_backward(x, x, x, x, o, lse)
     # one buffer for all four: the Q and dO maps (64-row boxes) are one cached encoding, K and V
-    # (128-row boxes) another
+    # (128-row boxes) another; the rows are axis 1 of the swizzled 4-D box (the default build),
+    # axis 2 of the column-blocked 5-D one
     assert len(seen) == 2 and all(s > 0 and s % 16 == 0 for a in seen for s in a.strides[:-1])
-    assert sorted(a.box[2] for a in seen) == [64, 128]
+    assert sorted(a.box[1] if a.swizzle else a.box[2] for a in seen) == [64, 128]
 
 
 def test_forward_ws_params_and_maps(rec, monkeypatch):
@@ -435,50 +437,59 @@ def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
 
 
 def test_ws_backward_variant_switch(monkeypatch):
-    """CUPY_FMHA_BWD_WS_TILES picks the ws backward's variants (SWIZZLE, off by default; the default
-    instance keeps its name, SWIZZLE=0 gives the same); an unknown entry is refused; the plan cache
-    keys on the variable (a process can A/B both builds); the shared memory of both builds fits
-    the 227 KB of sm_90 at hdim 128 with two stages (SWIZZLE: 1024 bytes more, to align the tiles)."""
+    """CUPY_FMHA_BWD_WS_TILES picks the ws backward's variants (SWIZZLE, on by default since the
+    H200 measured it faster, bench/NOTES.md step 30; SWIZZLE=0 gives the column-blocked build,
+    whose instance keeps the old name); an unknown entry is refused; the plan cache keys on the
+    variable (a process can A/B both builds); the shared memory of both builds fits the 227 KB of
+    sm_90 at hdim 128 with two stages (SWIZZLE: 1024 bytes more, to align the tiles)."""
     from cupy_fmha.backends import cuda
     from cupy_fmha.spec import TUNING_VARS
 
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
-    base = cuda.bwd_ws_spec("bf16", 128, 128)
-    assert base.macro("SWIZZLE") is None and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=0)
-    assert base.name == "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
-    assert cuda.bwd_ws_spec("bf16", 128, 128).name == base.name
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
     sw = cuda.bwd_ws_spec("bf16", 128, 128)
-    assert sw.macro("SWIZZLE") == 1 and sw.name == base.name + "_SWIZZLE1"
+    assert sw.macro("SWIZZLE") == 1 and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=1)
+    plain_name = "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
+    assert sw.name == plain_name + "_SWIZZLE1"
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
+    assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == sw.name
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
+    base = cuda.bwd_ws_spec("bf16", 128, 128)
+    assert base.macro("SWIZZLE") is None and base.name == plain_name
+    assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == plain_name
     # K, V 2 x 32 KB; Q, dO 2 stages x 2 x 16 KB; dS^T 2 x 16 KB; dQ 32 KB; LSE, D 1 KB; 5 mbarriers
     assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 115752
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 116776
     assert "CUPY_FMHA_BWD_WS_TILES" in TUNING_VARS
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZLE=1")
     with pytest.raises(ValueError, match="unknown entries"):
         cuda.bwd_ws_spec("bf16", 128, 128)
-    # the experimental table compiles the SWIZZLE builds (hdim 64/128, both dtypes, ALiBi or not)
+    # the experimental table compiles the column-blocked builds (hdim 64/128, both dtypes, ALiBi
+    # or not); the default table the SWIZZLE ones
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
     names = {s.name for s in cuda.experimental_table()}
-    assert sw.name in names and sum("sm90_ws" in n and "bwd" in n and "SWIZZLE1" in n for n in names) == 8
+    assert plain_name in names and sw.name not in names
+    assert sum("sm90_ws" in n and "bwd" in n and "SWIZZLE" not in n for n in names) == 8
 
 
 def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):
-    """The same process, one call with the default build and one under CUPY_FMHA_BWD_WS_TILES=
-    SWIZZLE=1: the plan cache keys on the variable, so the second call launches the SWIZZLE build
+    """The same process, one call with the default (SWIZZLE) build and one under
+    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=0: the plan cache keys on the variable, so the second call
+    launches the column-blocked build
     (what bench/ab.py --env-b and bench/probe/bwd_variants.py rely on)."""
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
     q, k, v, do = _inputs("bshd", d=128, dv=128)
     o, lse = cupy_fmha.attention_forward(q, k, v, causal=True)
     seen = []
-    for val in ("", "SWIZZLE=1", ""):
+    for val in ("", "SWIZZLE=0", ""):
         monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", val)
         rec.launches.clear()
         cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=True)
         seen += [x["spec"].macro("SWIZZLE", 0) for x in _launches(rec, "fmha_bwd_dq_dk_dv_sm90")]
     if any(x["spec"].target == "sm90a" for x in rec.launches):
-        assert seen == [0, 1, 0]
+        assert seen == [1, 0, 1]
     else:
         assert seen == []

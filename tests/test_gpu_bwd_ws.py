@@ -6,9 +6,8 @@ default runs the other kernel) rerun with the switch on, plus a check that the s
 selects the kernel. Configurations it does not take (dropout, bias, head dims above 128,
 devices before sm_90) run the usual kernels under the switch too.
 
-The kernel's variants (SWIZZLE: backends/cuda.py BWD_WS_VARIANTS) are chosen by
-CUPY_FMHA_BWD_WS_TILES for the whole run (bench/probe/bwd2_gpu.sh runs this file under
-SWIZZLE=1); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
+The kernel's variants (SWIZZLE, on by default: backends/cuda.py BWD_WS_VARIANTS) are chosen by
+CUPY_FMHA_BWD_WS_TILES for the whole run (SWIZZLE=0 runs this file on the column-blocked build); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
 swizzled tiles need beyond the shared cases: head dims 56 and 120 (padded to 64 / 128: the columns
 past the head dim come from TMA's zero fill, in boxes of 64 columns), lengths one past a block (65
 query rows, 129 keys), many query blocks through the two-stage ring, and group-mode sequences that
