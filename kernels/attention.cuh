@@ -216,9 +216,13 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
 // read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
 // (key0 a multiple of 8).
-// (Kept as one loop, unlike the forward: the compiler unswitches it by itself here, and splitting
-// it by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into spills.)
-template <int NQ>
+// EDGE: 2 (the default) tests `edge` at run time inside the one loop; 1 / 0 fix it at compile time,
+// for a caller that branches once per tile itself. (The default is kept as one loop, unlike the
+// forward: the compiler unswitched it in the mma.sync and first wgmma kernels, and splitting it
+// there by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into
+// spills. In the warp-specialized backward it did not unswitch it: a branch per element, about
+// 10 instructions each; that kernel calls EDGE 0 / 1, bench/NOTES.md step 31.)
+template <int NQ, int EDGE = 2>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
@@ -236,7 +240,7 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             else x = s[4 * n + e] * scale_log2 - l;
             if constexpr (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);
-            if (edge && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
+            if ((EDGE == 1 || (EDGE == 2 && edge)) && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             if constexpr (DROPOUT) {
                 // the tile's byte mask has one byte per (key group, query row): NQ tiles of N query rows
                 const float z = f.keep_bit(keep_bits, AccFrag::N * NQ, n, e) ? drop.rp_keep : 0.f;

@@ -167,7 +167,10 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // ------------------------------------------------------------------------- MMA warpgroups
     setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
-    const int wg = warp >> 2, wi = warp & 3;
+    // the warpgroup index broadcast from lane 0: the compiler then knows it is warp-uniform and keeps
+    // the wgmma descriptors that depend on it (K/V rows, GEMM4's columns) in uniform registers
+    // instead of building them per instruction in vector registers (bench/NOTES.md step 31)
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
     const AccFrag frag(tid);
     const int key_row0 = wg * 64, warp_key0 = key_row0 + wi * 16;
     float* sdQ = sm.dq;
@@ -188,10 +191,12 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 
     int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
-        const int s = i % STAGES;
+        // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
+        // and dS^T tiles then live in uniform registers)
+        const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
         const unsigned phase = (i / STAGES) & 1;
         const int q0 = qb * BLOCK_M;
-        uint16_t* sdS = sm.ds[i & 1];
+        uint16_t* sdS = sm.ds[__shfl_sync(0xffffffffu, i & 1, 0)];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
         if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
             zero_tail_rows<BLOCK_M, HDIM_Q>(sm.q[s], blk.seqlen_q - q0, tid);
@@ -220,8 +225,17 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 
         // P^T and dS^T
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        backward_p_ds<NQ>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                          k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        // one branch per tile: the mask test inside only where the tile crosses it (ALiBi builds keep
+        // the run-time test in one copy of the loop: the two copies spilled at hdim 128)
+        if (ALIBI)
+            backward_p_ds<NQ>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                              k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        else if (edge)
+            backward_p_ds<NQ, 1>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
+                                 k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        else
+            backward_p_ds<NQ, 0>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
+                                 k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
         bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 
@@ -255,7 +269,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
         // this warpgroup's columns of the tile into sdQ, then one bulk add of the tile (in order when deterministic)
-        stage_dq_tile<DQ_HALF / 8, HDIM_Q>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
+        stage_dq_tile<DQ_HALF / 8, HDIM_Q, true>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
         fence_proxy_async();
         named_barrier_sync(2, MMA_THREADS);
         if (tid == 0) {

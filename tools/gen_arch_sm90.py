@@ -35,6 +35,15 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, int
            ((unsigned long long)((lbo_bytes >> 4) & 0x3FFF) << 16) |
            ((unsigned long long)((sbo_bytes >> 4) & 0x3FFF) << 32);
 }
+// The descriptor `desc` with its start address moved `bytes` further (a multiple of 16). The start
+// field holds address >> 4 in 14 bits and shared-memory addresses stay below 2^18 (228 KB per
+// CTA), so the sum never carries out of the field and only the low word changes. Written as one
+// 32-bit add on the tile's base descriptor so that the compiler keeps the base once per tile (in
+// uniform registers where the address is warp-uniform) and each wgmma's slice costs one add,
+// instead of the mask-shift-or of wgmma_desc per instruction (bench/NOTES.md step 31).
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }

@@ -37,15 +37,16 @@ __device__ __forceinline__ void load_blocked_async(uint16_t* smem, const uint16_
     }
 }
 
+// Descriptors below: the tile's base descriptor advanced by the slice's byte offset (desc_advance).
 // Descriptor of the 16-wide K slice starting at (row0, k0) of a K-major blocked tile (C = K extent).
 template <int C>
 __device__ __forceinline__ unsigned long long desc_kmajor(const uint16_t* tile, int row0, int k0) {
-    return wgmma_desc(smem_u32(tile + blk_offset(row0, k0, C)), 128, (C / 8) * 128);
+    return desc_advance(wgmma_desc(smem_u32(tile), 128, (C / 8) * 128), 2u * blk_offset(row0, k0, C));
 }
 // Descriptor of the 16-deep K slice starting at (k0, col0) of an MN-major blocked tile (rows = K).
 template <int C>
 __device__ __forceinline__ unsigned long long desc_mnmajor(const uint16_t* tile, int k0, int col0) {
-    return wgmma_desc(smem_u32(tile + blk_offset(k0, col0, C)), (C / 8) * 128, 128);
+    return desc_advance(wgmma_desc(smem_u32(tile), (C / 8) * 128, 128), 2u * blk_offset(k0, col0, C));
 }
 
 // Column-blocked tiles: [C/8][R][8] (column block by column block, each a stack of 8x8 core
@@ -55,12 +56,12 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(const uint16_t* tile,
 // K-major (R rows = M or N, columns = K): the 16-wide K slice at (row0, k0).
 template <int R>
 __device__ __forceinline__ unsigned long long desc_cb_kmajor(const uint16_t* tile, int row0, int k0) {
-    return wgmma_desc(smem_u32(tile + ((k0 >> 3) * (R >> 3) + (row0 >> 3)) * 64), (R / 8) * 128, 128);
+    return desc_advance(wgmma_desc(smem_u32(tile), (R / 8) * 128, 128), 128u * ((k0 >> 3) * (R >> 3) + (row0 >> 3)));
 }
 // MN-major (R rows = K, columns = M or N): the 16-deep K slice at (k0, col0).
 template <int R>
 __device__ __forceinline__ unsigned long long desc_cb_mnmajor(const uint16_t* tile, int k0, int col0) {
-    return wgmma_desc(smem_u32(tile + ((col0 >> 3) * (R >> 3) + (k0 >> 3)) * 64), 128, (R / 8) * 128);
+    return desc_advance(wgmma_desc(smem_u32(tile), 128, (R / 8) * 128), 128u * ((col0 >> 3) * (R >> 3) + (k0 >> 3)));
 }
 
 // Rows [r0, R) of a column-blocked tile of C columns set to zero by THREADS threads (16-byte
@@ -91,16 +92,36 @@ __device__ __forceinline__ void bwd_p_ds_operands(const float* s, const float* d
 
 // Backward: a warp's dQ accumulator (rows row0 + f.row(e), N8 n8 tiles from column col0) into the
 // fp32 dQ tile sdQ of D columns, laid out as the workspace (dq_tile_chunk, common.cuh).
-template <int N8, int D>
+// OPAQUE_LANE (the ws backward): row0 and col0 are multiples of 8, so row & 7 = f.g and the chunk of
+// column col0 + 8n + 2t, (col / 4) ^ (2 g), is 2 ((col0 / 8 + n) ^ g) + t / 2: the float offset
+// inside the row is 8 ((col0 / 8 + n) ^ g) + 2t. The lane's g and t pass through an opaque move, so
+// the compiler forms the N8 addresses here (two integer operations each) instead of hoisting them
+// out of the caller's loop into registers the MMA warpgroups do not have (the ws backward spilled
+// them, bench/NOTES.md step 31). The first wgmma backward keeps the plain form: there the opaque one
+// spilled 20 B at hdim 128.
+template <int N8, int D, bool OPAQUE_LANE = false>
 __device__ __forceinline__ void stage_dq_tile(float* sdQ, const float* acc, int row0, int col0, const AccFrag& f) {
+    if constexpr (OPAQUE_LANE) {
+        int g, t;
+        asm volatile("mov.b32 %0, %1;" : "=r"(g) : "r"(f.g));
+        asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(f.t));
+        float* base = sdQ + (row0 + g) * D + 2 * t;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int n = 0; n < N8; ++n) {
-            const int row = row0 + f.row(2 * r), col = col0 + f.col(n, 0);
-            *reinterpret_cast<float2*>(sdQ + row * D + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
-                make_float2(acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
-        }
+            for (int n = 0; n < N8; ++n)
+                *reinterpret_cast<float2*>(base + r * 8 * D + 8 * (((col0 >> 3) + n) ^ g)) =
+                    make_float2(acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int n = 0; n < N8; ++n) {
+                const int row = row0 + f.row(2 * r), col = col0 + f.col(n, 0);
+                *reinterpret_cast<float2*>(sdQ + row * D + 4 * dq_tile_chunk(row, col / 4) + (col & 3)) =
+                    make_float2(acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
+            }
+    }
 }
 
 }  // namespace fmha

@@ -125,7 +125,7 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw128_kmajor(unsigned s
 // of 8, k0 of 16: start in slab k0 / 64 at row row0, +2 bytes per column inside the atom.
 template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* tile, int row0, int k0) {
-    return wgmma_desc_sw128(smem_u32(tile) + (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2, 16, 1024);
+    return desc_advance(wgmma_desc_sw128(smem_u32(tile), 16, 1024), (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2);
 }
 // MN-major operand (R rows = K, columns = M or N, C of them): the 16-deep K slice at (k0, col0), k0 a
 // multiple of 16. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte offset between
@@ -142,8 +142,7 @@ __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* til
 // computed address, which the K-major K steps (same XOR, same bits) already rely on.
 template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_mnmajor(const uint16_t* tile, int k0, int col0) {
-    const unsigned addr = smem_u32(tile) + (col0 >> 6) * (R * 128) + k0 * 128 + (col0 & 63) * 2;
-    return wgmma_desc_sw128(addr, R * 128, 1024);
+    return desc_advance(wgmma_desc_sw128(smem_u32(tile), R * 128, 1024), (col0 >> 6) * (R * 128) + k0 * 128 + (col0 & 63) * 2);
 }
 // Rows [r0, R) of a swizzled tile of C columns set to zero by THREADS threads (rows a TMA box brought
 // from beyond a sequence's end, group mode): the swizzle only permutes chunks inside a row, so

@@ -1,0 +1,33 @@
+"""The ws backward's machine code (offline: NVRTC, nvdisasm; no GPU), guarding what bench/NOTES.md
+step 31 found and fixed: the wgmma descriptors must come from uniform registers (not rebuilt per
+instruction in vector registers and moved over with R2UR: ~13 integer instructions per HGMMA
+before), and the P/dS mask test must be one branch per tile, not a branch per element (the compiler
+did not unswitch `edge` in this kernel). Both cost 22-38% of the backward's time on the H200; both
+come back silently if the warpgroup or stage index stops looking warp-uniform to the compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_fmha import compile as C
+from cupy_fmha.backends import cuda
+
+pytestmark = pytest.mark.skipif(C.nvrtc_version() is None or C.nvdisasm_path() is None,
+                                reason="needs NVRTC and nvdisasm (the cuda13 and test extras)")
+
+
+def _ops(sass: list[str]) -> list[str]:
+    return [(s.split()[1] if s.startswith("@") else s.split()[0]).split(".")[0] for s in sass]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_descriptors_uniform_and_mask_unswitched(dtype, d):
+    spec = cuda.bwd_ws_spec(dtype, d, d)
+    ops = _ops(C.sass_instructions(spec))
+    hgmma, r2ur, bssy = ops.count("HGMMA"), ops.count("R2UR"), ops.count("BSSY")
+    assert hgmma == 32 if d == 128 else 24
+    # 15 after the fix (setup outside the loop) at both head dims, 92 / 124 before it (about 4 per HGMMA)
+    assert r2ur <= 24, f"{spec.name}: {r2ur} R2UR for {hgmma} HGMMA: descriptors left the uniform registers"
+    # 23 after the fix, 53 before it (one per element of S^T: NQ * 4 = 32)
+    assert bssy < 32, f"{spec.name}: {bssy} BSSY: the mask test is back to a branch per element"
