@@ -10,7 +10,7 @@
 // block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //
-// Tiles from TMA (K, V, Q, dO), one compile-time choice (SWIZZLE, as fmha_fwd_sm90_ws; default 0):
+// Tiles from TMA (K, V, Q, dO), one compile-time choice (SWIZZLE, as fmha_fwd_sm90_ws; on by default, NOTES step 30):
 //   SWIZZLE=0   column-blocked ([D/8][rows][8]: desc_cb_* in arch/sm90/tile.cuh), one box per tile
 //               (cupy_fmha/backends/tma.py, column_blocked_view) whose rows are 16 bytes
 //   SWIZZLE=1   128-byte swizzled ([D/64][rows][64]: desc_sw_* in arch/sm90/tma.cuh), one box of 64

@@ -46,6 +46,23 @@ F32 = np.dtype(np.float32)
 # --------------------------------------------------------------------------- GPU skipping
 
 
+def device_key():
+    """The current device's backend key as the library resolves it (``api._cc``): the compute
+    capability as an int on CUDA (90 on H100/H200), the gfx target string on ROCm ("gfx942").
+    GPU tests use this, not ``Device().compute_capability``: cupy-rocm reports major/minor of the
+    gfx target there ("90" on gfx90a, "94" on gfx942), which would pass for sm_90."""
+    import cupy
+
+    from cupy_fmha import api
+
+    return api._cc(cupy)
+
+
+def is_sm90() -> bool:
+    """Whether the current device is an sm_90 GPU (wgmma, TMA: the Hopper kernels and probes)."""
+    return device_key() == 90
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_unavailable_reason() -> str | None:
     """``None`` when CuPy imports and sees at least one device, else why not."""

@@ -27,6 +27,7 @@ except Exception:  # pragma: no cover
 import test_gpu_attention as A
 import test_gpu_deterministic as D
 import test_gpu_varlen as V
+import conftest
 from conftest import BF16, F16, Packed, check_group, run, seed_for
 from cupy_fmha.backends import cuda
 
@@ -39,7 +40,7 @@ def _ws_on(monkeypatch):
 
 
 def test_switch_selects_the_ws_kernel():
-    if cp.cuda.Device().compute_capability < "90":
+    if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     assert cuda.bwd_specs("bf16", 128, 128, 90).dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert cuda.bwd_specs("bf16", 128, 128, 90, dropout=True).dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90"

@@ -25,7 +25,7 @@ except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
 import cupy_fmha
-from conftest import BF16, F16, Inputs, assert_close, nan_block_in_pool, nan_like, seed_for
+from conftest import BF16, F16, Inputs, assert_close, device_key, is_sm90, nan_block_in_pool, nan_like, seed_for
 from cupy_fmha import launch as L
 from cupy_fmha import reference as R
 from cupy_fmha.spec import bwd_specs
@@ -46,7 +46,7 @@ class Case(Inputs):
         self.o, self.lse = cupy_fmha.attention_forward(self.dev["q"], self.dev["k"], self.dev["v"], **self.kw)
 
     def workspace_bytes(self) -> int:
-        cc = int(cp.cuda.Device().compute_capability)
+        cc = device_key()
         spec = bwd_specs("bf16" if self.dtype == BF16 else "fp16", self.d, self.d, cc).dq_dk_dv
         return L.dq_workspace(spec, self.b, self.hq, self.sq, self.sk, self.d, True).nbytes
 
@@ -104,7 +104,7 @@ def _bits(x):
 def test_deterministic_is_bit_identical_and_correct(case):
     dtype, layout, b, sq, sk, hq, hk, d, mkw = CASES[case]
     c = Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
-    cc = int(cp.cuda.Device().compute_capability)
+    cc = device_key()
     spec = bwd_specs("bf16" if dtype == BF16 else "fp16", d, d, cc).dq_dk_dv
     if cc == 90 and d in (64, 128):
         assert spec.target == "sm90a"  # the wgmma kernel is the one under test here
@@ -150,7 +150,7 @@ def test_deterministic_at_seqlen_65536_without_slabs():
     at 32768 and were beyond the GPU here). On the Hopper ws kernel the ordered adds need the
     default workspace only: deterministic runs, twice bit-identically, and its dQ agrees with
     the default mode's up to the order of the fp32 additions."""
-    if int(cp.cuda.Device().compute_capability) != 90:
+    if not is_sm90():
         pytest.skip("the ordered adds run on the sm_90 ws kernel")
     spec = bwd_specs("bf16", 128, 128, 90, deterministic=True).dq_dk_dv
     assert L.dq_workspace(spec, 1, 16, 65536, 65536, 128, True).nsplit == 0

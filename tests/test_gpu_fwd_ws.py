@@ -28,6 +28,7 @@ except Exception:  # pragma: no cover
 
 import test_gpu_attention as A
 import test_gpu_varlen as V
+import conftest
 from conftest import BF16, F16, Packed, check_group, run, seed_for
 from cupy_fmha.backends import cuda
 
@@ -40,7 +41,7 @@ def _ws_on(monkeypatch):
 
 
 def test_switch_selects_the_ws_kernel():
-    if cp.cuda.Device().compute_capability < "90":
+    if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     assert cuda.fwd_spec("bf16", 128, 128, 90).source == "fmha_fwd_sm90_ws"
     assert cuda.fwd_spec("bf16", 64, 64, 90, alibi=True).source == "fmha_fwd_sm90_ws"

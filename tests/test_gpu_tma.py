@@ -17,6 +17,7 @@ except Exception:  # pragma: no cover
 
 from cupy_fmha import compile as C
 from cupy_fmha.backends import tma
+import conftest
 from conftest import seed_for
 
 pytestmark = pytest.mark.gpu
@@ -76,7 +77,7 @@ def _bits(key, shape, dtype):
 
 @pytest.fixture(scope="module")
 def probe():
-    if cp.cuda.Device().compute_capability < "90":
+    if not conftest.is_sm90():
         pytest.skip("TMA needs sm_90")
     mod = cp.RawModule(code=C.expand_includes(_PROBE), options=("-std=c++17", "-arch=sm_90a"))
     return mod.get_function("tma_probe")

@@ -34,6 +34,7 @@ except Exception:  # pragma: no cover
 
 from cupy_fmha import compile as C
 from cupy_fmha.backends import tma
+import conftest
 from conftest import seed_for
 
 pytestmark = pytest.mark.gpu
@@ -188,7 +189,7 @@ def _source() -> str:
 
 @pytest.fixture(scope="module")
 def module():
-    if cp.cuda.Device().compute_capability < "90":
+    if not conftest.is_sm90():
         pytest.skip("wgmma and TMA need sm_90")
     return cp.RawModule(code=_source(), options=("-std=c++17", "-arch=sm_90a", "-DFMHA_BF16=1"))
 

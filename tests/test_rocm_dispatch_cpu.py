@@ -153,3 +153,19 @@ def test_describe_names_the_gfx_target(monkeypatch):
     assert d["gfx_target"] == "gfx942" and d["device"] == "AMD Instinct MI300X" and d["sm_count"] == 304
     props["gcnArchName"] = b"gfx1100"
     assert device.describe()["gfx_target"] == "gfx1100"  # named as HIP names it; no kernels for it
+
+
+@pytest.mark.parametrize("cc, hip_arch, sm90", [("90", None, True), ("80", None, False), ("100", None, False),
+                                                 ("90", "gfx90a:sramecc+:xnack-", False),
+                                                 ("94", "gfx942:sramecc+:xnack-", False)])
+def test_gpu_tests_know_sm90_from_rocm(monkeypatch, cc, hip_arch, sm90):
+    """The GPU tests' sm_90 check (conftest.is_sm90, which the Hopper-only tests skip on) goes through
+    the library's device key, so cupy-rocm's compute capability ("90" on gfx90a, "94" on gfx942) does
+    not pass for sm_90 on an Instinct GPU."""
+    import conftest
+    from cupy_fmha import api
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(cc, hip_arch))
+    monkeypatch.setattr(api, "_CC", {})
+    assert conftest.is_sm90() is sm90
+    assert conftest.device_key() == (hip_arch.split(":")[0] if hip_arch else int(cc))
