@@ -72,36 +72,6 @@ static_assert(sizeof(Smem) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
-// One tile of R rows from `row` (all D columns) of a map into `dst`, completing `bar`: one box of the
-// column-blocked view, or (SWIZZLE) one box of 64 columns per slab.
-template <int R, int D>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const TmaMap& m, unsigned bar, int head, int row, int batch) {
-    if constexpr (SWIZZLE) {
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) tma_load_4d(smem_u32(dst) + c * (R * 128), m, bar, c * 64, head, row, batch);
-    } else {
-        tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
-    }
-}
-// Descriptors of the 16-deep K slices of the TMA tiles (R rows), in the layout of this build:
-// K-major at (row0, k0), MN-major at (k0, col0) (col0: a multiple of 64, or inside one slab).
-template <int R>
-__device__ __forceinline__ unsigned long long desc_k_tile(const uint16_t* tile, int row0, int k0) {
-    if constexpr (SWIZZLE) return desc_sw_kmajor<R>(tile, row0, k0);
-    else return desc_cb_kmajor<R>(tile, row0, k0);
-}
-template <int R>
-__device__ __forceinline__ unsigned long long desc_mn_tile(const uint16_t* tile, int k0, int col0) {
-    if constexpr (SWIZZLE) return desc_sw_mnmajor<R>(tile, k0, col0);
-    else return desc_cb_mnmajor<R>(tile, k0, col0);
-}
-// Rows [r0, R) of a TMA tile of C columns set to zero by the MMA threads.
-template <int R, int C>
-__device__ __forceinline__ void zero_tail_rows(uint16_t* tile, int r0, int tid) {
-    if constexpr (SWIZZLE) sw_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
-    else cb_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                           const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
@@ -140,8 +110,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const int lane = threadIdx.x;
         if (lane == 0) {
             mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
-            load_tile<BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
-            load_tile<BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
         }
         for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
             const int s = i % STAGES;
@@ -150,8 +120,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             const int r0 = qb * BLOCK_M;
             if (lane == 0) {
                 mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
-                load_tile<BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
-                load_tile<BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
             }
 #pragma unroll
             for (int r = lane; r < BLOCK_M; r += 32) {
@@ -183,8 +153,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     mbarrier_wait(smem_u32(&sm.kv), 0);
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
-        zero_tail_rows<BLOCK_N, HDIM_Q>(sm.k, blk.seqlen_k - k0, tid);
-        zero_tail_rows<BLOCK_N, HDIM_V>(sm.v, blk.seqlen_k - k0, tid);
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
         fence_proxy_async();
         named_barrier_sync(3, MMA_THREADS);
     }
@@ -199,8 +169,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         uint16_t* sdS = sm.ds[__shfl_sync(0xffffffffu, i & 1, 0)];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
         if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
-            zero_tail_rows<BLOCK_M, HDIM_Q>(sm.q[s], blk.seqlen_q - q0, tid);
-            zero_tail_rows<BLOCK_M, HDIM_V>(sm.dout[s], blk.seqlen_q - q0, tid);
+            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
+            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
             fence_proxy_async();
             named_barrier_sync(3, MMA_THREADS);
         }
@@ -212,12 +182,12 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_k_tile<BLOCK_N>(sm.k, key_row0, kk * 16),
-                                    desc_k_tile<BLOCK_M>(sQb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.k, key_row0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQb, 0, kk * 16), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_k_tile<BLOCK_N>(sm.v, key_row0, kk * 16),
-                                    desc_k_tile<BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
         wgmma_wait0();
         fence_operand<NQ * 4>(sacc);
@@ -243,8 +213,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_mn_tile<BLOCK_M>(sdOb, kk * 16, 0), 1);
-            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_mn_tile<BLOCK_M>(sQb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
+            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
         fence_proxy_async();
@@ -258,7 +228,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
             wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
-                                    desc_mn_tile<BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
+                                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
         fence_operand<DQ_HALF / 2>(acc_dq);

@@ -65,46 +65,18 @@ static_assert(sizeof(Smem) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared
 static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
-// One tile of R rows from `row` (all D columns) of a map into `dst`, completing `bar`: one box of the
-// column-blocked view, or (SWIZZLE) one box of 64 columns per slab.
-template <int R, int D>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const TmaMap& m, unsigned bar, int head, int row, int batch) {
-    if constexpr (SWIZZLE) {
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) tma_load_4d(smem_u32(dst) + c * (R * 128), m, bar, c * 64, head, row, batch);
-    } else {
-        tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
-    }
-}
-
-// Descriptors of the 16-wide K slices of the tiles, in the layout of this build.
-template <int R>
-__device__ __forceinline__ unsigned long long desc_kmajor_tile(const uint16_t* tile, int row0, int k0) {
-    if constexpr (SWIZZLE) return desc_sw_kmajor<R>(tile, row0, k0);
-    else return desc_cb_kmajor<R>(tile, row0, k0);
-}
-__device__ __forceinline__ unsigned long long desc_v_tile(const uint16_t* tile, int k0) {
-    if constexpr (SWIZZLE) return desc_sw_mnmajor<BLOCK_N>(tile, k0, 0);
-    else return desc_cb_mnmajor<BLOCK_N>(tile, k0, 0);
-}
-template <int R, int C>
-__device__ __forceinline__ void zero_tail_rows(uint16_t* tile, int r0, int tid) {
-    if constexpr (SWIZZLE) sw_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
-    else cb_zero_rows<R, C, MMA_THREADS>(tile, r0, tid);
-}
-
 // S = Q K^T of this warpgroup's 64 rows (one commit group).
 __device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const uint16_t* sK, int wg) {
 #pragma unroll
     for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-        wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_kmajor_tile<BLOCK_M>(sQ, wg * 64, kk * 16),
-                                desc_kmajor_tile<BLOCK_N>(sK, 0, kk * 16), kk > 0);
+        wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQ, wg * 64, kk * 16),
+                                desc_tile_kmajor<SWIZZLE, BLOCK_N>(sK, 0, kk * 16), kk > 0);
     wgmma_commit();
 }
 // O += P V (one commit group); P as register A fragments, one per 16 keys.
 __device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const uint16_t* sV) {
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_v_tile(sV, kk * 16), 1);
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sV, kk * 16, 0), 1);
     wgmma_commit();
 }
 
@@ -147,16 +119,16 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-        load_tile<BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+        tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
         for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
             const int s = i % STAGES;
             const unsigned parity = ((i / STAGES) & 1) ^ 1;
             if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
             mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
-            load_tile<BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
             if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
             mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
-            load_tile<BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
         }
         return;
     }
@@ -180,8 +152,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // only the block that crosses the end).
     auto zero_tail = [&](int s, int k0, unsigned phase) {
         mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-        zero_tail_rows<BLOCK_N, HDIM_Q>(sm.k[s], blk.seqlen_k - k0, tid);
-        zero_tail_rows<BLOCK_N, HDIM_V>(sm.v[s], blk.seqlen_k - k0, tid);
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k[s], blk.seqlen_k - k0, tid);
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v[s], blk.seqlen_k - k0, tid);
         fence_proxy_async();
         named_barrier_sync(BAR_ZERO, MMA_THREADS);
     };
@@ -245,8 +217,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
             const int k0 = (blk.kb_begin + i) * BLOCK_N;
             if (!(packed && k0 + BLOCK_N > blk.seqlen_k)) return;
-            if (cols == HDIM_Q) zero_tail_rows<BLOCK_N, HDIM_Q>(tile, blk.seqlen_k - k0, tid);
-            else zero_tail_rows<BLOCK_N, HDIM_V>(tile, blk.seqlen_k - k0, tid);
+            if (cols == HDIM_Q) zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
+            else zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
             fence_proxy_async();
             named_barrier_sync(BAR_ZERO, MMA_THREADS);
         };
