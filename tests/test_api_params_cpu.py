@@ -173,22 +173,21 @@ def test_dlpack_objects_are_adopted(rec, monkeypatch):
     assert len(calls) == 3 and isinstance(o, cp.ndarray)
 
 
-@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
-def test_ws_backward_tensor_maps(monkeypatch, layout):
-    """CUPY_FMHA_BWD_WS=1 on sm_90: the warp-specialized backward gets four TMA maps before its
-    flattened params, each the column-blocked 5-D view (batch, hdim / 8, rows, heads, 8) of Q, K,
-    V, dO whose element (b, c, s, h, e) is element (b, s, h, 8c + e) of the tensor (packed tokens
-    as one batch entry in group mode), with one box per tile."""
+def _ws_backward_launches(monkeypatch, tiles: str) -> list:
+    """Sets up a stand-in sm_90 device with the ws backward under CUPY_FMHA_BWD_WS_TILES=``tiles``
+    (and the ws forward off: the forward only makes o and lse) and returns the list every launch
+    appends (spec, args, shared_mem, block) to; the tensor maps stay unencoded (the driver call
+    needs a GPU), and the ws kernel's four map arguments are dropped before the params recorder."""
     from cupy_fmha.backends import tma
 
     monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
     monkeypatch.setattr(api, "_CC", {})
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")  # the column-blocked build
-    # the forward here only makes o and lse: its own maps (checked below) would be unencoded too
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", tiles)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
-    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)  # the driver call needs a GPU
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)
+    api._tile_map.cache_clear()
     raw = []
 
     class Raw(Recorder):
@@ -207,6 +206,18 @@ def test_ws_backward_tensor_maps(monkeypatch, layout):
             return Fn()
 
     monkeypatch.setattr(api, "get_function", Raw())
+    return raw
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+def test_ws_backward_tensor_maps(monkeypatch, layout):
+    """CUPY_FMHA_BWD_WS=1 on sm_90: the warp-specialized backward gets four TMA maps before its
+    flattened params, each the column-blocked 5-D view (batch, hdim / 8, rows, heads, 8) of Q, K,
+    V, dO whose element (b, c, s, h, e) is element (b, s, h, 8c + e) of the tensor (packed tokens
+    as one batch entry in group mode), with one box per tile."""
+    from cupy_fmha.backends import tma
+
+    raw = _ws_backward_launches(monkeypatch, "SWIZZLE=0")  # the column-blocked build
     hq, hk, d = 4, 2, 128
     if layout == "thd":
         lq, lk = [37, 5], [53, 20]
@@ -379,32 +390,7 @@ def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
     more shared memory than the column-blocked build, and the launch passes that size."""
     from cupy_fmha.backends import cuda, tma
 
-    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
-    monkeypatch.setattr(api, "_CC", {})
-    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")  # the forward only makes o and lse
-    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)
-    api._tile_map.cache_clear()
-    raw = []
-
-    class Raw(Recorder):
-        def __call__(self, spec):
-            inner = super().__call__(spec)
-
-            class Fn:
-                max_dynamic_shared_size_bytes = 1 << 20
-
-                def __call__(self, grid, block, args, shared_mem=0):
-                    raw.append((spec, args, shared_mem, block))
-                    if spec.source == "fmha_bwd_dq_dk_dv_sm90_ws":
-                        args = args[4:]
-                    inner(grid, block, args, shared_mem=shared_mem)
-
-            return Fn()
-
-    monkeypatch.setattr(api, "get_function", Raw())
+    raw = _ws_backward_launches(monkeypatch, "SWIZZLE=1")
     hq, hk = 4, 2
     if layout == "thd":
         lq, lk = [37, 5], [53, 20]
