@@ -136,10 +136,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // ------------------------------------------------------------------------- MMA warpgroups
     setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
-    const int wg = warp >> 2, wi = warp & 3;  // warpgroup (of the two), warp inside it (16 rows each)
+    // warpgroup (of the two; broadcast from lane 0 so that the compiler sees it warp-uniform and keeps
+    // the Q descriptors in uniform registers, as the ws backward: bench/NOTES.md step 31), warp
+    // inside it (16 rows each)
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
     const AccFrag frag(tid);
     const int wq0 = q0 + wg * 64;
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
+    // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
+    auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
 
     float acc_o[NO * 4];
 #pragma unroll
@@ -270,8 +275,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 next_pv_operands(i);
                 turn_begin();
                 wgmma_fence();
-                gemm_s(sacc, sm.q, sm.k[i % STAGES], wg);
-                gemm_pv(acc_o, pa, sm.v[(i - 1) % STAGES]);
+                gemm_s(sacc, sm.q, sm.k[uniform_stage(i)], wg);
+                gemm_pv(acc_o, pa, sm.v[uniform_stage(i - 1)]);
                 turn_end(false);
                 wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                 fence_operand<NS * 4>(sacc);
@@ -282,7 +287,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             next_pv_operands(n);
             turn_begin();
             wgmma_fence();
-            gemm_pv(acc_o, pa, sm.v[(n - 1) % STAGES]);
+            gemm_pv(acc_o, pa, sm.v[uniform_stage(n - 1)]);
             turn_end(true);
             wgmma_wait0();
             fence_operand<NO * 4>(acc_o);
