@@ -6,7 +6,8 @@
 // once; then per query block Q and dO into a ring of STAGES buffers), its first warp copies the
 // block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
 // of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
-// in fmha_bwd_dq_dk_dv_sm90.cu, and hand a buffer back through its `empty` mbarrier once the
+// in fmha_bwd_dq_dk_dv_sm90.cu, stepping BLOCK_M query rows at a time (64, or 128 at hdim 64:
+// cupy_fmha.backends.cuda.BWD_WS_BLOCK_M, bench/NOTES.md step 35), and hand a buffer back through its `empty` mbarrier once the
 // block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //
@@ -46,8 +47,8 @@
 
 using namespace fmha;
 
-static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && BLOCK_M == 64,
-              "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 query rows per step");
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && (BLOCK_M == 64 || BLOCK_M == 128),
+              "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 or 128 query rows per step");
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
 static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_bwd_dq_dk_dv_sm90_ws: swizzled tiles are slabs of 64 columns");
@@ -78,6 +79,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                           FMHA_BWD_PARAMS_ARGS) {
     const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
     constexpr int NQ = BLOCK_M / 8, NDQ = HDIM_Q / 8, NDV = HDIM_V / 8, DQ_HALF = HDIM_Q / 2;
+    // GEMM4's split between the warpgroups: at BLOCK_M = 64 each takes half of dQ's columns (all 64
+    // rows); at BLOCK_M = 128 each its 64 query rows (all columns), so that N stays 64 at hdim 64
+    // (an N = 32 SS wgmma runs at 2/3 of the tensor rate, bench/NOTES.md step 34)
+    constexpr bool DQ_BY_ROWS = BLOCK_M == 128;
+    constexpr int DQ_COLS = DQ_BY_ROWS ? HDIM_Q : DQ_HALF;
     constexpr unsigned KV_BYTES = 2u * BLOCK_N * (HDIM_Q + HDIM_V);
     constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
 
@@ -222,16 +228,18 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free
 
         // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K (SWIZZLE at hdim 64:
-        // the second half starts 64 bytes into K's one slab, inside the swizzle atom: desc_sw_mnmajor)
-        float acc_dq[DQ_HALF / 2];
+        // the second half starts 64 bytes into K's one slab, inside the swizzle atom: desc_sw_mnmajor);
+        // DQ_BY_ROWS: dQ[this warpgroup's 64 rows, all columns]
+        float acc_dq[DQ_COLS / 2];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_ss<DQ_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
-                                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF), kk > 0);
+            wgmma_ss<DQ_COLS, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
+                                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF),
+                                    kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
-        fence_operand<DQ_HALF / 2>(acc_dq);
+        fence_operand<DQ_COLS / 2>(acc_dq);
         fence_operand<NDV * 4>(acc_dv);
         fence_operand<NDQ * 4>(acc_dk);
         fence_operand<BLOCK_M / 4>(&pa[0][0]);
@@ -239,7 +247,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
         // this warpgroup's columns of the tile into sdQ, then one bulk add of the tile (in order when deterministic)
-        stage_dq_tile<DQ_HALF / 8, HDIM_Q, true>(sdQ, acc_dq, wi * 16, wg * DQ_HALF, frag);
+        stage_dq_tile<DQ_COLS / 8, HDIM_Q, true>(sdQ, acc_dq, (DQ_BY_ROWS ? wg * 64 : 0) + wi * 16,
+                                                 DQ_BY_ROWS ? 0 : wg * DQ_HALF, frag);
         fence_proxy_async();
         named_barrier_sync(2, MMA_THREADS);
         if (tid == 0) {

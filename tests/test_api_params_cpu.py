@@ -275,11 +275,15 @@ def test_ws_backward_empty_and_unit_axes(monkeypatch):
     seen.clear()
     api._tile_map.cache_clear()
     cupy_fmha.attention_backward(x, x, x, x, o, lse)
-    # one buffer for all four: the Q and dO maps (64-row boxes) are one cached encoding, K and V
-    # (128-row boxes) another; the rows are axis 1 of the swizzled 4-D box (the default build),
-    # axis 2 of the column-blocked 5-D one
-    assert len(seen) == 2 and all(s > 0 and s % 16 == 0 for a in seen for s in a.strides[:-1])
-    assert sorted(a.box[1] if a.swizzle else a.box[2] for a in seen) == [64, 128]
+    # one buffer for all four: the Q and dO maps (boxes of BLOCK_M rows) are one cached encoding, K
+    # and V (128-row boxes) another, or the same one where BLOCK_M is 128 too (the default build at
+    # hdim 64); the rows are axis 1 of the swizzled 4-D box (the default build), axis 2 of the
+    # column-blocked 5-D one
+    from cupy_fmha.backends import cuda
+
+    rows = sorted({cuda.bwd_ws_spec("fp16", 64, 64).macro("BLOCK_M"), 128})
+    assert len(seen) == len(rows) and all(s > 0 and s % 16 == 0 for a in seen for s in a.strides[:-1])
+    assert sorted(a.box[1] if a.swizzle else a.box[2] for a in seen) == rows
 
 
 def test_forward_ws_params_and_maps(rec, monkeypatch):
@@ -385,7 +389,8 @@ def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
     """CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1: the ws backward's four maps (Q, K, V, dO) are the tensors
     themselves as 4-D (batch, rows, heads, hdim) views with 128-byte swizzle and boxes of 64
     columns (a padded head dim of 128 takes two per tile; columns past hdim 120 fall outside the
-    tensor, so TMA zero-fills them), rows BLOCK_M = 64 for Q and dO and BLOCK_N = 128 for K and V
+    tensor, so TMA zero-fills them), rows BLOCK_M for Q and dO (128 at hdim 64, 64 at 120) and
+    BLOCK_N = 128 for K and V
     (packed tokens as one batch entry in group mode); the instance carries SWIZZLE=1 and 1024 bytes
     more shared memory than the column-blocked build, and the launch passes that size."""
     from cupy_fmha.backends import cuda, tma
@@ -408,10 +413,12 @@ def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
     cupy_fmha.attention_backward(do, q, k, v, o, lse, layout=layout, causal=True, **cu)
     (spec, args, smem, block), = [r for r in raw if r[0].source == "fmha_bwd_dq_dk_dv_sm90_ws"]
     assert spec.macro("SWIZZLE") == 1 and block == (384, 1, 1)
-    plain = cuda.bwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, BLOCK_M=64))
-    assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
+    bm = spec.macro("BLOCK_M")
+    assert bm == (128 if d == 64 else 64)
+    plain = cuda.derived_macros(spec.source, {**dict(spec.macros), "SWIZZLE": 0})["SMEM_BYTES"]
+    assert smem == spec.macro("SMEM_BYTES") == plain + 1024
     for m, rows, heads, box_rows in zip(args[:4], (rows_q, rows_k, rows_k, rows_q), (hq, hk, hk, hq),
-                                         (64, 128, 128, 64)):
+                                         (bm, 128, 128, bm)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
         assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)
         assert m.box_bytes == box_rows * 128 and m.strides[3] == 2
@@ -447,7 +454,8 @@ def test_ws_backward_variant_switch(monkeypatch):
     assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 115752
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
-    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 116776
+    # (the default at hdim 64: 128 query rows per step, BWD_WS_BLOCK_M; the 64-row build is 116,776 B)
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 199720
     assert "CUPY_FMHA_BWD_WS_TILES" in TUNING_VARS
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZLE=1")
     with pytest.raises(ValueError, match="unknown entries"):
@@ -458,6 +466,27 @@ def test_ws_backward_variant_switch(monkeypatch):
     names = {s.name for s in cuda.experimental_table()}
     assert plain_name in names and sw.name not in names
     assert sum("sm90_ws" in n and "bwd" in n and "SWIZZLE" not in n for n in names) == 8
+    # 128 query rows per step at hdim 64 by default (BWD_WS_BLOCK_M, step 35), 64 at hdim 128 even
+    # when asked for 128 (320 KB of shared memory) and in the column-blocked build; the swizzled
+    # 64-row builds of hdim 64 (the default before step 35) stay in the experimental table
+    bm128 = [cuda.bwd_ws_spec(dt, 64, 64, alibi=a) for dt in ("bf16", "fp16") for a in (False, True)]
+    assert all(s.macro("BLOCK_M") == 128 and s.macro("SWIZZLE") == 1 for s in bm128)
+    assert max(s.macro("SMEM_BYTES") for s in bm128) == 199720 <= cuda.SMEM_LIMIT
+    assert not {s.name for s in bm128} & names
+    bm64 = [cuda.bwd_ws_spec(dt, 64, 64, alibi=a, tiles=dict(NWG=2, BLOCK_N=128, BLOCK_M=64, SWIZZLE=1))
+            for dt in ("bf16", "fp16") for a in (False, True)]
+    assert sorted(n for n in names if "BLOCK_M64" in n and "HDIM_Q64" in n and "ws" in n and "SWIZZLE1" in n
+                  and "bwd" in n) == sorted(s.name for s in bm64)
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=128")
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128
+    assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64")
+    assert cuda.bwd_ws_spec("bf16", 64, 64).name == bm64[0].name
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 64
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=96")
+    with pytest.raises(ValueError, match="BLOCK_M must be 64 or 128"):
+        cuda.bwd_ws_spec("bf16", 64, 64)
 
 
 def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):

@@ -32,28 +32,30 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
     atomic = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
     if spec.macro("DQ_ORDERED", 0):  # the ws kernel: no slabs, one semaphore per query tile
         assert ws == (atomic.shape, 0, 0, True, 2 * 3 * -(-777 // bm)) and atomic.tiled and not atomic.nsem
-        assert ws.nbytes == 4 * 2 * 3 * 832 * spec.macro("HDIM_Q") + 4 * ws.nsem
+        assert ws.nbytes == 4 * 2 * 3 * -(-777 // bm) * bm * spec.macro("HDIM_Q") + 4 * ws.nsem
         return
     assert ws.nsplit == -(-1000 // bn) and ws.shape == (ws.nsplit, 2, 3, 777, hdim)
     assert ws.split_stride == 2 * 3 * 777 * hdim
     assert ws.nbytes == 4 * ws.nsplit * ws.split_stride
     assert atomic == ((2, 3, 777, hdim), 0, 0, False, 0)
-    if spec.target == "sm90a":
-        assert (bn, bm) == (128, 64)
+    if spec.target == "sm90a":  # (the ws kernel: 128 query rows per step at hdim 64, BWD_WS_BLOCK_M)
+        assert (bn, bm) == (128, 128 if spec.source.endswith("_ws") and hdim == 64 else 64)
     else:
         assert bm == spec.macro("BLOCK_M") and bn == 16 * spec.macro("NWARPS")
 
 
 @pytest.mark.parametrize("hdim", [64, 120, 128])
 def test_tiled_workspace_rounds_rows_and_columns(hdim):
-    """The bulk-copy kernels (DQ_TILED) write whole tiles of BLOCK_M rows x HDIM_Q (padded) floats."""
+    """The bulk-copy kernels (DQ_TILED) write whole tiles of BLOCK_M rows x HDIM_Q (padded) floats
+    (BLOCK_M: 128 at hdim 64, 64 above)."""
     from cupy_fmha.backends.cuda import bwd_ws_spec
     spec = bwd_ws_spec("bf16", hdim, hdim)
     assert spec.macro("DQ_TILED") == 1
+    rows, tiles = (832, 13) if hdim > 64 else (896, 7)
     ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
-    assert ws == ((2, 3, 832, 128 if hdim > 64 else 64), 0, 0, True, 0) and (ws.pitch, ws.cols) == ws.shape[2:]
+    assert ws == ((2, 3, rows, 128 if hdim > 64 else 64), 0, 0, True, 0) and (ws.pitch, ws.cols) == ws.shape[2:]
     det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)  # ordered adds: the same tiles + semaphores
-    assert det == (ws.shape, 0, 0, True, 2 * 3 * 13)
+    assert det == (ws.shape, 0, 0, True, 2 * 3 * tiles)
 
 
 def test_workspace_bytes_of_the_benchmark_shape():

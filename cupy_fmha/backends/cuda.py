@@ -267,7 +267,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         # stores (then one per row) measured 12% slower than plain ones (5.90 against 5.26 ms,
         # bench/features.py; not re-measured with one store per block).
         bulk = not dropout and not deterministic
-        # two warpgroups of 64 keys; 64 query rows per step (GEMM4 splits dQ's columns in halves)
+        # two warpgroups of 64 keys; 64 query rows per step (GEMM4 splits dQ's columns in halves;
+        # the ws kernel that replaces this one at hdim 64 and 128 has its own rows, BWD_WS_BLOCK_M)
         tiles = dict(NWG=2, BLOCK_N=128, BLOCK_M=64)
         if not bulk:
             tiles["DQ_BULK"] = 0
@@ -302,12 +303,20 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
 #: (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=0``).
 BWD_WS_VARIANTS = dict(SWIZZLE=1)
 
+#: The ws backward's query rows per step (BLOCK_M) by padded head dim: 128 at hdim 64, where GEMM4
+#: then splits dQ by rows and stays at N = 64 (1.09-1.24x the 64-row build on the H200, bench/NOTES.md
+#: step 35); 64 at hdim 128, where 128 rows would need 320 KB of shared memory (bwd_ws_spec keeps 64
+#: there, and in the column-blocked build, whatever ``CUPY_FMHA_BWD_WS_TILES`` asks).
+BWD_WS_BLOCK_M = {64: 128, 128: 64}
 
-def bwd_ws_tiles() -> dict[str, int]:
-    """The ws backward's table entries: two MMA warpgroups of 64 keys, 64 query rows per step, and
-    the variant macros that are on (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``);
-    macros at 0 are left out, so the default instances keep their names and code."""
-    tiles = _override("CUPY_FMHA_BWD_WS_TILES", dict(NWG=2, BLOCK_N=128, BLOCK_M=64, **BWD_WS_VARIANTS))
+
+def bwd_ws_tiles(hdim: int = 128) -> dict[str, int]:
+    """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
+    :data:`BWD_WS_BLOCK_M` query rows per step, and the variant macros that are on
+    (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``); macros at 0 are left out, so the
+    default instances keep their names and code."""
+    tiles = _override("CUPY_FMHA_BWD_WS_TILES",
+                      dict(NWG=2, BLOCK_N=128, BLOCK_M=BWD_WS_BLOCK_M[hdim], **BWD_WS_VARIANTS))
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *BWD_WS_VARIANTS}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
@@ -320,12 +329,20 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout or bias
     (:func:`use_ws` says when it is dispatched). ``tiles``: the table entries (default
     :func:`bwd_ws_tiles`)."""
+    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
+    tiles = dict(bwd_ws_tiles(d) if tiles is None else tiles)
+    if tiles.get("BLOCK_M", 64) not in (64, 128):
+        raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
+    if d > 64 or not tiles.get("SWIZZLE"):
+        # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
+        # stays the step-30 comparison build it was, measured only with 64)
+        tiles["BLOCK_M"] = 64
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               **(bwd_ws_tiles() if tiles is None else tiles), **feature_macros(alibi, False, False))
+               **tiles, **feature_macros(alibi, False, False))
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
-BWD_WS_BUILDS = (dict(),)
+BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
 
 
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
@@ -373,8 +390,9 @@ def experimental_table() -> list[KernelSpec]:
                **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the ws backward's variants (BWD_WS_VARIANTS), not dispatched by default
     for variant in BWD_WS_BUILDS:
-        out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, BLOCK_M=64, **variant))
-                for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+        out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
+                for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
+                if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
