@@ -118,9 +118,9 @@ def _cc(cp):
     dev = cp.cuda.Device()
     cc = _CC.get(dev.id)
     if cc is None:
-        if getattr(getattr(cp.cuda, "runtime", None), "is_hip", False):
-            from .backends import rocm
+        from .backends import rocm
 
+        if rocm.is_hip(cp):
             cc = _CC[dev.id] = rocm.device_target(cp, dev.id)
         else:
             cc = _CC[dev.id] = int(dev.compute_capability)

@@ -121,9 +121,9 @@ def get_function(spec: KernelSpec):
     key = (spec, dev.id)
     fn = _functions.get(key)
     if fn is None:
-        if getattr(getattr(cupy.cuda, "runtime", None), "is_hip", False):  # cupy-rocm: hiprtc
-            from .backends import rocm
+        from .backends import rocm
 
+        if rocm.is_hip(cupy):  # cupy-rocm: hiprtc
             options = rocm.compile_options(spec, rocm.device_target(cupy, dev.id))
         else:
             from .spec import backend_for

@@ -123,9 +123,9 @@ def describe() -> dict:
         info["device_count"] = _try(rt.getDeviceCount)
         cc = _try(lambda: dev.compute_capability)
         info["compute_capability"] = f"{cc[:-1]}.{cc[-1]}" if cc else None
-        if getattr(rt, "is_hip", False):  # cupy-rocm: the gfx target picks the kernels, not the cc
-            from .backends import rocm
+        from .backends import rocm
 
+        if rocm.is_hip(cupy):  # cupy-rocm: the gfx target picks the kernels, not the cc
             arch = props.get("gcnArchName", b"")
             info["gfx_target"] = _try(lambda: rocm.target_of(arch)) or (arch.decode() if isinstance(arch, bytes) else arch)
         info["sm_count"] = props.get("multiProcessorCount")

@@ -249,6 +249,12 @@ def hip_defines(spec, shim: bool = True) -> tuple[str, ...]:
 
 # -- the run-time path on an AMD GPU (cupy-rocm; written and unit-tested on the CPU, never run) --
 
+def is_hip(cupy) -> bool:
+    """Whether ``cupy`` is cupy-rocm (HIP underneath: ``cupy.cuda.runtime.is_hip``), so that the
+    device's gfx target, not the compute capability CuPy reports for it, picks the kernels."""
+    return bool(getattr(getattr(cupy.cuda, "runtime", None), "is_hip", False))
+
+
 def target_of(gcn_arch_name) -> str:
     """The target of a device from HIP's ``gcnArchName`` property (``"gfx90a:sramecc+:xnack-"``,
     str or bytes): ``"gfx90a"``, ``"gfx942"`` or ``"gfx950"``.
