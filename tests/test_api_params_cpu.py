@@ -173,6 +173,22 @@ def test_dlpack_objects_are_adopted(rec, monkeypatch):
     assert len(calls) == 3 and isinstance(o, cp.ndarray)
 
 
+def _ws_inputs(layout, hq, hk, d, seed):
+    """fp16 Q, K, V, dO for the ws-backward map tests: batch 2 x 37 query / 53 key rows, or in group
+    mode ("thd") two sequences of 37 + 5 query and 53 + 20 key tokens; returns them with the
+    group-mode keywords and the maps' expected (rows_q, rows_k, batch)."""
+    if layout != "thd":
+        q, k, v, do = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
+        return q, k, v, do, {}, 37, 53, 2
+    lq, lk = [37, 5], [53, 20]
+    rng = np.random.default_rng(seed)
+    q, do = (rng.standard_normal((sum(lq), hq, d)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
+    cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
+              max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+    return q, k, v, do, cu, sum(lq), sum(lk), 1
+
+
 def _ws_backward_launches(monkeypatch, tiles: str) -> list:
     """Sets up a stand-in sm_90 device with the ws backward under CUPY_FMHA_BWD_WS_TILES=``tiles``
     (and the ws forward off: the forward only makes o and lse) and returns the list every launch
@@ -219,17 +235,7 @@ def test_ws_backward_tensor_maps(monkeypatch, layout):
 
     raw = _ws_backward_launches(monkeypatch, "SWIZZLE=0")  # the column-blocked build
     hq, hk, d = 4, 2, 128
-    if layout == "thd":
-        lq, lk = [37, 5], [53, 20]
-        rng = np.random.default_rng(1)
-        q, do = (rng.standard_normal((sum(lq), hq, d)).astype(np.float16) for _ in range(2))
-        k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
-        cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
-                  max_seqlen_q=max(lq), max_seqlen_k=max(lk))
-        rows_q, rows_k, batch = sum(lq), sum(lk), 1
-    else:
-        q, k, v, do = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
-        cu, rows_q, rows_k, batch = {}, 37, 53, 2
+    q, k, v, do, cu, rows_q, rows_k, batch = _ws_inputs(layout, hq, hk, d, seed=1)
     o, lse = cupy_fmha.attention_forward(q, k, v, layout=layout, **cu)
     raw.clear()
     cupy_fmha.attention_backward(do, q, k, v, o, lse, layout=layout, **cu)
@@ -397,17 +403,7 @@ def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
 
     raw = _ws_backward_launches(monkeypatch, "SWIZZLE=1")
     hq, hk = 4, 2
-    if layout == "thd":
-        lq, lk = [37, 5], [53, 20]
-        rng = np.random.default_rng(4)
-        q, do = (rng.standard_normal((sum(lq), hq, d)).astype(np.float16) for _ in range(2))
-        k, v = (rng.standard_normal((sum(lk), hk, d)).astype(np.float16) for _ in range(2))
-        cu = dict(cu_seqlens_q=np.cumsum([0] + lq).astype(np.int32), cu_seqlens_k=np.cumsum([0] + lk).astype(np.int32),
-                  max_seqlen_q=max(lq), max_seqlen_k=max(lk))
-        rows_q, rows_k, batch = sum(lq), sum(lk), 1
-    else:
-        q, k, v, do = _inputs(layout, hq=hq, hk=hk, d=d, dv=d)
-        cu, rows_q, rows_k, batch = {}, 37, 53, 2
+    q, k, v, do, cu, rows_q, rows_k, batch = _ws_inputs(layout, hq, hk, d, seed=4)
     o, lse = cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, **cu)
     raw.clear()
     cupy_fmha.attention_backward(do, q, k, v, o, lse, layout=layout, causal=True, **cu)
