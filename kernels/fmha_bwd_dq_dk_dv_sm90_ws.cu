@@ -7,8 +7,8 @@
 // block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
 // of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
 // in fmha_bwd_dq_dk_dv_sm90.cu, stepping BLOCK_M query rows at a time (64, or 128 at hdim 64:
-// cupy_fmha.backends.cuda.BWD_WS_BLOCK_M, bench/NOTES.md step 35), and hand a buffer back through its `empty` mbarrier once the
-// block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
+// cupy_fmha.backends.cuda.BWD_WS_BLOCK_M, bench/NOTES.md step 35), and hand a buffer back through
+// its `empty` mbarrier once the block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //
 // Tiles from TMA (K, V, Q, dO), one compile-time choice (SWIZZLE, as fmha_fwd_sm90_ws; on by default, NOTES step 30):
@@ -17,9 +17,9 @@
 //   SWIZZLE=1   128-byte swizzled ([D/64][rows][64]: desc_sw_* in arch/sm90/tma.cuh), one box of 64
 //               columns (128-byte rows) per slab of the plain 4-D map, 8x fewer box rows per tile;
 //               the tiles start at the first 1024-byte boundary of the dynamic shared memory.
-//               GEMM4 reads K MN-major over this warpgroup's half of the columns: at hdim 64 that
-//               half starts mid-slab (column 32), a start address 64 bytes into the swizzle atom
-//               (desc_sw_mnmajor)
+//               GEMM4 reads K MN-major over this warpgroup's half of the columns (BLOCK_M = 64): at
+//               hdim 64 that half starts mid-slab (column 32), a start address 64 bytes into the
+//               swizzle atom (desc_sw_mnmajor); with BLOCK_M = 128 it reads all columns
 // dS^T is written by the MMA warps in the blocked layout of tile.cuh (both builds), double-buffered
 // so that one barrier per query block suffices.
 //

@@ -310,7 +310,7 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 BWD_WS_BLOCK_M = {64: 128, 128: 64}
 
 
-def bwd_ws_tiles(hdim: int = 128) -> dict[str, int]:
+def bwd_ws_tiles(hdim: int) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
     :data:`BWD_WS_BLOCK_M` query rows per step, and the variant macros that are on
     (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``); macros at 0 are left out, so the
