@@ -209,6 +209,10 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
     }
 }
 
+// Backward: a row's natural-log LSE in log2 units, the form backward_p_ds subtracts from the scaled
+// score; a row that saw no key (-inf) becomes +inf, so that its P is exp2(-inf) = 0.
+__device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E; }
+
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
@@ -222,7 +226,10 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // there by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into
 // spills. In the warp-specialized backward it did not unswitch it: a branch per element, about
 // 10 instructions each; that kernel calls EDGE 0 / 1, bench/NOTES.md step 31.)
-template <int NQ, int EDGE = 2>
+// LSE2: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
+// whoever filled it, instead of natural-log LSEs converted here per column (the warp-specialized
+// backward: its producer converts, bench/NOTES.md step 36).
+template <int NQ, int EDGE = 2, bool LSE2 = false>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
@@ -234,7 +241,7 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             const int c = f.col(n, e);  // query row inside the block
             const int j = key0 + f.row(e), i = q0 + c;
             float l = lse[c];
-            l = l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E;
+            if constexpr (!LSE2) l = lse_log2(l);
             float x;
             if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
             else x = s[4 * n + e] * scale_log2 - l;

@@ -132,7 +132,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
             for (int r = lane; r < BLOCK_M; r += 32) {
                 const bool in = r0 + r < blk.seqlen_q;
-                sm.lse[s][r] = in ? blk.lse_g[r0 + r] : 0.f;
+                sm.lse[s][r] = in ? lse_log2(blk.lse_g[r0 + r]) : 0.f;  // (log2 units: backward_p_ds<..., LSE2>)
                 sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
             }
             mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
@@ -204,13 +204,13 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         // one branch per tile: the mask test inside only where the tile crosses it (ALiBi builds keep
         // the run-time test in one copy of the loop: the two copies spilled at hdim 128)
         if (ALIBI)
-            backward_p_ds<NQ>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 2, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                               k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         else if (edge)
-            backward_p_ds<NQ, 1>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 1, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
                                  k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         else
-            backward_p_ds<NQ, 0>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 0, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
                                  k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
         bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
