@@ -99,13 +99,83 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into finish_rows),
 // with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers both columns
 // of the thread and, shared across the quad, those of the other three threads too).
+// FOLD (no bias, ALiBi or dropout; the warp-specialized forward, bench/NOTES.md step 37): the
+// same step by softmax_p_folded below.
+//
+// softmax_p's FOLD form: the scores stay unscaled; the row's extreme is taken over them (the
+// maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
+// -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
+// multiply per element and a subtract.
 template <int NS, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                                 float scale_log2, bool edge, const Window& win, int row0, int k0,
+                                                 const AccFrag& f, int seqlen_k) {
+    const bool pos = scale_log2 > 0.f;  // (uniform: the launch's scale)
+    if (edge) {
+        const float masked = pos ? -FMHA_INF : FMHA_INF;  // scales to -inf
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = row0 + f.row(e), j = k0 + f.col(n, e);
+                s[4 * n + e] = win.visible(i, j, seqlen_k) ? s[4 * n + e] : masked;
+            }
+    }
+    constexpr int E = AccFrag::SLOT_ELEMS;
+#pragma unroll
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
+        float ext;  // the row's largest scaled score, in unscaled units
+        if (pos) {
+            ext = -FMHA_INF;
+#pragma unroll
+            for (int n = 0; n < NS; ++n)
+#pragma unroll
+                for (int c = 0; c < E; c += 2) ext = fmaxf(ext, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
+            ext = f.reduce_max(ext);
+        } else {
+            ext = FMHA_INF;
+#pragma unroll
+            for (int n = 0; n < NS; ++n)
+#pragma unroll
+                for (int c = 0; c < E; c += 2) ext = fminf(ext, fminf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
+            ext = -f.reduce_max(-ext);
+        }
+        const float mx = fmaxf(row_max[r], ext * scale_log2);
+        const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
+        const float cr = fast_exp2(row_max[r] - m_use);
+        corr[r] = cr;
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < E; c += 2) {
+                s[4 * n + E * r + c] = fast_exp2(fmaf(s[4 * n + E * r + c], scale_log2, -m_use));
+                s[4 * n + E * r + c + 1] = fast_exp2(fmaf(s[4 * n + E * r + c + 1], scale_log2, -m_use));
+                sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
+            }
+        row_sum[r] = row_sum[r] * cr + sum;
+        if constexpr (RESCALE) {
+#pragma unroll
+            for (int n = 0; n < NO; ++n)
+#pragma unroll
+                for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= cr;
+        }
+    }
+}
+
+template <int NS, int NO, bool RESCALE, bool FOLD = false>
 __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                           float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                           const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
                                           const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
+    static_assert(!FOLD || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLD>: plain scores only");
+    if constexpr (FOLD) {
+        softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+        return;
+    }
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll

@@ -239,7 +239,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             const int k0 = (blk.kb_begin + i) * BLOCK_N;
             const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
             const KeepBits<NS> keep{};  // (no dropout here)
-            softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
+            softmax_p<NS, NO, false, !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                      blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
         };
         // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0

@@ -12,8 +12,8 @@ chosen by CUPY_FMHA_FWD_WS_TILES for the whole run (bench/probe/fwd2_gpu.sh runs
 variant); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
 variants' tile handling needs beyond the shared cases: head dims 56 and 120 (padded to 64 / 128:
 the columns past the head dim come from TMA's zero fill), lengths one past a 128 block, many key
-blocks through the two-stage ring, and group-mode sequences whose keys end inside a block with
-more blocks before it."""
+blocks through the two-stage ring, group-mode sequences whose keys end inside a block with
+more blocks before it, and a negative softmax_scale with masks."""
 
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ EXTRA = {
     "f16-d64-b-257x1025": (F16, "bshd", 1, 257, 1025, 2, 2, 64, 64, {"mask": "b"}),
     "bf16-d128-none-128x1537": (BF16, "bhsd", 1, 128, 1537, 2, 2, 128, 128, {}),
     "bf16-d128-window300,0-1100": (BF16, "bshd", 1, 1100, 1100, 2, 1, 128, 128, {"window_size": (300, 0)}),
+    # a negative softmax_scale: the folded softmax (bench/NOTES.md step 37) takes each row's minimum
+    # score and masks with +inf there; with causal and bottom-right edges crossing the blocks
+    "bf16-d64-causal-negscale-300": (BF16, "bshd", 1, 300, 300, 2, 2, 64, 64, {"causal": True, "softmax_scale": -0.1}),
+    "f16-d128-b-negscale-200x333": (F16, "bhsd", 1, 200, 333, 2, 1, 128, 128, {"mask": "b", "softmax_scale": -0.07}),
 }
 
 
