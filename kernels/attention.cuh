@@ -150,8 +150,8 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
         for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int c = 0; c < E; c += 2) {
-                s[4 * n + E * r + c] = fast_exp2(fmaf(s[4 * n + E * r + c], scale_log2, -m_use));
-                s[4 * n + E * r + c + 1] = fast_exp2(fmaf(s[4 * n + E * r + c + 1], scale_log2, -m_use));
+                s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] * scale_log2 - m_use);
+                s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] * scale_log2 - m_use);
                 sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
             }
         row_sum[r] = row_sum[r] * cr + sum;
