@@ -99,10 +99,10 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into finish_rows),
 // with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers both columns
 // of the thread and, shared across the quad, those of the other three threads too).
-// FOLD (no bias, ALiBi or dropout; the warp-specialized forward, bench/NOTES.md step 37): the
-// same step by softmax_p_folded below.
+// FOLDED (no bias, ALiBi or dropout; the warp-specialized forward's FOLD build, bench/NOTES.md
+// step 37): the same step by softmax_p_folded below.
 //
-// softmax_p's FOLD form: the scores stay unscaled; the row's extreme is taken over them (the
+// softmax_p's FOLDED form: the scores stay unscaled; the row's extreme is taken over them (the
 // maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
 // -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
 // multiply per element and a subtract.
@@ -164,15 +164,15 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
     }
 }
 
-template <int NS, int NO, bool RESCALE, bool FOLD = false>
+template <int NS, int NO, bool RESCALE, bool FOLDED = false>
 __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                           float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                           const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
                                           const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
-    static_assert(!FOLD || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLD>: plain scores only");
-    if constexpr (FOLD) {
+    static_assert(!FOLDED || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLDED>: plain scores only");
+    if constexpr (FOLDED) {
         softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
         return;
     }
@@ -296,10 +296,10 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 // there by hand pushed the ALiBi instance of the wgmma kernel, at the 255-register cap, into
 // spills. In the warp-specialized backward it did not unswitch it: a branch per element, about
 // 10 instructions each; that kernel calls EDGE 0 / 1, bench/NOTES.md step 31.)
-// LSE2: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
+// LOG2_LSE: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
 // whoever filled it, instead of natural-log LSEs converted here per column (the warp-specialized
-// backward: its producer converts, bench/NOTES.md step 36).
-template <int NQ, int EDGE = 2, bool LSE2 = false>
+// backward's LSE2 build: its producer converts, bench/NOTES.md step 36).
+template <int NQ, int EDGE = 2, bool LOG2_LSE = false>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
@@ -311,7 +311,7 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             const int c = f.col(n, e);  // query row inside the block
             const int j = key0 + f.row(e), i = q0 + c;
             float l = lse[c];
-            if constexpr (!LSE2) l = lse_log2(l);
+            if constexpr (!LOG2_LSE) l = lse_log2(l);
             float x;
             if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
             else x = s[4 * n + e] * scale_log2 - l;

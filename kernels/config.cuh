@@ -24,6 +24,8 @@
 //                workspace is tiled (dq_tile_chunk in common.cuh; set by the launcher, never by hand)
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
+//   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
+//   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
 #pragma once
 
@@ -102,6 +104,12 @@
 #ifndef DQ_SPLIT
 #define DQ_SPLIT 0
 #endif
+#ifndef LSE2
+#define LSE2 0
+#endif
+#ifndef FOLD
+#define FOLD 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -116,7 +124,7 @@ inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
-inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG;
+inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -145,6 +153,8 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 #undef PINGPONG
 #undef ROWS
 #undef DQ_SPLIT
+#undef LSE2
+#undef FOLD
 
 namespace fmha {
 inline constexpr bool FMHA_BF16 = config_detail::bf16 != 0;
@@ -172,4 +182,6 @@ inline constexpr bool PV_OVERLAP = config_detail::pv_overlap != 0;
 inline constexpr bool PINGPONG = config_detail::pingpong != 0;
 inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
+inline constexpr bool LSE2 = config_detail::lse2 != 0;
+inline constexpr bool FOLD = config_detail::fold != 0;
 }  // namespace fmha

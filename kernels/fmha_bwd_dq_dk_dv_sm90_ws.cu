@@ -7,7 +7,7 @@
 // block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
 // of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
 // in fmha_bwd_dq_dk_dv_sm90.cu, stepping BLOCK_M query rows at a time (64, or 128 at hdim 64:
-// cupy_fmha.backends.cuda.BWD_WS_BLOCK_M, bench/NOTES.md step 35), and hand a buffer back through
+// cupy_fmha.backends.cuda.BWD_WS_BY_HDIM, bench/NOTES.md step 35), and hand a buffer back through
 // its `empty` mbarrier once the block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //
@@ -22,6 +22,9 @@
 //               swizzle atom (desc_sw_mnmajor); with BLOCK_M = 128 it reads all columns
 // dS^T is written by the MMA warps in the blocked layout of tile.cuh (both builds), double-buffered
 // so that one barrier per query block suffices.
+// LSE2=1: the producer stores each row's LSE in log2 units (lse_log2) and backward_p_ds<..., LOG2_LSE>
+// uses it as is; on at hdim 64 only (cupy_fmha.backends.cuda.BWD_WS_BY_HDIM: 1.01-1.03x there,
+// 0.98-1.0x at 128, bench/NOTES.md step 36).
 //
 // Not yet here: dropout and elementwise bias (static_assert; the library routes them to
 // fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
@@ -132,7 +135,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
             for (int r = lane; r < BLOCK_M; r += 32) {
                 const bool in = r0 + r < blk.seqlen_q;
-                sm.lse[s][r] = in ? lse_log2(blk.lse_g[r0 + r]) : 0.f;  // (log2 units: backward_p_ds<..., LSE2>)
+                sm.lse[s][r] = in ? (LSE2 ? lse_log2(blk.lse_g[r0 + r]) : blk.lse_g[r0 + r]) : 0.f;  // (LSE2: log2 units)
                 sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
             }
             mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
@@ -204,13 +207,13 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         // one branch per tile: the mask test inside only where the tile crosses it (ALiBi builds keep
         // the run-time test in one copy of the loop: the two copies spilled at hdim 128)
         if (ALIBI)
-            backward_p_ds<NQ, 2, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                               k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         else if (edge)
-            backward_p_ds<NQ, 1, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 1, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
                                  k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         else
-            backward_p_ds<NQ, 0, true>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
+            backward_p_ds<NQ, 0, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
                                  k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
         bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)

@@ -22,6 +22,9 @@
 //               K is handed back as soon as S has been computed (k_empty), V after its P V (empty).
 //   PINGPONG=1  (with PV_OVERLAP) the two MMA warpgroups take turns issuing their GEMMs (named
 //               barriers 2 and 3), so one warpgroup's GEMMs run while the other does its softmax
+//   FOLD=1      (no ALiBi) softmax_p_folded: the scale folded into one FFMA per exponent; on at hdim
+//               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.97-1.0x at 128,
+//               bench/NOTES.md step 37)
 //
 // Not yet here: dropout and the elementwise bias (static_assert; the library routes them to
 // fmha_fwd_sm90), per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
@@ -239,7 +242,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             const int k0 = (blk.kb_begin + i) * BLOCK_N;
             const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
             const KeepBits<NS> keep{};  // (no dropout here)
-            softmax_p<NS, NO, false, !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
+            softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                      blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
         };
         // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0

@@ -4,6 +4,8 @@ feature groups, and the output dtypes (native bf16 in, bf16 out; uint16 bits in,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -389,6 +391,30 @@ def test_forward_ws_variant_switch(monkeypatch):
         cuda.fwd_ws_spec("bf16", 128, 128)
 
 
+def test_ws_switches_by_head_dim(monkeypatch):
+    """The measured per-head-dim switches (bench/NOTES.md steps 36, 37): the ws backward's LSE2 and
+    the ws forward's FOLD are on at hdim 64 (also for head dims that pad to 64) and out of the
+    hdim-128 instances, whose names (and code) stay as before; the tile variables turn them off
+    for A/B runs; the ALiBi build of the forward keeps the unfolded softmax in the kernel."""
+    from cupy_fmha.backends import cuda
+
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    for dq in (64, 56):
+        assert cuda.bwd_ws_spec("bf16", dq, dq).macro("LSE2") == 1
+        assert cuda.fwd_ws_spec("fp16", dq, dq).macro("FOLD") == 1
+    b128, f128 = cuda.bwd_ws_spec("bf16", 128, 128), cuda.fwd_ws_spec("bf16", 120, 120)
+    assert b128.macro("LSE2") is None and "LSE2" not in b128.name
+    assert f128.macro("FOLD") is None and "FOLD" not in f128.name
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "LSE2=0")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0")
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("LSE2") is None
+    assert cuda.fwd_ws_spec("bf16", 64, 64).macro("FOLD") is None
+    assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128  # (the other entries stay)
+    src = (Path(__file__).parents[1] / "kernels" / "fmha_fwd_sm90_ws.cu").read_text()
+    assert "FOLD && !ALIBI" in src
+
+
 @pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
 @pytest.mark.parametrize("d", [64, 120])
 def test_ws_backward_swizzled_maps(monkeypatch, layout, d):
@@ -450,7 +476,7 @@ def test_ws_backward_variant_switch(monkeypatch):
     assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 115752
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
-    # (the default at hdim 64: 128 query rows per step, BWD_WS_BLOCK_M; the 64-row build is 116,776 B)
+    # (the default at hdim 64: 128 query rows per step, BWD_WS_BY_HDIM; the 64-row build is 116,776 B)
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 199720
     assert "CUPY_FMHA_BWD_WS_TILES" in TUNING_VARS
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZLE=1")
@@ -462,7 +488,7 @@ def test_ws_backward_variant_switch(monkeypatch):
     names = {s.name for s in cuda.experimental_table()}
     assert plain_name in names and sw.name not in names
     assert sum("sm90_ws" in n and "bwd" in n and "SWIZZLE" not in n for n in names) == 8
-    # 128 query rows per step at hdim 64 by default (BWD_WS_BLOCK_M, step 35), 64 at hdim 128 even
+    # 128 query rows per step at hdim 64 by default (BWD_WS_BY_HDIM, step 35), 64 at hdim 128 even
     # when asked for 128 (320 KB of shared memory) and in the column-blocked build; the swizzled
     # 64-row builds of hdim 64 (the default before step 35) stay in the experimental table
     bm128 = [cuda.bwd_ws_spec(dt, 64, 64, alibi=a) for dt in ("bf16", "fp16") for a in (False, True)]
@@ -476,7 +502,7 @@ def test_ws_backward_variant_switch(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=128")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64,LSE2=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).name == bm64[0].name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 64

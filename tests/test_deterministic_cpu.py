@@ -38,7 +38,7 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
     assert ws.split_stride == 2 * 3 * 777 * hdim
     assert ws.nbytes == 4 * ws.nsplit * ws.split_stride
     assert atomic == ((2, 3, 777, hdim), 0, 0, False, 0)
-    if spec.target == "sm90a":  # (the ws kernel: 128 query rows per step at hdim 64, BWD_WS_BLOCK_M)
+    if spec.target == "sm90a":  # (the ws kernel: 128 query rows per step at hdim 64, BWD_WS_BY_HDIM)
         assert (bn, bm) == (128, 128 if spec.source.endswith("_ws") and hdim == 64 else 64)
     else:
         assert bm == spec.macro("BLOCK_M") and bn == 16 * spec.macro("NWARPS")

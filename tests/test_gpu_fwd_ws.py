@@ -95,8 +95,9 @@ EXTRA = {
     "f16-d64-b-257x1025": (F16, "bshd", 1, 257, 1025, 2, 2, 64, 64, {"mask": "b"}),
     "bf16-d128-none-128x1537": (BF16, "bhsd", 1, 128, 1537, 2, 2, 128, 128, {}),
     "bf16-d128-window300,0-1100": (BF16, "bshd", 1, 1100, 1100, 2, 1, 128, 128, {"window_size": (300, 0)}),
-    # a negative softmax_scale: the folded softmax (bench/NOTES.md step 37) takes each row's minimum
-    # score and masks with +inf there; with causal and bottom-right edges crossing the blocks
+    # a negative softmax_scale: at hdim 64 the folded softmax (FOLD, bench/NOTES.md step 37) takes
+    # each row's minimum score and masks with +inf there (hdim 128: the unfolded form); with causal
+    # and bottom-right edges crossing the blocks
     "bf16-d64-causal-negscale-300": (BF16, "bshd", 1, 300, 300, 2, 2, 64, 64, {"causal": True, "softmax_scale": -0.1}),
     "f16-d128-b-negscale-200x333": (F16, "bhsd", 1, 200, 333, 2, 1, 128, 128, {"mask": "b", "softmax_scale": -0.07}),
 }

@@ -268,7 +268,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         # bench/features.py; not re-measured with one store per block).
         bulk = not dropout and not deterministic
         # two warpgroups of 64 keys; 64 query rows per step (GEMM4 splits dQ's columns in halves;
-        # the ws kernel that replaces this one at hdim 64 and 128 has its own rows, BWD_WS_BLOCK_M)
+        # the ws kernel that replaces this one at hdim 64 and 128 has its own rows, BWD_WS_BY_HDIM)
         tiles = dict(NWG=2, BLOCK_N=128, BLOCK_M=64)
         if not bulk:
             tiles["DQ_BULK"] = 0
@@ -303,24 +303,27 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
 #: (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=0``).
 BWD_WS_VARIANTS = dict(SWIZZLE=1)
 
-#: The ws backward's query rows per step (BLOCK_M) by padded head dim: 128 at hdim 64, where GEMM4
-#: then splits dQ by rows and stays at N = 64 (1.09-1.24x the 64-row build on the H200, bench/NOTES.md
-#: step 35); 64 at hdim 128, where 128 rows would need 320 KB of shared memory (bwd_ws_spec keeps 64
-#: there, and in the column-blocked build, whatever ``CUPY_FMHA_BWD_WS_TILES`` asks).
-BWD_WS_BLOCK_M = {64: 128, 128: 64}
+#: The ws backward's entries by padded head dim, each chosen by measurement on the H200:
+#: BLOCK_M (query rows per step) 128 at hdim 64, where GEMM4 then splits dQ by rows and stays at
+#: N = 64 (1.09-1.24x the 64-row build, bench/NOTES.md step 35); 64 at hdim 128, where 128 rows would
+#: need 320 KB of shared memory (bwd_ws_spec keeps 64 there, and in the column-blocked build, whatever
+#: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
+#: only: 1.01-1.03x there, 0.98-1.0x at hdim 128 (step 36).
+BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 
 
 def bwd_ws_tiles(hdim: int) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
-    :data:`BWD_WS_BLOCK_M` query rows per step, and the variant macros that are on
-    (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``); macros at 0 are left out, so the
+    the entries of :data:`BWD_WS_BY_HDIM`, and the variant macros that are on
+    (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the
     default instances keep their names and code."""
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
-                      dict(NWG=2, BLOCK_N=128, BLOCK_M=BWD_WS_BLOCK_M[hdim], **BWD_WS_VARIANTS))
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *BWD_WS_VARIANTS}
+                      {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim], **BWD_WS_VARIANTS})
+    switches = {"LSE2", *BWD_WS_VARIANTS}
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
-    return {k: v for k, v in tiles.items() if v or k not in BWD_WS_VARIANTS}
+    return {k: v for k, v in tiles.items() if v or k not in switches}
 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
@@ -356,14 +359,23 @@ BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
 FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 
 
-def fwd_ws_tiles() -> dict[str, int]:
-    """The ws forward's table entries: two MMA warpgroups, 128-key blocks, and the variant macros
-    that are on (:data:`FWD_WS_VARIANTS`, then ``CUPY_FMHA_FWD_WS_TILES``); macros at 0 are left
-    out, so the default instances keep their names."""
-    tiles = _override("CUPY_FMHA_FWD_WS_TILES", dict(NWG=2, BLOCK_N=128, **FWD_WS_VARIANTS))
+#: The ws forward's entries by padded head dim, chosen by measurement on the H200: FOLD (0/1: the
+#: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
+#: there, 0.97-1.0x at hdim 128 (bench/NOTES.md step 37).
+FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict()}
+
+
+def fwd_ws_tiles(hdim: int) -> dict[str, int]:
+    """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
+    blocks, the entries of :data:`FWD_WS_BY_HDIM`, and the variant macros that are on
+    (:data:`FWD_WS_VARIANTS`, then ``CUPY_FMHA_FWD_WS_TILES``); 0/1 macros at 0 are left out, so
+    the default instances keep their names."""
+    tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
+                                                     **FWD_WS_VARIANTS})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
-    return {k: v for k, v in tiles.items() if v or k not in FWD_WS_VARIANTS}
+    switches = {"FOLD", *FWD_WS_VARIANTS}
+    return {k: v for k, v in tiles.items() if v or k not in switches}
 
 
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
@@ -372,8 +384,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     loading with TMA, two MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no
     dropout or bias (:func:`use_fwd_ws` says when it is dispatched). ``tiles``: the table entries
     (default :func:`fwd_ws_tiles`)."""
+    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               **(fwd_ws_tiles() if tiles is None else tiles), **feature_macros(alibi, False, False))
+               **(fwd_ws_tiles(d) if tiles is None else tiles), **feature_macros(alibi, False, False))
 
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
