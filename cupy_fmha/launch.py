@@ -111,9 +111,12 @@ def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: 
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
-    """fmha_fwd / fmha_fwd_sm90: one block of BLOCK_M query rows; sizes from the spec's macros."""
-    bm = spec.macro("BLOCK_M")
-    return Launch((cdiv(seqlen_q, bm), nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
+    """fmha_fwd / fmha_fwd_sm90 / fmha_fwd_sm90_ws: one block of BLOCK_M query rows per CTA, or with
+    the ws forward's PERSIST up to PERSIST of them (grid x ``ceil(row blocks / PERSIST)``; the
+    kernel strides over its row blocks by grid x); sizes from the spec's macros."""
+    nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST", 0)
+    return Launch((cdiv(nqb, per) if per else nqb, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1),
+                  spec.macro("SMEM_BYTES"))
 
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:

@@ -62,7 +62,8 @@ struct Smem {
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
     // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
     // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
-    unsigned long long q_full, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
+    // q_empty: every MMA thread's S GEMMs of the row block are complete (the next row block's Q may land)
+    unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
 };
 static_assert(sizeof(Smem) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 &&
@@ -95,10 +96,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     Smem& sm = *reinterpret_cast<Smem*>(smem_base);
     const int h = blockIdx.y, b = blockIdx.z;
-    // last row blocks first: under causal masks they see the most keys, so the tail is short
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;
-    FwdBlock blk;
-    if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, threadIdx.x, blk)) return;  // uniform
+    // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h), last row
+    // blocks first (under causal masks they see the most keys, so the tail is short). One per CTA
+    // when the grid covers them all; with PERSIST (the launcher's grid.x = ceil(nqb / PERSIST)) up
+    // to PERSIST, and the next block's Q and first K, V load while this one finishes its last
+    // P V and writes O. The ring (stages, phases) runs on across the row blocks.
+    const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+    auto row0_of = [&](int x) { return (nqb - 1 - x) * BLOCK_M; };
 
     // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
     const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
@@ -108,6 +112,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
     if (threadIdx.x == 0) {
         mbarrier_init(smem_u32(&sm.q_full), 1);
+        mbarrier_init(smem_u32(&sm.q_empty), MMA_THREADS);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
@@ -121,17 +126,25 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
-        mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-        tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
-        for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
-            const int s = i % STAGES;
-            const unsigned parity = ((i / STAGES) & 1) ^ 1;
-            if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
-            mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
-            if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
-            mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
+        int i = 0, j = 0;  // key blocks (ring position) and row blocks loaded so far
+        for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
+            const int q0 = row0_of(x);
+            FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
+            if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
+            if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
+            mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
+            tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+            for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
+                const int s = i % STAGES;
+                const unsigned parity = ((i / STAGES) & 1) ^ 1;
+                if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
+                mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
+                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+                if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
+                mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
+                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
+            }
+            ++j;
         }
         return;
     }
@@ -144,159 +157,172 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // inside it (16 rows each)
     const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
     const AccFrag frag(tid);
-    const int wq0 = q0 + wg * 64;
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
     auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
 
-    float acc_o[NO * 4];
+    int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
+    for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
+        const int q0 = row0_of(x);
+        FwdBlock blk;
+        if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
+        const int wq0 = q0 + wg * 64;
+        float acc_o[NO * 4];
 #pragma unroll
-    for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
-    float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-    mbarrier_wait(smem_u32(&sm.q_full), 0);
+        for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
+        float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
+        mbarrier_wait(smem_u32(&sm.q_full), j & 1);
+        const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
 
-    // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
-    // sequence's keys and values: zeros, before either warpgroup reads them (uniform over the CTA;
-    // only the block that crosses the end).
-    auto zero_tail = [&](int s, int k0, unsigned phase) {
-        mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k[s], blk.seqlen_k - k0, tid);
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v[s], blk.seqlen_k - k0, tid);
-        fence_proxy_async();
-        named_barrier_sync(BAR_ZERO, MMA_THREADS);
-    };
-
-    if constexpr (!PV_OVERLAP) {
-        for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
-            const int s = i % STAGES;
-            const unsigned phase = (i / STAGES) & 1;
-            const int k0 = kb * BLOCK_N;
-            mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
-            if (packed && k0 + BLOCK_N > blk.seqlen_k) zero_tail(s, k0, phase);
-
-            float sacc[NS * 4];
-            wgmma_fence();
-            gemm_s(sacc, sm.q, sm.k[s], wg);
-            wgmma_wait0();
-            fence_operand<NS * 4>(sacc);
-
-            const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-            const KeepBits<NS> keep{};  // (no dropout here)
-            online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                                   wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
-            uint32_t pa[BLOCK_N / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-
+        // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
+        // sequence's keys and values: zeros, before either warpgroup reads them (uniform over the CTA;
+        // only the block that crosses the end).
+        auto zero_tail = [&](int s, int k0, unsigned phase) {
             mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-            wgmma_fence();
-            gemm_pv(acc_o, pa, sm.v[s]);
-            wgmma_wait0();
-            fence_operand<NO * 4>(acc_o);
-            fence_operand<BLOCK_N / 4>(&pa[0][0]);
-            mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
-        }
-    } else {
-        // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
-        // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
-        // groups); wait for S_i only and run its softmax while P V is on the tensor cores. Block 0's
-        // S before the loop, the last P V after it, so every wgmma in the loop is issued and waited
-        // for unconditionally (with a conditional P V, ptxas could not tell which group a wait
-        // completes and added waits of its own: C7517/C7519).
-        //
-        // The wait for P V comes at the top of the next iteration, after the wait for K: ptxas
-        // schedules a wgmma wait at the top of its basic block, and placed right after the
-        // softmax (one block with it) it was hoisted above the exp2s (SASS), serializing them
-        // behind P V. The mbarrier wait's loop ends the softmax's block.
-        const int n = blk.kb_end - blk.kb_begin;  // uniform over the CTA
-        // PINGPONG: warpgroup w waits for its turn (barrier 2 + w) before issuing and passes the
-        // turn on after; warpgroup 1 gives warpgroup 0 the first, and skips passing its last so
-        // every arrival is matched by a wait
-        auto turn_begin = [&]() {
-            if constexpr (PINGPONG) named_barrier_sync(BAR_TURN + wg, MMA_THREADS);
-        };
-        auto turn_end = [&](bool last) {
-            if constexpr (PINGPONG)
-                if (!(last && wg == 1)) named_barrier_arrive(BAR_TURN + (wg ^ 1), MMA_THREADS);
-        };
-        // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
-        // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
-        // barrier)
-        auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
-            const int k0 = (blk.kb_begin + i) * BLOCK_N;
-            if (!(packed && k0 + BLOCK_N > blk.seqlen_k)) return;
-            if (cols == HDIM_Q) zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
-            else zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
+            zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k[s], blk.seqlen_k - k0, tid);
+            zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v[s], blk.seqlen_k - k0, tid);
             fence_proxy_async();
             named_barrier_sync(BAR_ZERO, MMA_THREADS);
         };
-        auto wait_k = [&](int i) {
-            mbarrier_wait(smem_u32(&sm.k_full[i % STAGES]), (i / STAGES) & 1);
-            zero_tail_of(sm.k[i % STAGES], HDIM_Q, i);
-        };
-        auto wait_v = [&](int i) {
-            mbarrier_wait(smem_u32(&sm.v_full[i % STAGES]), (i / STAGES) & 1);
-            zero_tail_of(sm.v[i % STAGES], HDIM_V, i);
-        };
-        auto softmax = [&](float* sacc, int i, float* corr) {
-            const int k0 = (blk.kb_begin + i) * BLOCK_N;
-            const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-            const KeepBits<NS> keep{};  // (no dropout here)
-            softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
-                                     blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
-        };
-        // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
-        // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
-        float sacc[NS * 4], corr[2];
-        uint32_t pa[BLOCK_N / 16][4];
-        auto next_pv_operands = [&](int i) {
-            wgmma_wait0();
-            fence_operand<NO * 4>(acc_o);
-            fence_operand<BLOCK_N / 4>(&pa[0][0]);
-            if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(i - 2) % STAGES]));  // V of block i-2 is read
-            rescale_o<NO>(acc_o, corr);
+
+        if constexpr (!PV_OVERLAP) {
+            for (int kb = blk.kb_begin, i = 0; kb < blk.kb_end; ++kb, ++i) {
+                const int s = (it + i) % STAGES;
+                const unsigned phase = ((it + i) / STAGES) & 1;
+                const int k0 = kb * BLOCK_N;
+                mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
+                if (packed && k0 + BLOCK_N > blk.seqlen_k) zero_tail(s, k0, phase);
+
+                float sacc[NS * 4];
+                wgmma_fence();
+                gemm_s(sacc, sm.q, sm.k[s], wg);
+                wgmma_wait0();
+                fence_operand<NS * 4>(sacc);
+
+                const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+                const KeepBits<NS> keep{};  // (no dropout here)
+                online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                                       wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-            // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
-            fence_operand<NO * 4>(acc_o);
-            fence_operand<BLOCK_N / 4>(&pa[0][0]);
-        };
-        if (n > 0) {
-            if (PINGPONG && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
-            wait_k(0);  // block 0: S_0 and its softmax
-            turn_begin();
-            wgmma_fence();
-            gemm_s(sacc, sm.q, sm.k[0], wg);
-            turn_end(false);
-            wgmma_wait0();
-            fence_operand<NS * 4>(sacc);
-            mbarrier_arrive(smem_u32(&sm.k_empty[0]));  // K of stage 0 is read
-            softmax(sacc, 0, corr);
-            for (int i = 1; i < n; ++i) {
-                wait_k(i);
-                wait_v(i - 1);
-                next_pv_operands(i);
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+
+                mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
+                wgmma_fence();
+                gemm_pv(acc_o, pa, sm.v[s]);
+                wgmma_wait0();
+                fence_operand<NO * 4>(acc_o);
+                fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
+            }
+            mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
+        } else {
+            // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
+            // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
+            // groups); wait for S_i only and run its softmax while P V is on the tensor cores. Block 0's
+            // S before the loop, the last P V after it, so every wgmma in the loop is issued and waited
+            // for unconditionally (with a conditional P V, ptxas could not tell which group a wait
+            // completes and added waits of its own: C7517/C7519).
+            //
+            // The wait for P V comes at the top of the next iteration, after the wait for K: ptxas
+            // schedules a wgmma wait at the top of its basic block, and placed right after the
+            // softmax (one block with it) it was hoisted above the exp2s (SASS), serializing them
+            // behind P V. The mbarrier wait's loop ends the softmax's block.
+            // PINGPONG: warpgroup w waits for its turn (barrier 2 + w) before issuing and passes the
+            // turn on after; warpgroup 1 gives warpgroup 0 the first, and skips passing its last so
+            // every arrival is matched by a wait
+            auto turn_begin = [&]() {
+                if constexpr (PINGPONG) named_barrier_sync(BAR_TURN + wg, MMA_THREADS);
+            };
+            auto turn_end = [&](bool last) {
+                if constexpr (PINGPONG)
+                    if (!(last && wg == 1)) named_barrier_arrive(BAR_TURN + (wg ^ 1), MMA_THREADS);
+            };
+            // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
+            // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
+            // barrier)
+            auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
+                const int k0 = (blk.kb_begin + i) * BLOCK_N;
+                if (!(packed && k0 + BLOCK_N > blk.seqlen_k)) return;
+                if (cols == HDIM_Q) zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
+                else zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(tile, blk.seqlen_k - k0, tid);
+                fence_proxy_async();
+                named_barrier_sync(BAR_ZERO, MMA_THREADS);
+            };
+            auto wait_k = [&](int i) {
+                mbarrier_wait(smem_u32(&sm.k_full[(it + i) % STAGES]), ((it + i) / STAGES) & 1);
+                zero_tail_of(sm.k[(it + i) % STAGES], HDIM_Q, i);
+            };
+            auto wait_v = [&](int i) {
+                mbarrier_wait(smem_u32(&sm.v_full[(it + i) % STAGES]), ((it + i) / STAGES) & 1);
+                zero_tail_of(sm.v[(it + i) % STAGES], HDIM_V, i);
+            };
+            auto softmax = [&](float* sacc, int i, float* corr) {
+                const int k0 = (blk.kb_begin + i) * BLOCK_N;
+                const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+                const KeepBits<NS> keep{};  // (no dropout here)
+                softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
+                                         blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+            };
+            // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
+            // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
+            float sacc[NS * 4], corr[2];
+            uint32_t pa[BLOCK_N / 16][4];
+            auto next_pv_operands = [&](int i) {
+                wgmma_wait0();
+                fence_operand<NO * 4>(acc_o);
+                fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
+                rescale_o<NO>(acc_o, corr);
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+                // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
+                fence_operand<NO * 4>(acc_o);
+                fence_operand<BLOCK_N / 4>(&pa[0][0]);
+            };
+            if (n > 0) {
+                if (PINGPONG && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
+                wait_k(0);  // block 0: S_0 and its softmax
                 turn_begin();
                 wgmma_fence();
-                gemm_s(sacc, sm.q, sm.k[uniform_stage(i)], wg);
-                gemm_pv(acc_o, pa, sm.v[uniform_stage(i - 1)]);
+                gemm_s(sacc, sm.q, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
-                mbarrier_arrive(smem_u32(&sm.k_empty[i % STAGES]));  // K of this stage is read
-                softmax(sacc, i, corr);
+                mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
+                softmax(sacc, 0, corr);
+                for (int i = 1; i < n; ++i) {
+                    wait_k(i);
+                    wait_v(i - 1);
+                    next_pv_operands(i);
+                    turn_begin();
+                    wgmma_fence();
+                    gemm_s(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
+                    gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
+                    turn_end(false);
+                    wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                    fence_operand<NS * 4>(sacc);
+                    mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
+                    softmax(sacc, i, corr);
+                }
+                mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
+                wait_v(n - 1);  // the last block's P V
+                next_pv_operands(n);
+                turn_begin();
+                wgmma_fence();
+                gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)]);
+                turn_end(true);
+                wgmma_wait0();
+                fence_operand<NO * 4>(acc_o);
+                fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
+            } else {
+                mbarrier_arrive(smem_u32(&sm.q_empty));  // (no key block: Q unread)
             }
-            wait_v(n - 1);  // the last block's P V
-            next_pv_operands(n);
-            turn_begin();
-            wgmma_fence();
-            gemm_pv(acc_o, pa, sm.v[uniform_stage(n - 1)]);
-            turn_end(true);
-            wgmma_wait0();
-            fence_operand<NO * 4>(acc_o);
-            fence_operand<BLOCK_N / 4>(&pa[0][0]);
         }
-    }
 
-    fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        it += n;
+        ++j;
+    }
 }

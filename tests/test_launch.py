@@ -110,6 +110,26 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
     assert launch.grid == (-(-1000 // 128), 3, 2) and launch.block == (384, 1, 1) and launch.smem <= L.SMEM_LIMIT
 
 
+@pytest.mark.parametrize("per, grid_x", [(0, 8), (1, 8), (2, 4), (3, 3), (4, 2), (8, 1), (20, 1)])
+def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
+    """CUPY_FMHA_FWD_WS_TILES=PERSIST=n: up to n row blocks per CTA of the ws forward (grid x =
+    ceil(row blocks / n); the kernel strides over them by grid x, so every row block 0 .. 7 of
+    seqlen 1000 / 128 rows has exactly one CTA); 0 (the default) is one per CTA and stays out of
+    the instance; the kernel is the same for every n (only the launch changes); negative is refused."""
+    from cupy_fmha.backends.cuda import fwd_spec
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={per}")
+    s = fwd_spec("bf16", 128, 128, 90)
+    assert s.macro("PERSIST") == (per or None) and ("PERSIST" in s.name) == bool(per)
+    launch = L.fwd_launch(s, 2, 3, 1000)
+    assert launch.grid == (grid_x, 3, 2)
+    owners = sorted(x for c in range(grid_x) for x in range(c, 8, grid_x))
+    assert owners == list(range(8)) and max(len(range(c, 8, grid_x)) for c in range(grid_x)) <= (per or 1)
+    assert L.empty_grid(L.fwd_launch(s, 2, 3, 0))
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=-1")
+    with pytest.raises(ValueError, match="PERSIST must be >= 0"):
+        fwd_spec("bf16", 128, 128, 90)
+
+
 def test_first_key_block_matches_counting():
     """The deterministic ordered dQ adds admit a query tile's key blocks in ascending order; a CTA
     (key block kb) finds the first of them with first_key_block, walking as its query tiles

@@ -54,10 +54,10 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
     if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES; mbarriers
-        # (q_full; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles
+        # (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         return dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1),
-                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (1 + 4 * st) + (1024 if m.get("SWIZZLE") else 0))
+                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st) + (1024 if m.get("SWIZZLE") else 0))
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -374,7 +374,9 @@ def fwd_ws_tiles(hdim: int) -> dict[str, int]:
                                                      **FWD_WS_VARIANTS})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
-    switches = {"FOLD", *FWD_WS_VARIANTS}
+    if tiles.get("PERSIST", 0) < 0:
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
+    switches = {"FOLD", "PERSIST", *FWD_WS_VARIANTS}
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
 
