@@ -31,7 +31,7 @@ for tool in memcheck racecheck synccheck; do
   echo "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^ok' $OUT/persist-$tool.txt | tr '\n' ' ')"
 done
 t "the GPU suite under CUPY_FMHA_FWD_WS_TILES=PERSIST=4"
-CUPY_FMHA_FWD_WS_TILES=PERSIST=4 timeout -s KILL ${SUITE_S:-370} python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 -rs \
+CUPY_FMHA_FWD_WS_TILES=PERSIST=4 timeout -s KILL ${SUITE_S:-$((515 - $(date +%s) + T0))} python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 -rs \
   > $OUT/persist-suite.txt 2>&1; echo "suite rc=$?"
 grep -E "^FAILED|^ERROR" $OUT/persist-suite.txt | head -20; tail -4 $OUT/persist-suite.txt
 t done
