@@ -10,7 +10,7 @@ at once), and the window travels in top-left form plus a bottom-right flag
 
 from __future__ import annotations
 
-from .backends.cuda import SMEM_LIMIT, smem_pitch  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
+from .backends.cuda import SMEM_LIMIT, fwd_ws_persist, smem_pitch  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
 from .spec import KernelSpec, dropout_mask_spec
 
 __all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
@@ -111,10 +111,13 @@ def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: 
 
 
 def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Launch:
-    """fmha_fwd / fmha_fwd_sm90 / fmha_fwd_sm90_ws: one block of BLOCK_M query rows per CTA, or with
-    the ws forward's PERSIST up to PERSIST of them (grid x ``ceil(row blocks / PERSIST)``; the
-    kernel strides over its row blocks by grid x); sizes from the spec's macros."""
-    nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST", 0)
+    """fmha_fwd / fmha_fwd_sm90 / fmha_fwd_sm90_ws: one block of BLOCK_M query rows per CTA; the ws
+    forward up to n of them (grid x ``ceil(row blocks / n)``; the kernel strides over its row
+    blocks by grid x), n from the instance's PERSIST macro (``CUPY_FMHA_FWD_WS_TILES=PERSIST=n``,
+    comparisons) or else by :func:`backends.cuda.fwd_ws_persist`; sizes from the spec's macros."""
+    nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST")
+    if per is None:
+        per = fwd_ws_persist(nqb, batch * nhead_q) if spec.source == "fmha_fwd_sm90_ws" else 0
     return Launch((cdiv(nqb, per) if per else nqb, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1),
                   spec.macro("SMEM_BYTES"))
 

@@ -114,12 +114,12 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
 def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
     """CUPY_FMHA_FWD_WS_TILES=PERSIST=n: up to n row blocks per CTA of the ws forward (grid x =
     ceil(row blocks / n); the kernel strides over them by grid x, so every row block 0 .. 7 of
-    seqlen 1000 / 128 rows has exactly one CTA); 0 (the default) is one per CTA and stays out of
-    the instance; the kernel is the same for every n (only the launch changes); negative is refused."""
+    seqlen 1000 / 128 rows has exactly one CTA); 0 forces one per CTA; the kernel is the same for
+    every n (only the launch changes); negative is refused."""
     from cupy_fmha.backends.cuda import fwd_spec
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={per}")
     s = fwd_spec("bf16", 128, 128, 90)
-    assert s.macro("PERSIST") == (per or None) and ("PERSIST" in s.name) == bool(per)
+    assert s.macro("PERSIST") == per and f"PERSIST{per}" in s.name
     launch = L.fwd_launch(s, 2, 3, 1000)
     assert launch.grid == (grid_x, 3, 2)
     owners = sorted(x for c in range(grid_x) for x in range(c, 8, grid_x))
@@ -159,3 +159,24 @@ def test_first_key_block_matches_counting():
                 assert sum(1 for k in seeing if k < kb) == kb - first
                 checked += 1
     assert checked > 3000
+
+
+def test_fwd_ws_persist_default(monkeypatch):
+    """Without the variable the launcher picks the row blocks per CTA (backends/cuda.py
+    FWD_WS_PERSIST, bench/NOTES.md step 39): 4 at seqlen <= 1024 (8 row blocks of 128), 2 up to
+    2048, then one per CTA; never when the grid would fall below three waves of 132 SMs (a small
+    batch keeps one row block per CTA); the ws forward only (the other forwards' grids unchanged)."""
+    from cupy_fmha.backends import cuda
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    s = cuda.fwd_spec("bf16", 128, 128, 90)
+    assert s.macro("PERSIST") is None and "PERSIST" not in s.name
+    # FlashAttention's grid (batch * seqlen = 16384, nhead * hdim = 2048), hdim 128
+    assert L.fwd_launch(s, 16, 16, 1024).grid == (2, 16, 16)
+    assert L.fwd_launch(s, 8, 16, 2048).grid == (8, 16, 8)
+    assert L.fwd_launch(s, 4, 16, 4096).grid == (32, 16, 4)
+    assert L.fwd_launch(s, 1, 16, 16384).grid == (128, 16, 1)
+    assert L.fwd_launch(s, 1, 8, 1024).grid == (8, 8, 1)  # 64 CTAs: one row block each
+    cases = ((8, 198), (8, 197), (8, 98), (16, 50), (16, 49), (17, 10**6))  # (grids of 396, 394 -> 788, 392 CTAs ...)
+    assert [cuda.fwd_ws_persist(n, bh) for n, bh in cases] == [4, 2, 0, 2, 0, 0]
+    plain = cuda.fwd_spec("bf16", 128, 128, 80)
+    assert plain.source == "fmha_fwd" and L.fwd_launch(plain, 16, 16, 1024).grid[0] == -(-1024 // plain.macro("BLOCK_M"))

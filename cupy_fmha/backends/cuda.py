@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -365,6 +365,26 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict()}
 
 
+#: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
+#: grid changes) by the row blocks of one (batch, head): (at most this many row blocks, per CTA),
+#: first match. Measured on the H200 (bench/NOTES.md step 39, bf16, FlashAttention's grid): 4 per
+#: CTA at seqlen 1024 (8 row blocks) 1.04-1.11x one per CTA, 2 at seqlen 2048 1.01-1.04x; from
+#: seqlen 4096 on one per CTA (2: 0.98-1.02x at 4096, 0.94x causal at 8192, 4: 0.90x at 8192).
+FWD_WS_PERSIST = ((8, 4), (16, 2))
+#: ... and only while the grid keeps at least this many CTAs (three waves of a 132-SM H100/H200),
+#: so a small batch is not left on a few SMs
+FWD_WS_PERSIST_MIN_CTAS = 396
+
+
+def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
+    """Row blocks per CTA of the ws forward by default (:data:`FWD_WS_PERSIST`): ``row_blocks``
+    per (batch, head), ``batch_heads`` = batch * nhead_q; 0 is one per CTA (the plain grid)."""
+    for most, per in FWD_WS_PERSIST:
+        if row_blocks <= most and -(-row_blocks // per) * batch_heads >= FWD_WS_PERSIST_MIN_CTAS:
+            return per
+    return 0
+
+
 def fwd_ws_tiles(hdim: int) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, and the variant macros that are on
@@ -376,7 +396,8 @@ def fwd_ws_tiles(hdim: int) -> dict[str, int]:
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
-    switches = {"FOLD", "PERSIST", *FWD_WS_VARIANTS}
+    switches = {"FOLD", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
 
