@@ -102,6 +102,35 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // FOLDED (no bias, ALiBi or dropout; the warp-specialized forward's FOLD build, bench/NOTES.md
 // step 37): the same step by softmax_p_folded below.
 //
+// softmax_row: the step both forms share for row slot r once the row's new maximum mx (log2 units,
+// -inf for a row that saw nothing yet) is known: P = exp2(s * mul - max) in place (mul 1 for scores
+// already scaled, the scale itself for FOLDED: one FFMA), the running sum, the correction of O.
+template <int NS, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                            int r, float mx, float mul) {
+    constexpr int E = AccFrag::SLOT_ELEMS;
+    const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
+    const float cr = fast_exp2(row_max[r] - m_use);
+    corr[r] = cr;
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int c = 0; c < E; c += 2) {
+            s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] * mul - m_use);
+            s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] * mul - m_use);
+            sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
+        }
+    row_sum[r] = row_sum[r] * cr + sum;
+    if constexpr (RESCALE) {
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= cr;
+    }
+}
+
 // softmax_p's FOLDED form: the scores stay unscaled; the row's extreme is taken over them (the
 // maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
 // -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
@@ -140,42 +169,18 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
                 for (int c = 0; c < E; c += 2) ext = fminf(ext, fminf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
             ext = -f.reduce_max(-ext);
         }
-        const float mx = fmaxf(row_max[r], ext * scale_log2);
-        const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
-        const float cr = fast_exp2(row_max[r] - m_use);
-        corr[r] = cr;
-        row_max[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int c = 0; c < E; c += 2) {
-                s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] * scale_log2 - m_use);
-                s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] * scale_log2 - m_use);
-                sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
-            }
-        row_sum[r] = row_sum[r] * cr + sum;
-        if constexpr (RESCALE) {
-#pragma unroll
-            for (int n = 0; n < NO; ++n)
-#pragma unroll
-                for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= cr;
-        }
+        softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, fmaxf(row_max[r], ext * scale_log2), scale_log2);
     }
 }
 
-template <int NS, int NO, bool RESCALE, bool FOLDED = false>
-__device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
-                                          float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                          const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                          const KeepBits<NS>& keep) {
+// softmax_p's form with the scale, bias and ALiBi applied per element first
+template <int NS, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                                 float scale_log2, bool edge, const Window& win, const Alibi& alibi,
+                                                 const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                                 const KeepBits<NS>& keep) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
-    static_assert(!FOLDED || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLDED>: plain scores only");
-    if constexpr (FOLDED) {
-        softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
-        return;
-    }
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -202,27 +207,7 @@ __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[
         for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
-        mx = f.reduce_max(mx);
-        const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
-        const float cr = fast_exp2(row_max[r] - m_use);
-        corr[r] = cr;
-        row_max[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int c = 0; c < E; c += 2) {
-                s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] - m_use);
-                s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] - m_use);
-                sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
-            }
-        row_sum[r] = row_sum[r] * cr + sum;
-        if constexpr (RESCALE) {
-#pragma unroll
-            for (int n = 0; n < NO; ++n)
-#pragma unroll
-                for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= cr;
-        }
+        softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, f.reduce_max(mx), 1.f);
     }
     if constexpr (DROPOUT) {
         // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused
@@ -241,6 +226,16 @@ __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[
                 }
             }
     }
+}
+
+template <int NS, int NO, bool RESCALE, bool FOLDED = false>
+__device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                          float scale_log2, bool edge, const Window& win, const Alibi& alibi,
+                                          const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                          const KeepBits<NS>& keep) {
+    static_assert(!FOLDED || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLDED>: plain scores only");
+    if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+    else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep);
 }
 
 // O (NO accumulator tiles) times corr[r] in row slot r (softmax_p's factors).
