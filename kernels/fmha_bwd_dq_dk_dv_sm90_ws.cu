@@ -24,7 +24,7 @@
 // so that one barrier per query block suffices.
 // LSE2=1: the producer stores each row's LSE in log2 units (lse_log2) and backward_p_ds<..., LOG2_LSE>
 // uses it as is; on at hdim 64 only (cupy_fmha.backends.cuda.BWD_WS_BY_HDIM: 1.01-1.03x there,
-// 0.98-1.0x at 128, bench/NOTES.md step 36).
+// 0.96-1.0x at 128, bench/NOTES.md step 36).
 //
 // Not yet here: dropout and elementwise bias (static_assert; the library routes them to
 // fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA

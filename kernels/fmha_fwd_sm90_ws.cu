@@ -23,7 +23,7 @@
 //   PINGPONG=1  (with PV_OVERLAP) the two MMA warpgroups take turns issuing their GEMMs (named
 //               barriers 2 and 3), so one warpgroup's GEMMs run while the other does its softmax
 //   FOLD=1      (no ALiBi) softmax_p_folded: the scale folded into one FFMA per exponent; on at hdim
-//               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.97-1.0x at 128,
+//               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.93-1.02x at 128,
 //               bench/NOTES.md step 37)
 //
 // Not yet here: dropout and the elementwise bias (static_assert; the library routes them to

@@ -308,7 +308,7 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: N = 64 (1.09-1.24x the 64-row build, bench/NOTES.md step 35); 64 at hdim 128, where 128 rows would
 #: need 320 KB of shared memory (bwd_ws_spec keeps 64 there, and in the column-blocked build, whatever
 #: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
-#: only: 1.01-1.03x there, 0.98-1.0x at hdim 128 (step 36).
+#: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36).
 BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 
 
@@ -361,7 +361,7 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
-#: there, 0.97-1.0x at hdim 128 (bench/NOTES.md step 37).
+#: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37).
 FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict()}
 
 
