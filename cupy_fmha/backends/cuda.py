@@ -338,7 +338,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):
         # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
-        # stays the step-30 comparison build it was, measured only with 64)
+        # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                **tiles, **feature_macros(alibi, False, False))
