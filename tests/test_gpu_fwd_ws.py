@@ -123,3 +123,65 @@ def test_group_mode_extra(case):
     inp = Packed(dtype, lq, lk, hq, hk, d, dv, seed_for("fwd-ws-varlen", case))
     o, lse, g = run(inp, mkw)
     check_group(inp, o, lse, g, mkw)
+
+
+def _persist_pair(monkeypatch, q, k, v, kw):
+    """O and LSE of the default launch (FWD_WS_PERSIST's choice) written into poisoned outputs,
+    then of one row block per CTA (PERSIST=0)."""
+    import cupy_fmha
+
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
+    o.view(cp.uint16).fill(0xFFFF)  # (NaN bits, as conftest.nan_like)
+    lse.fill(cp.nan)
+    cupy_fmha.attention_forward(q, k, v, **kw, out=(o, lse))
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=0")
+    o0, lse0 = cupy_fmha.attention_forward(q, k, v, **kw)
+    return o, lse, o0, lse0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persist_default_matches_one_row_block_per_cta(monkeypatch, d, causal):
+    """Batch mode at a shape where the default launch gives each ws-forward CTA 4 row blocks
+    (backends/cuda.py FWD_WS_PERSIST, bench/NOTES.md step 39: seqlen <= 1024, batch * heads >= 198):
+    O and LSE bit-identical to one row block per CTA (the same arithmetic per block; the cross-block
+    ring, Q reuse and phases are what differ), every element written over the poison."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    from cupy_fmha import launch as L
+
+    b, s, h = 4, 1000, 64  # 8 row blocks of 128; 256 (batch, head) pairs
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)  # (the default launch, whatever variant this file runs under)
+    spec = cuda.fwd_spec("fp16", d, d, 90)
+    assert spec.source == "fmha_fwd_sm90_ws" and L.fwd_launch(spec, b, h, s).grid[0] == 2  # (4 per CTA)
+    rng = cp.random.default_rng(seed_for("fwd-ws-persist", d, causal))
+    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    o, lse, o0, lse0 = _persist_pair(monkeypatch, q, k, v, dict(causal=causal))
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all()) and bool((lse == lse0).all())
+    assert bool(cp.isfinite(o).all())
+
+
+def test_persist_default_group_mode(monkeypatch):
+    """Group mode under the default launch with several row blocks per CTA: 300 sequences of 0 to
+    1024 tokens (max 1024: 8 row blocks, 300 x 2 (batch, head) pairs), so a CTA's later row blocks
+    are often past its sequence's end (skipped by producer and MMA warps alike) or cut mid-block;
+    bit-identical to one row block per CTA, LSE's -inf tails and every O row written."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    import numpy as np
+    from cupy_fmha import launch as L
+
+    gen = np.random.default_rng(seed_for("fwd-ws-persist-group"))
+    lens = gen.integers(0, 1025, size=300)
+    lens[:3] = (1024, 0, 129)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    spec = cuda.fwd_spec("fp16", 128, 128, 90)
+    assert L.fwd_launch(spec, 300, 2, 1024).grid[0] == 2  # (4 per CTA)
+    rng = cp.random.default_rng(seed_for("fwd-ws-persist-group-x"))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024, causal=True)
+    o, lse, o0, lse0 = _persist_pair(monkeypatch, q, k, v, kw)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all()) and bool((lse == lse0).all())
+    assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
