@@ -26,7 +26,8 @@
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 //   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
 //   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
-//   PERSIST      fmha_fwd_sm90_ws: row blocks per CTA (the launcher's grid; 0: one per CTA)
+//   (PERSIST, fmha_fwd_sm90_ws's row blocks per CTA, is the launcher's alone: launch.fwd_launch sets
+//   the grid from it and the kernel strides over whatever grid it gets; not read here)
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
 #pragma once
 
@@ -111,9 +112,6 @@
 #ifndef FOLD
 #define FOLD 0
 #endif
-#ifndef PERSIST
-#define PERSIST 0
-#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -128,7 +126,7 @@ inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
-inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD, persist = PERSIST;
+inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -159,7 +157,6 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 #undef DQ_SPLIT
 #undef LSE2
 #undef FOLD
-#undef PERSIST
 
 namespace fmha {
 inline constexpr bool FMHA_BF16 = config_detail::bf16 != 0;
@@ -189,5 +186,4 @@ inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
-inline constexpr int PERSIST = config_detail::persist;
 }  // namespace fmha
