@@ -176,7 +176,9 @@ def test_fwd_ws_persist_default(monkeypatch):
     assert L.fwd_launch(s, 4, 16, 4096).grid == (32, 16, 4)
     assert L.fwd_launch(s, 1, 16, 16384).grid == (128, 16, 1)
     assert L.fwd_launch(s, 1, 8, 1024).grid == (8, 8, 1)  # 64 CTAs: one row block each
-    cases = ((8, 198), (8, 197), (8, 98), (16, 50), (16, 49), (17, 10**6))  # (grids of 396, 394 -> 788, 392 CTAs ...)
+    # (row blocks, batch * heads) -> per CTA: 8 x 198 at 4 per CTA is 396 CTAs (4); 8 x 197 at 4 is 394,
+    # at 2 it is 788 (2); 8 x 98 at 2 is 392 (0); 16 x 50 at 2 is 400 (2); 16 x 49 at 2 is 392 (0); 17 row blocks (0)
+    cases = ((8, 198), (8, 197), (8, 98), (16, 50), (16, 49), (17, 10**6))
     assert [cuda.fwd_ws_persist(n, bh) for n, bh in cases] == [4, 2, 0, 2, 0, 0]
     plain = cuda.fwd_spec("bf16", 128, 128, 80)
     assert plain.source == "fmha_fwd" and L.fwd_launch(plain, 16, 16, 1024).grid[0] == -(-1024 // plain.macro("BLOCK_M"))
