@@ -382,6 +382,66 @@ def _bias_arg(plan, ptr: int, shape, strides, itemsize: int) -> tuple:
     return (ptr, *_bias_strides(shape, strides, itemsize), BIAS_KIND[plan.bias_dtype], 0)
 
 
+def _bias_tma_ready(ptr: int, bias_arg: tuple, itemsize: int) -> bool:
+    """Whether the bias of ``bias_arg`` (``BiasArg``: element strides, 0 along broadcast
+    dimensions) at device address ``ptr`` meets the TMA unit's rules as the warp-specialized
+    forward reads it (:func:`_bias_map`): 16-byte aligned address, keys contiguous, every other
+    stride 0 or a positive multiple of 16 bytes."""
+    _, sb, sh, sq, sk = bias_arg[:5]
+    return ptr % 16 == 0 and sk == 1 and all(s >= 0 and s * itemsize % 16 == 0 for s in (sb, sh, sq))
+
+
+def _tma_bias(cp, dev):
+    """``dev`` (a checked device bias) laid out for the warp-specialized forward's TMA loads: itself
+    when :func:`_bias_tma_ready`, else a copy with rows padded to 16 bytes (a temporary the size of
+    the bias's own elements, never of the broadcast shape: dimensions it broadcasts along by a
+    zero stride are cut to one first). The caller's array is untouched."""
+    item = dev.itemsize
+    st = _bias_strides(dev.shape, dev.strides, item)
+    if dev.size == 0 or _bias_tma_ready(_ptr(dev), (0, *st), item):
+        return dev
+    src = dev[tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for n, s in zip(dev.shape, dev.strides))]
+    cols = src.shape[-1]
+    pitch = -(-cols * item // 16) * 16 // item
+    buf = cp.empty(src.shape[:-1] + (pitch,), dtype=src.dtype)
+    out = buf[..., :cols]
+    out[...] = src
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _bias_map_cached(data_type: str, ptr: int, dims: tuple, strides: tuple, box: tuple) -> np.ndarray:
+    from .backends import tma
+
+    return tma.encode_tile_map(tma.tile_map_args(data_type, ptr, dims, strides, box, 128))
+
+
+_NO_MAP = np.zeros(1, np.dtype((np.void, 128)))
+
+
+def _bias_map(plan, bias_arg: tuple) -> np.ndarray:
+    """The warp-specialized forward's 4th tensor map: the bias as a 4-D (batch, heads, rows, keys)
+    map, 1 along its broadcast dimensions, in 128-byte-swizzled boxes of 128 bytes of keys by
+    BLOCK_M rows (one row for a bias broadcast along the rows; SwBiasTile in
+    kernels/arch/sm90/tma_tile.cuh); zeros for a build without bias or an empty one.
+
+    Raises:
+        ValueError: the bias breaks a TMA rule (:func:`_bias_tma_ready`; the API's own calls lay
+            the bias out first with :func:`_tma_bias`)."""
+    n = plan.spec.macro("BIAS_TMA", 0)
+    ptr = bias_arg[0]
+    if not n or not ptr:
+        return _NO_MAP
+    if not _bias_tma_ready(ptr, bias_arg, n):
+        raise ValueError(f"bias: the TMA loads of the warp-specialized forward need a 16-byte aligned bias with "
+                         f"contiguous keys and 16-byte multiple strides, got address {ptr:#x}, strides {bias_arg[1:5]}")
+    sb, sh, sq = bias_arg[1:4]
+    dims = (plan.batch if sb else 1, plan.problem.nhead_q if sh else 1, plan.rows_q if sq else 1, plan.rows_k)
+    strides = tuple(s * n if s else 16 for s in (sb, sh, sq)) + (n,)
+    box = (1, 1, plan.spec.macro("BLOCK_M") if sq else 1, 128 // n)
+    return _bias_map_cached("float32" if n == 4 else "uint16", ptr, dims, strides, box)
+
+
 def _dropout(plan) -> tuple:
     d = plan.dropout
     return (d.seed, d.offset, d.threshold, 1.0 / (1.0 - d.p))
@@ -518,6 +578,9 @@ def _run_forward(plan: FwdPlan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, 
     # slopes / bias_dev: the device copies the params point at, held until the launch is queued
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
+    if bias_dev is not None and plan.spec.macro("BIAS_TMA"):
+        bias_dev = _tma_bias(cp, bias_dev)
+        bias_arg = _bias_arg(plan, _ptr(bias_dev), bias_dev.shape, bias_dev.strides, bias_dev.itemsize)
     _launch_forward(cp, plan, (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout)),
                     _ptr(lse), _seq(plan, cu_q, cu_k), alibi, bias_arg, _dropout(plan))
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
@@ -530,13 +593,20 @@ def _launch_forward(cp, plan: FwdPlan, tensors, lse: int, seq, alibi, bias_arg, 
     ``TensorArg`` tuples of q, k, v, o; ``lse`` its address; ``seq``, ``alibi``, ``bias_arg``,
     ``dropout`` the feature groups (:func:`_seq_arg`, :func:`_alibi_arg`, :func:`_bias_arg`,
     :func:`_dropout`); ``maps`` the TMA tensor maps of q, k, v when the caller has them already
-    (:func:`_maps`), else they are looked up here. Shared by :func:`_run_forward` and
-    :mod:`cupy_fmha.jax`'s callbacks, which hold the addresses of XLA's buffers."""
+    (:func:`_maps`), else they are looked up here; the warp-specialized forward's 4th, the bias's
+    (:func:`_bias_map`; the bias laid out by :func:`_tma_bias`), is added here. Shared by
+    :func:`_run_forward` and :mod:`cupy_fmha.jax`'s callbacks, which hold the addresses of XLA's
+    buffers."""
     p = plan.problem
     values = (*tensors, lse, seq, p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan), alibi,
               bias_arg, dropout)
-    if maps is None:
-        maps = _maps(cp, plan.maps, tensors[:3]) if plan.maps and not L.empty_grid(plan.launch) else ()
+    if not plan.maps or L.empty_grid(plan.launch):
+        maps = ()
+    else:
+        if maps is None:
+            maps = _maps(cp, plan.maps, tensors[:3])
+        if plan.spec.source == "fmha_fwd_sm90_ws":
+            maps = (*maps, _by_value(cp, _bias_map(plan, bias_arg)))
     _launch(cp, plan.spec, plan.launch, P.FWD, values, maps)
 
 

@@ -385,6 +385,12 @@ class _Callback:
                 if plan.group_mode else b.seq
             alibi = api._alibi_arg(plan, self._addr(a, "alibi_slopes"))
             bias_arg = b.bias if "bias" not in a else (self._addr(a, "bias"), *b.bias[1:])
+            tma = plan.spec.macro("BIAS_TMA", 0) if self.kind == "fwd" else 0
+            if tma and bias_arg[0] and not api._bias_tma_ready(bias_arg[0], bias_arg, tma):
+                # rows not a multiple of 16 bytes: the TMA loads read a padded copy (held until queued)
+                padded = api._tma_bias(cp, _device_view(cp, a["bias"], self.avals["bias"].shape,
+                                                        self.avals["bias"].dtype))
+                bias_arg = api._bias_arg(plan, api._ptr(padded), padded.shape, padded.strides, padded.itemsize)
             if self.kind == "fwd":
                 lse = _address(out[1]) if self.outs[1].size else 0
                 api._launch_forward(cp, plan, tensors, lse, seq, alibi, bias_arg, dropout,

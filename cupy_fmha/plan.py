@@ -56,6 +56,9 @@ class _Plan:
     alibi_sb: int | None     #: ALiBi slopes' batch stride (0 or nhead_q); None without ALiBi
     bias_dtype: np.dtype | None   #: the bias's logical dtype; None without a bias
     dropout: Dropout
+    #: bytes per element of a bias the TMA unit can read once laid out (:func:`cupy_fmha.api._tma_bias`):
+    #: 2 or 4 unless the bias broadcasts along the keys (0, also without a bias)
+    bias_tma: int = 0
 
     @property
     def group_mode(self) -> bool:
@@ -204,12 +207,16 @@ def _base(p, layout, rows_q, rows_k, window, bias, alibi_slopes, kw) -> _Plan:
         alibi_sb = p.nhead_q if len(shape) == 2 else 0
     drop = check_dropout(kw["dropout_p"], kw["seed"], kw["offset"])
     dtype = "bf16" if p.dtype == _BF16 else "fp16"
-    return _Plan(p, layout, dtype, p.batch, rows_q, rows_k, window, alibi_sb, bias_dt, drop)
+    bias_tma = 0
+    if bias_dt is not None and len(bias.shape) and int(bias.shape[-1]) > 1:
+        bias_tma = 4 if bias_dt == np.dtype(np.float32) else 2
+    return _Plan(p, layout, dtype, p.batch, rows_q, rows_k, window, alibi_sb, bias_dt, drop, bias_tma)
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, _tuning):
-    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, wg_skip=wg_skip)
+def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma, _tuning):
+    return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, wg_skip=wg_skip,
+                    bias_tma=bias_tma)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -231,7 +238,7 @@ def _forward_kernels(checked, cc) -> FwdPlan:
     p = base.problem
     diagonal = not base.group_mode and min(base.window[0], base.window[1]) < L.WINDOW_INF
     spec = _fwd_spec(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
-                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), tuning_key())
+                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), base.bias_tma, tuning_key())
     o_rows = p.total_q if base.group_mode else base.rows_q
     tk = p.total_k if base.group_mode else base.rows_k
     maps = L.tma_boxes(spec, 1 if base.group_mode else p.batch, p.nhead_q, p.nhead_k, p.hdim_q, p.hdim_v, o_rows, tk)

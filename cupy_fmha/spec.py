@@ -125,11 +125,12 @@ def backend_for(cc):
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False, wg_skip: bool = False) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0) -> KernelSpec:
     """The forward kernel instance for these head dims and features on a device of compute
-    capability ``cc`` (see the backend's ``fwd_spec``)."""
+    capability ``cc`` (see the backend's ``fwd_spec``; ``bias_tma``, the bytes per element of a
+    bias that TMA can load, only the CUDA backend uses)."""
     return backend_for(cc).fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                                    wg_skip=wg_skip)
+                                    wg_skip=wg_skip, bias_tma=bias_tma)
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,

@@ -36,6 +36,7 @@ __device__ __forceinline__ Alibi make_alibi(const float* slopes, index_t batch_s
 // chosen at run time: kind 1 fp16, 2 bf16, 3 fp32 (0: none). Positions outside [0, rows) x
 // [0, cols) read as 0, so partial tiles never read past the tensor. Returns log2 units.
 struct ElemBias {
+    enum : int { PAIRS = 0 };  // read element by element (softmax_p_scaled)
     const void* ptr;  // element (b, h, 0, 0)
     index_t sq, sk;   // strides along query rows and keys, in elements
     int kind, rows, cols;
@@ -173,12 +174,15 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
     }
 }
 
-// softmax_p's form with the scale, bias and ALiBi applied per element first
-template <int NS, int NO, bool RESCALE>
+// softmax_p's form with the scale, bias and ALiBi applied per element first. The bias is an
+// ElemBias (read from global memory element by element), or a tile already in shared memory whose
+// type has PAIRS set (the architecture layer's SwBiasTile: fmha_fwd_sm90_ws), added by its add()
+// after the scaling (row0: the fragment's first row inside the tile).
+template <int NS, int NO, bool RESCALE, class Bias>
 __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                  float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                                 const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                                 const KeepBits<NS>& keep) {
+                                                 const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                                 const KeepBits<NS>& keep, int tile_row0 = 0) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -186,10 +190,11 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * n + e] *= scale_log2;
-            if constexpr (BIAS)
+            if constexpr (BIAS && !Bias::PAIRS)
                 if (bias.kind) s[4 * n + e] += bias(row0 + f.row(e), k0 + f.col(n, e));
             if constexpr (ALIBI) s[4 * n + e] += alibi(row0 + f.row(e), k0 + f.col(n, e));
         }
+    if constexpr (BIAS && Bias::PAIRS) bias.template add<NS>(s, row0 - tile_row0, f);
     if (edge) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -228,14 +233,14 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
     }
 }
 
-template <int NS, int NO, bool RESCALE, bool FOLDED = false>
+template <int NS, int NO, bool RESCALE, bool FOLDED = false, class Bias>
 __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                           float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                          const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                          const KeepBits<NS>& keep) {
+                                          const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                          const KeepBits<NS>& keep, int tile_row0 = 0) {
     static_assert(!FOLDED || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLDED>: plain scores only");
     if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
-    else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep);
+    else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep, tile_row0);
 }
 
 // O (NO accumulator tiles) times corr[r] in row slot r (softmax_p's factors).
@@ -251,14 +256,14 @@ __device__ __forceinline__ void rescale_o(float* acc_o, const float corr[2]) {
 }
 
 // Forward, one key block: softmax_p with O rescaled at once.
-template <int NS, int NO>
+template <int NS, int NO, class Bias>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
-                                               const ElemBias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                               const KeepBits<NS>& keep) {
+                                               const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
+                                               const KeepBits<NS>& keep, int tile_row0 = 0) {
     float corr[2];
     softmax_p<NS, NO, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k,
-                            keep);
+                            keep, tile_row0);
 }
 
 // Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with

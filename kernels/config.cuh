@@ -26,6 +26,9 @@
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 //   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
 //   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
+//   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
+//                or bf16, 4: fp32)
+//   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
 //   (PERSIST, fmha_fwd_sm90_ws's row blocks per CTA, is the launcher's alone: launch.fwd_launch sets
 //   the grid from it and the kernel strides over whatever grid it gets; not read here)
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
@@ -112,6 +115,12 @@
 #ifndef FOLD
 #define FOLD 0
 #endif
+#ifndef BIAS_TMA
+#define BIAS_TMA 0
+#endif
+#ifndef BIAS_STAGES
+#define BIAS_STAGES 2
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -127,6 +136,7 @@ inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD;
+inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -157,6 +167,8 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 #undef DQ_SPLIT
 #undef LSE2
 #undef FOLD
+#undef BIAS_TMA
+#undef BIAS_STAGES
 
 namespace fmha {
 inline constexpr bool FMHA_BF16 = config_detail::bf16 != 0;
@@ -186,4 +198,6 @@ inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
+inline constexpr int BIAS_TMA = config_detail::bias_tma;
+inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 }  // namespace fmha

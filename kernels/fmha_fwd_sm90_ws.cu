@@ -26,15 +26,23 @@
 //               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.93-1.02x at 128,
 //               bench/NOTES.md step 37)
 //
-// Not yet here: dropout and the elementwise bias (static_assert; the library routes them to
-// fmha_fwd_sm90), per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
+//   BIAS=1      the elementwise bias, loaded by the producer like K and V: per key block one tile of
+//               BLOCK_M x BLOCK_N bias elements (BIAS_TMA bytes each: 2 for fp16/bf16, 4 for fp32) in
+//               128-byte-swizzled boxes (SwBiasTile in arch/sm90/tma_tile.cuh) into a ring of
+//               BIAS_STAGES tiles with full / empty mbarriers of its own; the MMA warpgroups add it
+//               from shared memory in the softmax and hand the tile back right after. A bias broadcast
+//               along the query rows (BiasArg.sq = 0) comes as one row per tile. The 4th tensor map.
+//
+// Not yet here: dropout (static_assert; the library routes it to fmha_fwd_sm90), per-warpgroup
+// skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
 // their scores are masked to -inf, but P V would still meet their values (0 * Inf is NaN), so the
 // MMA warpgroups zero those rows of K and V first.
 //
-// Parameters: three tensor maps (Q, K, V: column-blocked 5-D views, or with SWIZZLE the plain 4-D
-// (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor), then
-// FwdParams by value, as fmha_fwd_sm90.
+// Parameters: four tensor maps (Q, K, V: column-blocked 5-D views, or with SWIZZLE the plain 4-D
+// (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the bias as
+// a 4-D (batch, heads, rows, keys) map, 1 along broadcast dimensions, in builds with BIAS, else
+// zeros, unread), then FwdParams by value, as fmha_fwd_sm90.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -44,7 +52,9 @@ using namespace fmha;
 
 static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
-static_assert(!DROPOUT && !BIAS, "fmha_fwd_sm90_ws: dropout and bias run on fmha_fwd_sm90");
+static_assert(!DROPOUT, "fmha_fwd_sm90_ws: dropout runs on fmha_fwd_sm90");
+static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
+              "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 
@@ -64,8 +74,28 @@ struct Smem {
     // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
     // q_empty: every MMA thread's S GEMMs of the row block are complete (the next row block's Q may land)
     unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
+    // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
+    __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
+    __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
+    __device__ __forceinline__ unsigned long long* bias_empty(int) { return nullptr; }
 };
-static_assert(sizeof(Smem) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// With BIAS: the bias ring after them, from the next 1024-byte boundary; bias_full: the tile landed,
+// bias_empty: every MMA thread has added it to its scores
+constexpr int BIAS_TILE_BYTES = BLOCK_M * BLOCK_N * (BIAS ? BIAS_TMA : 2);
+struct SmemBias : Smem {
+    unsigned char pad_[1024 - sizeof(Smem) % 1024];  // (Smem ends in its mbarriers: never a multiple of 1024)
+    unsigned char bias[BIAS_STAGES][BIAS_TILE_BYTES];
+    unsigned long long bias_full_[BIAS_STAGES], bias_empty_[BIAS_STAGES];
+    __device__ __forceinline__ unsigned char* bias_tile(int s) { return bias[s]; }
+    __device__ __forceinline__ unsigned long long* bias_full(int s) { return &bias_full_[s]; }
+    __device__ __forceinline__ unsigned long long* bias_empty(int s) { return &bias_empty_[s]; }
+};
+template <bool B> struct SmemOf { using type = Smem; };
+template <> struct SmemOf<true> { using type = SmemBias; };
+using SmemAll = SmemOf<BIAS>::type;
+static_assert(sizeof(SmemAll) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
+              "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
 static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
@@ -86,7 +116,8 @@ __device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const u
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
-                 const __grid_constant__ TmaMap tm_v, const __grid_constant__ FwdParams p) {
+                 const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
+                 const __grid_constant__ FwdParams p) {
     constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     // the boxes' bytes, rows and columns past the tensor included (TMA counts its zero fill)
     constexpr unsigned Q_BYTES = 2u * BLOCK_M * HDIM_Q, K_BYTES = 2u * BLOCK_N * HDIM_Q, V_BYTES = 2u * BLOCK_N * HDIM_V;
@@ -94,7 +125,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
-    Smem& sm = *reinterpret_cast<Smem*>(smem_base);
+    SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
     const int h = blockIdx.y, b = blockIdx.z;
     // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h), last row
     // blocks first (under causal masks they see the most keys, so the tail is short). One per CTA
@@ -119,6 +150,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
             mbarrier_init(smem_u32(&sm.k_empty[s]), MMA_THREADS);
         }
+        if constexpr (BIAS)
+            for (int s = 0; s < BIAS_STAGES; ++s) {
+                mbarrier_init(smem_u32(sm.bias_full(s)), 1);
+                mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
+            }
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -126,6 +162,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
+        // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
+        // a tile's bytes (boxes of one row for a bias broadcast along the rows)
+        const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
+        const unsigned bias_bytes = (p.bias.sq ? BLOCK_M : 1) * BLOCK_N * (BIAS ? BIAS_TMA : 0);
         int i = 0, j = 0;  // key blocks (ring position) and row blocks loaded so far
         for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
             const int q0 = row0_of(x);
@@ -140,6 +180,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+                if constexpr (BIAS) {  // the bias tile of (q0, key block kb), wanted by the softmax after S
+                    const int bs = i % BIAS_STAGES;
+                    if (i >= BIAS_STAGES) mbarrier_wait(smem_u32(sm.bias_empty(bs)), ((i / BIAS_STAGES) & 1) ^ 1);
+                    mbarrier_arrive_expect_tx(smem_u32(sm.bias_full(bs)), bias_bytes);
+                    tma_load_bias<BLOCK_M, BLOCK_N, BIAS_TMA>(sm.bias_tile(bs), tm_bias, smem_u32(sm.bias_full(bs)),
+                                                              p.bias.sq ? q0 : 0, kb * BLOCK_N, bias_h, bias_b);
+                }
                 if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
@@ -160,6 +207,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
     auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
+    // BIAS: the bias tile of key block i (ring count) once it has landed, and its hand-back after the
+    // softmax has added it
+    using BiasTile = SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2>;
+    auto bias_tile = [&](int i) {
+        const int bs = i % BIAS_STAGES;
+        mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
+        return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind};
+    };
+    auto bias_done = [&](int i) { mbarrier_arrive(smem_u32(sm.bias_empty(i % BIAS_STAGES))); };
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
@@ -201,8 +257,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 const KeepBits<NS> keep{};  // (no dropout here)
-                online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                                       wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                if constexpr (BIAS) {
+                    online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi,
+                                           bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
+                    bias_done(it + i);
+                } else {
+                    online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
+                                           wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                }
                 uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
@@ -261,8 +323,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 const KeepBits<NS> keep{};  // (no dropout here)
-                softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
-                                         blk.bias, wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                if constexpr (BIAS) {
+                    softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
+                                             bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
+                    bias_done(it + i);
+                } else {
+                    softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
+                                                             blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, frag,
+                                                             blk.seqlen_k, keep);
+                }
             };
             // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
             // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand

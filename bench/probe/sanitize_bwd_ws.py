@@ -2,7 +2,9 @@
 build chosen by CUPY_FMHA_BWD_WS_TILES (e.g. SWIZZLE=1), fp16 and bf16, head dims 64, 120 (padded to
 128: TMA's zero fill of the columns past the head dim) and 128, plain, causal, GQA, ALiBi,
 deterministic (the ordered dQ adds), and group mode with sequences that end inside a query and a key
-block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys).
+block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys). The forward
+runs on the ws forward by default, its bias build included (forward-only calls: 16-bit and fp32
+bias, padded copies and in-place rows, a bias broadcast along the rows, group mode).
 
     CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims]
 """
@@ -45,6 +47,20 @@ def run_group(d, dtype, lq=(65, 3, 130), lk=(129, 200, 1), h=2, **kw):
     cp.cuda.Device().synchronize()
 
 
+def run_bias(d, dtype, bshape, bdt, sq=65, sk=129, h=2, group=False, **kw):
+    bias = randn(bshape, cp.float32).astype(bdt)
+    if group:
+        lq, lk = (65, 3, 130), (129, 200, 1)
+        cu_q = cp.asarray(np.cumsum([0, *lq]), dtype=cp.int32)
+        cu_k = cp.asarray(np.cumsum([0, *lk]), dtype=cp.int32)
+        q, k, v = randn((sum(lq), h, d), dtype), randn((sum(lk), h, d), dtype), randn((sum(lk), h, d), dtype)
+        kw = dict(kw, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+    else:
+        q, k, v = randn((1, sq, h, d), dtype), randn((1, sk, h, d), dtype), randn((1, sk, h, d), dtype)
+    cupy_fmha.attention_forward(q, k, v, bias=bias, **kw)
+    cp.cuda.Device().synchronize()
+
+
 hdims = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "64,120,128").split(",")]
 print(cuda.bwd_specs("bf16", 128, 128, 90).dq_dk_dv.name, flush=True)
 for dtype in (cp.float16, ml_dtypes.bfloat16):
@@ -55,4 +71,8 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run(d, dtype, causal=True, deterministic=True, sq=200, sk=300)
         run(d, dtype, alibi_slopes=cp.asarray([0.5, 0.25], dtype=cp.float32))
         run_group(d, dtype, mask="b")
+        run_bias(d, dtype, (1, 2, 65, 129), cp.float16)
+        run_bias(d, dtype, (2, 200, 256), cp.float32, sq=200, sk=256, causal=True)
+        run_bias(d, dtype, (2, 1, 256), cp.float32, sq=130, sk=256)
+        run_bias(d, dtype, (3, 2, 130, 200), cp.float16, group=True, mask="b")
 print("ok")

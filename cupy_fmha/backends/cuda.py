@@ -54,10 +54,19 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
     if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES; mbarriers
-        # (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles
+        # (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles.
+        # BIAS: from the next 1024-byte boundary BIAS_STAGES bias tiles of BIAS_TMA-byte elements and
+        # their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
-        return dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1),
-                    SMEM_BYTES=2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st) + (1024 if m.get("SWIZZLE") else 0))
+        smem = 2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st)
+        align = 1024 if m.get("SWIZZLE") else 0
+        out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
+        if m.get("BIAS"):
+            tile = bm * bn * m.get("BIAS_TMA", 2)
+            start = smem + 1024 - smem % 1024
+            bs = next((n for n in (2, 1) if start + n * (tile + 16) + align <= SMEM_LIMIT), 1)
+            out["BIAS_STAGES"], smem = bs, start + bs * (tile + 16)
+        return dict(out, SMEM_BYTES=smem + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -185,15 +194,22 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False, wg_skip: bool = False) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
     (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
-    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``wg_skip`` (the caller's
+    ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``bias_tma``: with ``bias``, the bytes
+    per element (2 or 4) of a bias that TMA can load (keys contiguous, not broadcast; the caller
+    lays it out so: :func:`cupy_fmha.api._tma_bias`), which the warp-specialized Hopper forward
+    takes; 0 for one it cannot (the per-element reading kernels). ``wg_skip`` (the caller's
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
-    if use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias, dropout=dropout):
-        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)
+    if bias_tma not in (0, 2, 4):
+        raise ValueError(f"bias_tma: expected 0, 2 or 4 (bytes per bias element), got {bias_tma!r}")
+    tma_bias = bias and bias_tma
+    if (use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
+            and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q), pad_hdim(hdim_v))).get("SWIZZLE"))):
+        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=bias_tma if bias else 0)
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
         if not feats and tiles["NWG"] == 3 and wg_skip:
@@ -402,14 +418,27 @@ def fwd_ws_tiles(hdim: int) -> dict[str, int]:
 
 
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
     loading with TMA, two MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no
-    dropout or bias (:func:`use_fwd_ws` says when it is dispatched). ``tiles``: the table entries
-    (default :func:`fwd_ws_tiles`)."""
+    dropout (:func:`use_fwd_ws` says when it is dispatched). ``bias_tma`` 2 or 4: the build with
+    an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
+    -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
+    (default :func:`fwd_ws_tiles`).
+
+    Raises:
+        ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
-    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               **(fwd_ws_tiles(d) if tiles is None else tiles), **feature_macros(alibi, False, False))
+    tiles = dict(fwd_ws_tiles(d) if tiles is None else tiles)
+    if bias_tma not in (0, 2, 4):
+        raise ValueError(f"bias_tma: expected 0, 2 or 4 (bytes per bias element), got {bias_tma!r}")
+    feats = feature_macros(alibi, bool(bias_tma), False)
+    if bias_tma:
+        if not tiles.get("SWIZZLE"):
+            raise ValueError("fmha_fwd_sm90_ws: the bias tiles need SWIZZLE=1")
+        tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
+        feats["BIAS_TMA"] = bias_tma
+    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v), **tiles, **feats)
 
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
@@ -459,8 +488,10 @@ def dispatch_table() -> list[KernelSpec]:
         for dtype in DTYPES:
             for hq, hv in pairs:
                 for cc in (80, 90):
+                    tma = (2, 4) if feats.get("bias") else ()  # the ws forward's bias builds
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
                                  fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
+                                 *(fwd_spec(dtype, hq, hv, cc, **feats, bias_tma=n) for n in tma),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
                                  bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv):
                         seen.setdefault(spec.name, spec)

@@ -177,11 +177,11 @@ def fwd_tiles(hdim_q: int, hdim_v: int, target: str) -> dict[str, int]:
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-             dropout: bool = False, wg_skip: bool = False):
+             dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0):
     """The gfx9 forward instance (``fmha_fwd``, target ``gfx9``) for these head dims and features on
     ``target``: padded head dims from :data:`FWD_HDIMS`, tiles from :func:`fwd_tiles`, the shared
     memory layout of the CUDA build's (the same Smem struct) and 64 threads per wavefront
-    (``wg_skip``, a Hopper kernel's option, is ignored)."""
+    (``wg_skip`` and ``bias_tma``, Hopper kernels' options, are ignored)."""
     from dataclasses import replace
 
     from ..spec import _mk, feature_macros

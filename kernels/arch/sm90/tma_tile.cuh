@@ -42,4 +42,91 @@ __device__ __forceinline__ void zero_tile_rows(uint16_t* tile, int r0, int tid) 
     else cb_zero_rows<R, C, THREADS>(tile, r0, tid);
 }
 
+
+// ---- The elementwise bias as a TMA-loaded tile (fmha_fwd_sm90_ws's BIAS build): BM query rows x
+// BN keys of E-byte elements (E = 2: fp16 or bf16, chosen at run time by `kind`; E = 4: fp32),
+// brought in boxes of 128-byte rows with 128-byte swizzle, one box per slab of 128 / E columns:
+// [BN * E / 128][BM][128 bytes], slabs BM * 128 bytes apart (a multiple of 1024, so each slab starts
+// the swizzle pattern afresh: chunk j of row r at chunk j ^ (r % 8)). A bias broadcast along the
+// query rows comes as boxes of one row: row_mul = 0 reads row 0 for every row.
+//
+// add() adds the bias (times log2 e: the scores are in log2 units by then) to an accumulator
+// fragment of NS n8 tiles whose rows start at row0 (a multiple of 16 tile rows into the tile; rows
+// row0 + f.row(e)) and whose columns are the tile's (f.col(n, e)): per n8 tile and row, the thread's
+// two adjacent columns in one 4-byte (E = 2) or 8-byte (E = 4) shared-memory read. The 8 rows a
+// warp reads at once (f.row_in_group() = 0..7) fall on 8 different chunks: no bank conflicts.
+// Shared-memory loads at 32-bit shared addresses (the bias tile's reads: a generic 64-bit pointer
+// per access cost the ws forward's MMA warps registers they did not have, ptxas spilled)
+__device__ __forceinline__ uint32_t lds_u32(unsigned addr) {
+    uint32_t x;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(addr));
+    return x;
+}
+__device__ __forceinline__ float2 lds_f32x2(unsigned addr) {
+    float2 x;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x.x), "=f"(x.y) : "r"(addr));
+    return x;
+}
+
+template <int BM, int BN, int E>
+struct SwBiasTile {
+    enum : int { PAIRS = 1, SLAB_COLS = 128 / E };
+    unsigned tile;  // shared address of the stage's first slab
+    int row_mul;    // 1, or 0 for a bias broadcast along the query rows
+    int kind;       // BiasArg.kind: 1 fp16, 2 bf16, 3 fp32
+
+    template <int NS>
+    __device__ __forceinline__ void add(float* s, int row0, const AccFrag& f) const {
+        static_assert(NS * 8 == BN && BN % SLAB_COLS == 0, "SwBiasTile: one accumulator row of n8 tiles spans the tile");
+        const int xr = f.row_in_group() * row_mul;  // r % 8 of both row slots (row0 is a multiple of 16)
+        const unsigned rows = tile + (row0 + f.row_in_group()) * row_mul * 128;
+        const unsigned step = 8 * 128 * row_mul;  // the second row slot, 8 rows down
+        if constexpr (E == 4) {
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                // columns 8n + 2t, +1: slab n / 4, chunk 2 (n % 4) + t / 2, bytes 8 (t % 2) in it
+                const unsigned a = rows + (n / 4) * (BM * 128) + (((2 * (n % 4) + (f.t >> 1)) ^ xr) << 4) + (f.t & 1) * 8;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float2 x = lds_f32x2(a + r * step);
+                    s[4 * n + 2 * r] += x.x * FMHA_LOG2E;
+                    s[4 * n + 2 * r + 1] += x.y * FMHA_LOG2E;
+                }
+            }
+        } else if (kind == 2) {
+            add16<NS, true>(s, rows, xr, step, f);
+        } else {
+            add16<NS, false>(s, rows, xr, step, f);
+        }
+    }
+
+  private:
+    template <int NS, bool BF16>
+    __device__ __forceinline__ void add16(float* s, unsigned rows, int xr, unsigned step, const AccFrag& f) const {
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            // columns 8n + 2t, +1: slab n / 8, chunk n % 8, bytes 4t in it
+            const unsigned a = rows + (n / 8) * (BM * 128) + (((n % 8) ^ xr) << 4) + f.t * 4;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint32_t x = lds_u32(a + r * step);
+                const uint16_t lo = static_cast<uint16_t>(x & 0xFFFFu), hi = static_cast<uint16_t>(x >> 16);
+                s[4 * n + 2 * r] += (BF16 ? bf16_bits_to_float(lo) : f16_bits_to_float(lo)) * FMHA_LOG2E;
+                s[4 * n + 2 * r + 1] += (BF16 ? bf16_bits_to_float(hi) : f16_bits_to_float(hi)) * FMHA_LOG2E;
+            }
+        }
+    }
+};
+
+// The bias tile of one key block into `dst` (BM * BN * E bytes, 1024-byte aligned) at query row q0,
+// key k0 of bias plane (head, batch) (the map's coordinates; 0 along a broadcast dimension),
+// completing `bar`; `rows` = BM, or 1 for a map of one-row boxes (bias broadcast along the rows).
+template <int BM, int BN, int E>
+__device__ __forceinline__ void tma_load_bias(const unsigned char* dst, const TmaMap& m, unsigned bar, int q0, int k0,
+                                              int head, int batch) {
+#pragma unroll
+    for (int c = 0; c < BN * E / 128; ++c)
+        tma_load_4d(smem_u32(dst) + c * (BM * 128), m, bar, k0 + c * (128 / E), q0, head, batch);
+}
+
 }  // namespace fmha

@@ -1,0 +1,133 @@
+"""The warp-specialized Hopper forward's bias build (kernels/fmha_fwd_sm90_ws.cu with BIAS: the
+bias tile loaded by TMA into a ring of its own, SwBiasTile in kernels/arch/sm90/tma_tile.cuh)
+against the NumPy reference.
+
+test_gpu_bias.py and test_gpu_varlen.py's bias cases run on it by default at hdim 64/128 on sm_90
+(odd key counts there: the API's padded copy, :func:`cupy_fmha.api._tma_bias`). This file adds
+what the tile path needs beyond them: key counts whose bias rows are 16-byte multiples (the
+caller's bias read in place, no copy), many key blocks so the ring (two tiles, one for an fp32
+bias at hdim 128) turns over many times, several row blocks per CTA (PERSIST), a bias broadcast
+along the rows (one-row boxes) and along heads and batch (map dimensions of 1), a misaligned view
+(copied), a bias broadcast by a zero stride (cut before the copy), and which kernel each takes.
+Outputs go into NaN-poisoned buffers; the caller's bias must come back unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    import cupy as cp
+except Exception:  # pragma: no cover
+    cp = None
+
+import conftest
+import cupy_fmha
+from conftest import BF16, F16, F32, BiasInputs, check, run, seed_for
+from cupy_fmha import api
+from cupy_fmha.backends import cuda
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if not conftest.is_sm90():
+        pytest.skip("the ws forward's bias build runs on sm_90 only")
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The kernel instances launched (api.get_function's specs), in order."""
+    specs, real = [], api.get_function
+
+    def record(spec):
+        specs.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(api, "get_function", record)
+    return specs
+
+
+def test_routing(seen):
+    """Bias with contiguous keys: the ws forward with BIAS_TMA = the element size; broadcast along
+    the keys: fmha_fwd_sm90 (the TMA box cannot repeat one column)."""
+    q = cp.asarray(np.random.default_rng(3).standard_normal((1, 40, 2, 64)).astype(np.float16))
+    cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((2, 40, 1), cp.float16))
+    cupy_fmha.attention_forward(q, q, q, bias=cp.zeros((2, 40, 40), cp.float16))
+    assert [s.source for s in seen] == ["fmha_fwd_sm90", "fmha_fwd_sm90_ws"]
+    assert cuda.fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("BIAS_TMA") == 2
+    f32 = cuda.fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=4)
+    assert f32.source == "fmha_fwd_sm90_ws" and f32.macro("BIAS_STAGES") == 1  # 64 KB tiles: one fits
+    assert cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4).macro("BIAS_STAGES") == 2
+    assert cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=2).macro("FOLD", 0) == 0
+    assert cuda.fwd_spec("bf16", 128, 128, 90, bias=True).source == "fmha_fwd_sm90"
+
+
+# id: (dtype, bias dtype, b, sq, sk, hq, hk, d, bias shape, mask kwargs)
+CASES = {
+    # rows of 16-byte multiples: read in place; many key blocks through the ring
+    "bf16-bbf-d128-bh-none-300x1024": (BF16, BF16, 2, 300, 1024, 2, 2, 128, "bh", {}),
+    "bf16-b32-d128-1h-causal-1024": (BF16, F32, 1, 1024, 1024, 4, 2, 128, "1h", {"causal": True}),
+    "f16-b16-d64-11-b-520x776": (F16, F16, 2, 520, 776, 2, 1, 64, "11", {"mask": "b"}),
+    "f16-b32-d64-bh-t:100,30-640": (F16, F32, 1, 640, 640, 2, 2, 64, "bh", {"mask": "t:100,30"}),
+    # broadcast along the rows (boxes of one row), over heads and batch
+    "bf16-b16-d128-rows1-none-200x512": (BF16, F16, 2, 200, 512, 2, 2, 128, (2, 1, 1, 512), {}),
+    "f16-b32-d64-rowsh-causal-384": (F16, F32, 1, 384, 384, 4, 4, 64, (1, 4, 1, 384), {"causal": True}),
+    # odd key counts: padded copies
+    "bf16-b32-d128-bh-none-129x257": (BF16, F32, 1, 129, 257, 2, 2, 128, "bh", {}),
+    "f16-bbf-d64-2d-b-257x129": (F16, BF16, 1, 257, 129, 2, 2, 64, "2d", {"mask": "b"}),
+}
+
+_SHAPES = dict(conftest.BIAS_SHAPES)
+
+
+def _shape(kind, b, h, sq, sk):
+    return _SHAPES[kind](b, h, sq, sk) if isinstance(kind, str) else kind
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bias_tile_matches_reference(case, seen):
+    dtype, bdt, b, sq, sk, hq, hk, d, kind, mkw = CASES[case]
+    pb = BiasInputs(dtype, bdt, "bshd", b, sq, sk, hq, hk, d, d, _shape(kind, b, hq, sq, sk), seed_for("wsb", case))
+    before = pb.dev_bias.copy() if isinstance(pb.dev_bias, cp.ndarray) else None
+    kw = dict(mkw, layout="bshd")
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+    fwd = seen[0]
+    assert fwd.source == "fmha_fwd_sm90_ws" and fwd.macro("BIAS_TMA") == pb.bias_dtype.itemsize, fwd.name
+    check(pb, o, lse, g, kw)
+    if before is not None:
+        assert bool((pb.dev_bias.view(cp.uint8) == before.view(cp.uint8)).all())
+
+
+@pytest.mark.parametrize("per", [2, 3])
+def test_bias_with_several_row_blocks_per_cta(monkeypatch, per):
+    # the ring of bias tiles runs on across a CTA's row blocks
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={per}")
+    pb = BiasInputs(BF16, BF16, "bshd", 1, 700, 384, 2, 2, 128, 128, (1, 2, 700, 384), seed_for("wsb-persist", per))
+    kw = {"mask": "b", "layout": "bshd"}
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+    check(pb, o, lse, g, kw)
+
+
+def test_misaligned_and_zero_stride_views():
+    # a view one element into its buffer (address not 16-byte aligned) and a bias broadcast by a
+    # zero stride (cupy.broadcast_to) read through copies; the caller's arrays stay as they were
+    b, sq, sk, h, d = 1, 200, 256, 2, 64
+    pb = BiasInputs(F16, F32, "bshd", b, sq, sk, h, h, d, d, (b, h, sq, sk), seed_for("wsb-views"))
+    big = cp.zeros((b, h, sq, sk + 1), cp.float32)
+    big[..., 1:] = cp.asarray(pb.bias)
+    view = big[..., 1:]
+    assert view.data.ptr % 16 != 0
+    kw = {"layout": "bshd", "causal": True}
+    o1, lse1, _ = run(pb, kw, bias=view, dbias=False)
+    o2, lse2, g2 = run(pb, kw, bias=cp.asarray(pb.bias), dbias=False)
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
+    check(pb, o2, lse2, g2, kw)
+    row = cp.asarray(pb.bias[:, :, :1, :])
+    wide = cp.broadcast_to(row, (b, h, sq, sk))
+    assert wide.strides[2] == 0
+    pr = BiasInputs(F16, F32, "bshd", b, sq, sk, h, h, d, d, None, seed_for("wsb-views"),
+                    bias_host=np.broadcast_to(pb.bias[:, :, :1, :], (b, h, sq, sk)))
+    o3, lse3, g3 = run(pr, kw, bias=wide, dbias=False)
+    check(pr, o3, lse3, g3, kw)
