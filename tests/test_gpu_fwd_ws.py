@@ -5,7 +5,8 @@ the main GPU suites (batch mode: masks, GQA, both layouts, lengths that are not 
 tile; strided inputs; group mode with empty sequences; ALiBi; Inf in a neighbouring sequence)
 rerun with the switch on, plus a check that the switch really selects the kernel. The backward
 runs as usual (it reads this forward's O and LSE). Configurations it does not take (dropout,
-bias, head dims above 128, devices before sm_90) run the usual kernels under the switch too.
+a bias broadcast along the keys, head dims above 128, devices before sm_90) run the usual kernels
+under the switch too; its bias build has its own file, test_gpu_fwd_ws_bias.py.
 
 The pipeline variants (SWIZZLE, PV_OVERLAP, PINGPONG: backends/cuda.py FWD_WS_VARIANTS) are
 chosen by CUPY_FMHA_FWD_WS_TILES for the whole run (bench/probe/fwd2_gpu.sh runs this file once per

@@ -255,7 +255,8 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False) -> bool:
     """Whether a Hopper forward runs the warp-specialized kernel (``fmha_fwd_sm90_ws``, which has
-    no dropout or bias): by default at equal padded head dims 64 or 128, where it measured
+    no dropout, and takes a bias only through TMA: ``bias`` here means one it cannot read, see
+    :func:`fwd_spec`'s ``bias_tma``): by default at equal padded head dims 64 or 128, where it measured
     0.77-0.89 of the time of ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024;
     bench/NOTES.md step 23). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal head
     dims too), ``=0`` never (comparisons)."""
