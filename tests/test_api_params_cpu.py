@@ -342,7 +342,7 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
 
                 def __call__(self, grid, block, args, shared_mem=0):
                     raw.append((spec, args, shared_mem))
-                    inner(grid, block, args[3:], shared_mem=shared_mem)
+                    inner(grid, block, args[4:], shared_mem=shared_mem)
 
             return Fn()
 
@@ -372,7 +372,53 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
             assert m.strides[1:3] == (d * 2, rows * d * 2)
         else:
             assert m.strides[1:3] == (heads * d * 2, d * 2)
+    assert not np.asarray(args[3]).tobytes().strip(b"\0")  # the bias's map: zeros without a bias
     api._tile_map.cache_clear()
+
+
+@pytest.mark.parametrize("bias_shape, bias_dtype, dims, box_rows, copied", [
+    ((2, 4, 37, 64), np.float16, (2, 4, 37, 64), 128, False),   # rows of 128 bytes: read in place
+    ((4, 37, 64), np.float32, (1, 4, 37, 64), 128, False),      # broadcast over the batch: 1
+    ((2, 1, 1, 64), np.float32, (2, 1, 1, 64), 1, False),       # broadcast along the rows: one-row boxes
+    ((37, 53), np.float16, (1, 1, 37, 53), 128, True),          # 106-byte rows: a padded copy (56)
+])
+def test_forward_ws_bias_map(monkeypatch, bias_shape, bias_dtype, dims, box_rows, copied):
+    """The ws forward's 4th map (api._bias_map): the bias as a 4-D (batch, heads, rows, keys) map,
+    1 along broadcast dimensions, boxes of 128 bytes of keys (64 16-bit or 32 fp32 elements) by
+    BLOCK_M rows (1 for a bias broadcast along the rows), 128-byte swizzle; rows that are not
+    16-byte multiples are read from a padded copy (the BiasArg then carries the copy's strides);
+    a bias broadcast along the keys runs on fmha_fwd_sm90 without maps."""
+    from cupy_fmha.backends import tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    encoded = []
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: (encoded.append(a), np.zeros(1, np.dtype((np.void, 128))))[1])
+    api._bias_map_cached.cache_clear()
+    api._tile_map.cache_clear()
+    rec = Recorder()
+    monkeypatch.setattr(api, "get_function", rec)
+    q, k, v, _ = _inputs("bshd", sk=dims[3])
+    bias = np.random.default_rng(1).standard_normal(bias_shape).astype(bias_dtype)
+    cupy_fmha.attention_forward(q, k, v, bias=bias)
+    (f,) = rec.launches
+    item = np.dtype(bias_dtype).itemsize
+    assert f["spec"].source == "fmha_fwd_sm90_ws" and f["spec"].macro("BIAS_TMA") == item
+    assert f["maps"] == 4
+    (m,) = [a for a in encoded if a.data_type != "float16"]  # (q, k, v: float16)
+    assert m.swizzle == 128
+    assert m.data_type == ("float32" if item == 4 else "uint16")
+    assert m.shape == dims and m.box == (1, 1, box_rows, 128 // item)
+    pitch = -(-dims[3] * item // 16) * 16 if copied else dims[3] * item
+    assert m.strides[2:] == ((pitch if dims[2] > 1 else 16), item)
+    assert f["args"]["bias_sq"] == (pitch // item if dims[2] > 1 else 0) and f["args"]["bias_sk"] == 1
+    api._bias_map_cached.cache_clear()
+    api._tile_map.cache_clear()
+    rec.launches.clear()
+    cupy_fmha.attention_forward(q, k, v, bias=np.zeros((37, 1), np.float16))  # along the keys
+    (f,) = rec.launches
+    assert f["spec"].source == "fmha_fwd_sm90" and f["maps"] == 0
 
 
 def test_forward_ws_variant_switch(monkeypatch):
