@@ -419,16 +419,17 @@ def _bias_map_cached(data_type: str, ptr: int, dims: tuple, strides: tuple, box:
 _NO_MAP = np.zeros(1, np.dtype((np.void, 128)))
 
 
-def _bias_map(plan, bias_arg: tuple) -> np.ndarray:
-    """The warp-specialized forward's 4th tensor map: the bias as a 4-D (batch, heads, rows, keys)
-    map, 1 along its broadcast dimensions, in 128-byte-swizzled boxes of 128 bytes of keys by
-    BLOCK_M rows (one row for a bias broadcast along the rows; SwBiasTile in
-    kernels/arch/sm90/tma_tile.cuh); zeros for a build without bias or an empty one.
+def _bias_map(plan, spec, bias_arg: tuple) -> np.ndarray:
+    """The warp-specialized kernels' bias map (the forward's 4th tensor map, the backward's 5th;
+    ``spec`` the instance): the bias as a 4-D (batch, heads, rows, keys) map, 1 along its broadcast
+    dimensions, in 128-byte-swizzled boxes of 128 bytes of keys by the instance's BLOCK_M rows (one
+    row for a bias broadcast along the rows; SwBiasTile in kernels/arch/sm90/tma_tile.cuh); zeros
+    for a build without bias or an empty one.
 
     Raises:
         ValueError: the bias breaks a TMA rule (:func:`_bias_tma_ready`; the API's own calls lay
             the bias out first with :func:`_tma_bias`)."""
-    n = plan.spec.macro("BIAS_TMA", 0)
+    n = spec.macro("BIAS_TMA", 0)
     ptr = bias_arg[0]
     if not n or not ptr:
         return _NO_MAP
@@ -438,7 +439,7 @@ def _bias_map(plan, bias_arg: tuple) -> np.ndarray:
     sb, sh, sq = bias_arg[1:4]
     dims = (plan.batch if sb else 1, plan.problem.nhead_q if sh else 1, plan.rows_q if sq else 1, plan.rows_k)
     strides = tuple(s * n if s else 16 for s in (sb, sh, sq)) + (n,)
-    box = (1, 1, plan.spec.macro("BLOCK_M") if sq else 1, 128 // n)
+    box = (1, 1, spec.macro("BLOCK_M") if sq else 1, 128 // n)
     return _bias_map_cached("float32" if n == 4 else "uint16", ptr, dims, strides, box)
 
 
@@ -606,7 +607,7 @@ def _launch_forward(cp, plan: FwdPlan, tensors, lse: int, seq, alibi, bias_arg, 
         if maps is None:
             maps = _maps(cp, plan.maps, tensors[:3])
         if plan.spec.source == "fmha_fwd_sm90_ws":
-            maps = (*maps, _by_value(cp, _bias_map(plan, bias_arg)))
+            maps = (*maps, _by_value(cp, _bias_map(plan, plan.spec, bias_arg)))
     _launch(cp, plan.spec, plan.launch, P.FWD, values, maps)
 
 
@@ -699,6 +700,9 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
+    if bias_dev is not None and plan.specs.dq_dk_dv.macro("BIAS_TMA"):
+        tma_dev = _tma_bias(cp, bias_dev)  # (bias_dev itself stays the shape dBias is reduced to)
+        bias_arg = _bias_arg(plan, _ptr(tma_dev), tma_dev.shape, tma_dev.strides, tma_dev.itemsize)
     ds_acc = _launch_backward(
         cp, plan, tuple(_tensor(a, layout) for a in (do, q, k, v, o, dq, dk, dv)), _ptr(lse), _seq(plan, cu_q, cu_k),
         alibi, bias_arg, _dropout(plan))
@@ -710,7 +714,8 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
 def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None):
     """The backward's workspaces and launches from its arguments' device addresses: ``tensors``
     the ``TensorArg`` tuples of do, q, k, v, o, dq, dk, dv; ``lse`` its address; the feature
-    groups and ``maps`` (of q, k, v, do) as in :func:`_launch_forward`. Returns the fp32 dS
+    groups and ``maps`` (of q, k, v, do; the ws backward's 5th, the bias's, is added here) as in
+    :func:`_launch_forward`. Returns the fp32 dS
     workspace with ``plan.want_dbias`` (for :func:`cupy_fmha.dbias.reduce_dbias`), else None.
     Shared by :func:`_run_backward` and :mod:`cupy_fmha.jax`'s callbacks."""
     t_do, t_q, t_k, t_v, t_o, t_dq, t_dk, t_dv = tensors
@@ -735,8 +740,13 @@ def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg,
     else:
         dk_arg, dv_arg = t_dk, t_dv
     read = (t_q, t_k, t_v, t_do)
-    if maps is None:
-        maps = _maps(cp, plan.maps, read) if plan.maps and not L.empty_grid(launches["dq_dk_dv"]) else ()
+    if not plan.maps or L.empty_grid(launches["dq_dk_dv"]):
+        maps = ()
+    else:
+        if maps is None:
+            maps = _maps(cp, plan.maps, read)
+        if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws":  # the 5th: the bias's (zeros without)
+            maps = (*maps, _by_value(cp, _bias_map(plan, specs.dq_dk_dv, bias_arg)))
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *read, dk_arg, dv_arg,
         lse, _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,

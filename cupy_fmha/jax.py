@@ -385,7 +385,7 @@ class _Callback:
                 if plan.group_mode else b.seq
             alibi = api._alibi_arg(plan, self._addr(a, "alibi_slopes"))
             bias_arg = b.bias if "bias" not in a else (self._addr(a, "bias"), *b.bias[1:])
-            tma = plan.spec.macro("BIAS_TMA", 0) if self.kind == "fwd" else 0
+            tma = (plan.spec if self.kind == "fwd" else plan.specs.dq_dk_dv).macro("BIAS_TMA", 0)
             if tma and bias_arg[0] and not api._bias_tma_ready(bias_arg[0], bias_arg, tma):
                 # rows not a multiple of 16 bytes: the TMA loads read a padded copy (held until queued)
                 padded = api._tma_bias(cp, _device_view(cp, a["bias"], self.avals["bias"].shape,

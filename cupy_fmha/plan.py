@@ -220,8 +220,9 @@ def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_specs(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, _tuning):
-    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic)
+def _bwd_specs(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, bias_tma, _tuning):
+    return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic,
+                     bias_tma=bias_tma)
 
 
 # --------------------------------------------------------------------------- forward
@@ -276,7 +277,7 @@ def _backward_kernels(checked, cc) -> BwdPlan:
     base, deterministic, want_dbias = checked
     p = base.problem
     specs = _bwd_specs(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
-                       base.dropout.enabled, deterministic, tuning_key())
+                       base.dropout.enabled, deterministic, base.bias_tma, tuning_key())
     b, hq, hk = p.batch, p.nhead_q, p.nhead_k
     tq = p.total_q if base.group_mode else base.rows_q
     tk = p.total_k if base.group_mode else base.rows_k
@@ -331,7 +332,8 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
         return_dbias: the fp32 dS workspace of dBias.
         dtype, cc, dropout, bias, alibi: pick the kernel instance as the call would (the slab
             count depends on its key block; ``cc`` is the compute capability, e.g. 90 for H100/H200,
-            80 for A100).
+            80 for A100; ``bias``: one that does not broadcast along the keys, which the
+            warp-specialized Hopper backward takes).
 
     Returns:
         ``{"delta": ..., "dq_accumulator": ..., "dkdv_gqa": ..., "dbias": ..., "total": ...}``.
@@ -341,7 +343,7 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
     hdim_v = hdim_q if hdim_v is None else hdim_v
     nhead_k = nhead_q if nhead_k is None else nhead_k
     specs = bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                      deterministic=deterministic)
+                      deterministic=deterministic, bias_tma=2 if bias else 0)
     ws = L.dq_workspace(specs.dq_dk_dv, batch, nhead_q, seqlen_q, seqlen_k, hdim_q, deterministic)
     out = {"delta": 4 * batch * nhead_q * seqlen_q, "dq_accumulator": ws.nbytes,
            "dkdv_gqa": 4 * batch * nhead_q * seqlen_k * (hdim_q + hdim_v) if nhead_k != nhead_q else 0,

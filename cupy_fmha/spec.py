@@ -134,11 +134,12 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False, dropout: bool = False, deterministic: bool = False) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0) -> BwdSpecs:
     """The backward's kernel instances (dot_do_o, dq_dk_dv, convert_dq and its slab-summing
-    build) on a device of compute capability ``cc`` (see the backend's ``bwd_specs``)."""
+    build) on a device of compute capability ``cc`` (see the backend's ``bwd_specs``;
+    ``bias_tma`` as in :func:`fwd_spec`)."""
     return backend_for(cc).bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                                     deterministic=deterministic)
+                                     deterministic=deterministic, bias_tma=bias_tma)
 
 
 def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

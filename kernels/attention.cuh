@@ -285,7 +285,8 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
-// With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE).
+// With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE); the bias
+// is an ElemBias or a tile in shared memory read element by element (SwBiasTile, the ws backward).
 // With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
 // read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
@@ -299,11 +300,16 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 // LOG2_LSE: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
 // whoever filled it, instead of natural-log LSEs converted here per column (the warp-specialized
 // backward's LSE2 build: its producer converts, bench/NOTES.md step 36).
-template <int NQ, int EDGE = 2, bool LOG2_LSE = false>
+template <int NQ, int EDGE = 2, bool LOG2_LSE = false, class Bias>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
-                                              bool edge, const Window& win, const Alibi& alibi, const ElemBias& bias,
+                                              bool edge, const Window& win, const Alibi& alibi, const Bias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
-                                              const Dropout& drop, const unsigned char* keep_bits) {
+                                              const Dropout& drop, const unsigned char* keep_bits,
+                                              int key_row0 = 0) {
+    // a bias tile in shared memory (Bias::PAIRS: SwBiasTile): this thread's 4 element addresses once
+    // (key_row0: key0's row in the tile)
+    unsigned boff[4] = {0u, 0u, 0u, 0u}, bstep = 0u;
+    if constexpr (BIAS && Bias::PAIRS) bstep = bias.t_offsets(boff, key_row0, f);
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
@@ -313,7 +319,8 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             float l = lse[c];
             if constexpr (!LOG2_LSE) l = lse_log2(l);
             float x;
-            if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
+            if constexpr (BIAS && Bias::PAIRS) x = (s[4 * n + e] * scale_log2 + bias.at_t(boff, bstep, n, e)) - l;
+            else if constexpr (BIAS) x = bias.kind ? (s[4 * n + e] * scale_log2 + bias(i, j)) - l : s[4 * n + e] * scale_log2 - l;
             else x = s[4 * n + e] * scale_log2 - l;
             if constexpr (ALIBI) x += alibi(i, j);
             float p = fast_exp2(x);

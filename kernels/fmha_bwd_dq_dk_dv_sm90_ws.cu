@@ -26,8 +26,16 @@
 // uses it as is; on at hdim 64 only (cupy_fmha.backends.cuda.BWD_WS_BY_HDIM: 1.01-1.03x there,
 // 0.96-1.0x at 128, bench/NOTES.md step 36).
 //
-// Not yet here: dropout and elementwise bias (static_assert; the library routes them to
-// fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
+// BIAS=1: the elementwise bias, per query block one tile of BLOCK_M query rows x BLOCK_N keys of
+// BIAS_TMA-byte elements in 128-byte-swizzled boxes (the 5th tensor map; one-row boxes for a bias
+// broadcast along the rows) into a ring of BIAS_STAGES tiles with `full` mbarriers of its own. MMA
+// thread 0 issues those loads (load_bias: the producer warp, at 24 registers, spilled with them);
+// the MMA warpgroups read the tile element by element in backward_p_ds (SwBiasTile::at_t,
+// arch/sm90/tma_tile.cuh) and, with p.dbias_acc, store dS for dBias as fmha_bwd_dq_dk_dv_sm90
+// does (bwd_store_ds). 64 query rows per step (at 128 the bias tile no longer fits beside the
+// rest); hdim 64 only (at 128 the MMA warpgroups spill: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS).
+//
+// Not yet here: dropout (static_assert; the library routes it to fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
 // zero-fills only past the tensor); they are masked like any row past seqlen, but their values
 // still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
 // tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
@@ -40,9 +48,10 @@
 // their (batch, head), which the grid (key blocks fastest) launches earlier. (No dQ slabs here:
 // dq_split_stride is 0; the launcher asks for DQ_ORDERED's workspace.)
 //
-// Parameters: four tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
-// 4-D (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor), then
-// BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
+// Parameters: five tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
+// 4-D (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the
+// bias's as the forward's, zeros in builds without BIAS, unread), then BwdParams flattened as
+// fmha_bwd_dq_dk_dv_sm90 takes it.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -53,7 +62,9 @@ using namespace fmha;
 static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && (BLOCK_M == 64 || BLOCK_M == 128),
               "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 or 128 query rows per step");
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
-static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout and bias run on fmha_bwd_dq_dk_dv_sm90");
+static_assert(!DROPOUT, "fmha_bwd_dq_dk_dv_sm90_ws: dropout runs on fmha_bwd_dq_dk_dv_sm90");
+static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE && BLOCK_M == 64),
+              "fmha_bwd_dq_dk_dv_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), with SWIZZLE, at 64 query rows");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_bwd_dq_dk_dv_sm90_ws: swizzled tiles are slabs of 64 columns");
 
 constexpr int MMA_THREADS = 128 * NWG;
@@ -68,18 +79,38 @@ struct Smem {
     float lse[STAGES][BLOCK_M];
     float d[STAGES][BLOCK_M];
     unsigned long long full[STAGES], empty[STAGES], kv;
+    // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
+    __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
+    __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
 };
+// With BIAS: the bias ring after them, from the next 1024-byte boundary (Smem ends in its mbarriers,
+// never on one); bias_full: the tile landed (no `empty` barrier: the MMA warpgroups' own named
+// barrier 1 tells when a tile is read, see load_bias)
+enum : int { BIAS_TILE_BYTES = BLOCK_M * BLOCK_N * (BIAS ? BIAS_TMA : 2) };  // (an enumerator: a constexpr
+// variable at namespace scope would appear in every build's PTX)
+struct SmemBias : Smem {
+    unsigned char pad_[1024 - sizeof(Smem) % 1024];
+    unsigned char bias[BIAS_STAGES][BIAS_TILE_BYTES];
+    unsigned long long bias_full_[BIAS_STAGES];
+    __device__ __forceinline__ unsigned char* bias_tile(int s) { return bias[s]; }
+    __device__ __forceinline__ unsigned long long* bias_full(int s) { return &bias_full_[s]; }
+};
+template <bool B> struct SmemOf { using type = Smem; };
+template <> struct SmemOf<true> { using type = SmemBias; };
+using SmemAll = SmemOf<BIAS>::type;
+static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 8),
+              "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
 // swizzle pattern follows address bits 4-9): the launcher passes 1024 bytes more (SMEM_BYTES). (A
 // constant for it at namespace scope would appear in the PTX of every build.)
-static_assert(sizeof(Smem) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(SmemAll) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                           const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
-                          FMHA_BWD_PARAMS_ARGS) {
+                          const __grid_constant__ TmaMap tm_bias, FMHA_BWD_PARAMS_ARGS) {
     const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
     constexpr int NQ = BLOCK_M / 8, NDQ = HDIM_Q / 8, NDV = HDIM_V / 8, DQ_HALF = HDIM_Q / 2;
     // GEMM4's split between the warpgroups: at BLOCK_M = 64 each takes half of dQ's columns (all 64
@@ -93,7 +124,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
-    Smem& sm = *reinterpret_cast<Smem*>(smem_base);
+    SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;  // (kb: the grid's key block)
     BwdBlock blk;
     if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;  // uniform over the CTA
@@ -109,6 +140,10 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
         }
         mbarrier_init(smem_u32(&sm.kv), 1);
+        if constexpr (BIAS)
+            for (int s = 0; s < BIAS_STAGES; ++s) {
+                mbarrier_init(smem_u32(sm.bias_full(s)), 1);
+            }
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -168,6 +203,22 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         named_barrier_sync(3, MMA_THREADS);
     }
 
+    // BIAS: MMA thread 0 loads the bias tiles (the producer warp, at 24 registers, had none to spare):
+    // block i's into stage i % BIAS_STAGES, the first BIAS_STAGES before the loop, block i + BIAS_STAGES
+    // once every MMA thread has read block i's (named barrier 1, after the fence.proxy.async that
+    // orders those reads before the copy); rows from 0 when the bias broadcasts along them
+    auto load_bias = [&](int i) {
+        if constexpr (BIAS) {
+            const int bs = i % BIAS_STAGES, rows = p.bias.sq ? BLOCK_M : 0;
+            mbarrier_arrive_expect_tx(smem_u32(sm.bias_full(bs)), (rows ? BLOCK_M : 1) * BLOCK_N * BIAS_TMA);
+            tma_load_bias<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2>(sm.bias_tile(bs), tm_bias, smem_u32(sm.bias_full(bs)),
+                                                                 (blk.qb_begin + i) * rows, k0, p.bias.sh ? h : 0,
+                                                                 p.bias.sb ? b : 0);
+        }
+    };
+    if (BIAS && tid == 0)
+        for (int i = 0; i < BIAS_STAGES && blk.qb_begin + i < blk.qb_end; ++i) load_bias(i);
+
     int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
@@ -206,7 +257,16 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         // one branch per tile: the mask test inside only where the tile crosses it (ALiBi builds keep
         // the run-time test in one copy of the loop: the two copies spilled at hdim 128)
-        if (ALIBI)
+        if constexpr (BIAS) {  // the bias tile from shared memory, handed back right after (BIAS: one loop, as ALiBi)
+            const int bs = i % BIAS_STAGES;
+            mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
+            const SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2> tile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0,
+                                                                      p.bias.kind, q0, k0};
+            backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, tile,
+                                       k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr,
+                                       warp_key0);
+            if (p.dbias_acc) bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias
+        } else if (ALIBI)
             backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
                               k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
         else if (edge)
@@ -229,6 +289,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         fence_proxy_async();
         bulk_wait_read<0>();                       // the previous block's dQ rows have left sdQ
         named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free
+        if (BIAS && tid == 0 && qb + BIAS_STAGES < blk.qb_end) load_bias(i + BIAS_STAGES);  // (this block's tile is read)
 
         // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K (SWIZZLE at hdim 64:
         // the second half starts 64 bytes into K's one slab, inside the swizzle atom: desc_sw_mnmajor);

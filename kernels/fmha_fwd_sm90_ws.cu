@@ -81,7 +81,8 @@ struct Smem {
 };
 // With BIAS: the bias ring after them, from the next 1024-byte boundary; bias_full: the tile landed,
 // bias_empty: every MMA thread has added it to its scores
-constexpr int BIAS_TILE_BYTES = BLOCK_M * BLOCK_N * (BIAS ? BIAS_TMA : 2);
+enum : int { BIAS_TILE_BYTES = BLOCK_M * BLOCK_N * (BIAS ? BIAS_TMA : 2) };  // (an enumerator: a constexpr
+// variable at namespace scope would appear in every build's PTX)
 struct SmemBias : Smem {
     unsigned char pad_[1024 - sizeof(Smem) % 1024];  // (Smem ends in its mbarriers: never a multiple of 1024)
     unsigned char bias[BIAS_STAGES][BIAS_TILE_BYTES];
@@ -213,7 +214,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto bias_tile = [&](int i) {
         const int bs = i % BIAS_STAGES;
         mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
-        return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind};
+        return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind, 0, 0};
     };
     auto bias_done = [&](int i) { mbarrier_arrive(smem_u32(sm.bias_empty(i % BIAS_STAGES))); };
 

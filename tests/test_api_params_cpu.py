@@ -376,6 +376,23 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     api._tile_map.cache_clear()
 
 
+def _sm90_recorder(monkeypatch):
+    """A stand-in sm_90 device: (the launch recorder, the TileMapArgs each map was encoded from,
+    encoded as zeros); the map caches are emptied."""
+    from cupy_fmha.backends import tma
+
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    encoded = []
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: (encoded.append(a), np.zeros(1, np.dtype((np.void, 128))))[1])
+    api._bias_map_cached.cache_clear()
+    api._tile_map.cache_clear()
+    rec = Recorder()
+    monkeypatch.setattr(api, "get_function", rec)
+    return rec, encoded
+
+
 @pytest.mark.parametrize("bias_shape, bias_dtype, dims, box_rows, copied", [
     ((2, 4, 37, 64), np.float16, (2, 4, 37, 64), 128, False),   # rows of 128 bytes: read in place
     ((4, 37, 64), np.float32, (1, 4, 37, 64), 128, False),      # broadcast over the batch: 1
@@ -388,17 +405,7 @@ def test_forward_ws_bias_map(monkeypatch, bias_shape, bias_dtype, dims, box_rows
     BLOCK_M rows (1 for a bias broadcast along the rows), 128-byte swizzle; rows that are not
     16-byte multiples are read from a padded copy (the BiasArg then carries the copy's strides);
     a bias broadcast along the keys runs on fmha_fwd_sm90 without maps."""
-    from cupy_fmha.backends import tma
-
-    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
-    monkeypatch.setattr(api, "_CC", {})
-    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
-    encoded = []
-    monkeypatch.setattr(tma, "encode_tile_map", lambda a: (encoded.append(a), np.zeros(1, np.dtype((np.void, 128))))[1])
-    api._bias_map_cached.cache_clear()
-    api._tile_map.cache_clear()
-    rec = Recorder()
-    monkeypatch.setattr(api, "get_function", rec)
+    rec, encoded = _sm90_recorder(monkeypatch)
     q, k, v, _ = _inputs("bshd", sk=dims[3])
     bias = np.random.default_rng(1).standard_normal(bias_shape).astype(bias_dtype)
     cupy_fmha.attention_forward(q, k, v, bias=bias)
@@ -581,3 +588,34 @@ def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):
         assert seen == [1, 0, 1]
     else:
         assert seen == []
+
+
+@pytest.mark.parametrize("d, bias_shape, ws", [
+    (64, (2, 4, 37, 53), True),    # 106-byte rows: the padded copy, BLOCK_M 64
+    (64, (4, 1, 53), True),        # broadcast along the rows
+    (64, (37, 1), False),          # broadcast along the keys: fmha_bwd_dq_dk_dv_sm90
+    (128, (2, 4, 37, 53), False),  # hdim 128: BWD_WS_BIAS_HDIMS
+])
+def test_backward_ws_bias_routing_and_maps(monkeypatch, d, bias_shape, ws):
+    """The ws backward takes a bias TMA can read at hdim 64 (its BIAS build, 64 query rows per
+    step, five tensor maps: Q, K, V, dO and the bias's, whose boxes are BLOCK_M rows); other biases
+    and hdim 128 run fmha_bwd_dq_dk_dv_sm90 without maps; dBias's workspace is handed over either way."""
+    rec, encoded = _sm90_recorder(monkeypatch)
+    q, k, v, do = _inputs("bshd", d=d, dv=d)
+    bias = np.random.default_rng(2).standard_normal(bias_shape).astype(np.float16)
+    o, lse = cupy_fmha.attention_forward(q, k, v, bias=bias)
+    encoded.clear()
+    rec.launches.clear()
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, bias=bias, return_dbias=True)
+    (m,) = _launches(rec, "fmha_bwd_dq_dk_dv")
+    assert (m["spec"].source == "fmha_bwd_dq_dk_dv_sm90_ws") == ws, m["spec"].name
+    assert m["args"]["dbias_acc"].shape == (2, 4, 37, 53)
+    if ws:
+        assert m["maps"] == 5 and m["spec"].macro("BIAS_TMA") == 2 and m["spec"].macro("BLOCK_M") == 64
+        (bm,) = [a for a in encoded if a.data_type == "uint16"]
+        assert bm.box == (1, 1, 64 if bias_shape[-2] != 1 else 1, 64)
+        assert m["args"]["bias_sk"] == 1 and m["args"]["bias_sq"] in (0, 56)
+    else:
+        assert m["maps"] == 0
+    api._bias_map_cached.cache_clear()
+    api._tile_map.cache_clear()

@@ -1,6 +1,8 @@
-"""The warp-specialized Hopper forward's bias build (kernels/fmha_fwd_sm90_ws.cu with BIAS: the
-bias tile loaded by TMA into a ring of its own, SwBiasTile in kernels/arch/sm90/tma_tile.cuh)
-against the NumPy reference.
+"""The warp-specialized Hopper kernels' bias builds against the NumPy reference: the forward
+(kernels/fmha_fwd_sm90_ws.cu with BIAS: the bias tile loaded by TMA into a ring of its own,
+SwBiasTile in kernels/arch/sm90/tma_tile.cuh) and, at hdim 64, the backward
+(kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu with BIAS: the same tiles per query block, read
+element by element in the S^T layout, dS stored for dBias; deterministic mode too).
 
 test_gpu_bias.py and test_gpu_varlen.py's bias cases run on it by default at hdim 64/128 on sm_90
 (odd key counts there: the API's padded copy, :func:`cupy_fmha.api._tma_bias`). This file adds
@@ -131,3 +133,51 @@ def test_misaligned_and_zero_stride_views():
                     bias_host=np.broadcast_to(pb.bias[:, :, :1, :], (b, h, sq, sk)))
     o3, lse3, g3 = run(pr, kw, bias=wide, dbias=False)
     check(pr, o3, lse3, g3, kw)
+
+
+# --------------------------------------------------------------------------- the ws backward's bias build
+# (hdim 64: fmha_bwd_dq_dk_dv_sm90_ws with BIAS, 64 query rows per step, MMA thread 0 loading the
+# bias tiles; hdim 128 keeps fmha_bwd_dq_dk_dv_sm90, cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS)
+
+# id: (dtype, bias dtype, b, sq, sk, hq, hk, d, bias shape, mask kwargs, dbias)
+BWD_CASES = {
+    "f16-b16-d64-bh-causal-300x512-gqa2": (F16, F16, 2, 300, 512, 4, 2, 64, "bh", {"causal": True}, True),
+    "bf16-b32-d64-1h-b-257x129": (BF16, F32, 1, 257, 129, 2, 2, 64, "1h", {"mask": "b"}, True),
+    "f16-bbf-d64-rows1-none-200x384": (F16, BF16, 2, 200, 384, 2, 2, 64, (2, 1, 1, 384), {}, True),
+    "bf16-b16-d64-2d-t:40,8-640-nodbias": (BF16, F16, 1, 640, 640, 2, 2, 64, "2d", {"mask": "t:40,8"}, False),
+    "f16-b16-d56-bh-none-130x200": (F16, F16, 1, 130, 200, 2, 2, 56, "bh", {}, True),
+    "bf16-bbf-d128-bh-causal-256": (BF16, BF16, 1, 256, 256, 2, 2, 128, "bh", {"causal": True}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(BWD_CASES))
+def test_backward_bias_tile_matches_reference(case, seen):
+    dtype, bdt, b, sq, sk, hq, hk, d, kind, mkw, dbias = BWD_CASES[case]
+    pb = BiasInputs(dtype, bdt, "bshd", b, sq, sk, hq, hk, d, d, _shape(kind, b, hq, sq, sk), seed_for("wsbb", case))
+    before = pb.dev_bias.copy() if isinstance(pb.dev_bias, cp.ndarray) else None
+    kw = dict(mkw, layout="bshd")
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=dbias)
+    (main,) = [s for s in seen if s.source.startswith("fmha_bwd_dq_dk_dv")]
+    if d <= 64:
+        assert main.source == "fmha_bwd_dq_dk_dv_sm90_ws" and main.macro("BIAS_TMA") == pb.bias_dtype.itemsize, main.name
+    else:
+        assert main.source == "fmha_bwd_dq_dk_dv_sm90", main.name
+    check(pb, o, lse, g, kw, dbias=dbias)
+    if before is not None:
+        assert bool((pb.dev_bias.view(cp.uint8) == before.view(cp.uint8)).all())
+
+
+def test_backward_bias_deterministic_repeats(seen):
+    # ordered dQ adds with the bias build: bit-identical gradients, dBias included
+    pb = BiasInputs(F16, F32, "bshd", 1, 400, 300, 2, 2, 64, 64, (1, 2, 400, 300), seed_for("wsbb-det"))
+    q, k, v, do = (pb.dev[n] for n in ("q", "k", "v", "do"))
+    kw = dict(pb.api_kw({"layout": "bshd", "causal": True}), dtype=pb.dtype_arg, bias=pb.dev_bias)
+    o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
+    gs = [cupy_fmha.attention_backward(do, q, k, v, o, lse, **kw, deterministic=True, return_dbias=True)
+          for _ in range(3)]
+    main = [s for s in seen if s.source.startswith("fmha_bwd_dq_dk_dv")]
+    assert {s.source for s in main} == {"fmha_bwd_dq_dk_dv_sm90_ws"} and main[0].macro("BIAS") == 1
+    for g in gs[1:]:
+        for name in ("dq", "dk", "dv", "dbias"):
+            assert bool((getattr(g, name) == getattr(gs[0], name)).all()), name
+    check(pb, o, lse, gs[0], {"layout": "bshd", "causal": True}, dbias=True)

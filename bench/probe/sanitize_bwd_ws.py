@@ -3,8 +3,9 @@ build chosen by CUPY_FMHA_BWD_WS_TILES (e.g. SWIZZLE=1), fp16 and bf16, head dim
 128: TMA's zero fill of the columns past the head dim) and 128, plain, causal, GQA, ALiBi,
 deterministic (the ordered dQ adds), and group mode with sequences that end inside a query and a key
 block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys). The forward
-runs on the ws forward by default, its bias build included (forward-only calls: 16-bit and fp32
-bias, padded copies and in-place rows, a bias broadcast along the rows, group mode).
+runs on the ws forward by default, its bias build included (16-bit and fp32 bias, padded copies and
+in-place rows, a bias broadcast along the rows, group mode; some with the backward, whose bias
+build runs at hdim 64, with dBias and in deterministic mode).
 
     CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims]
 """
@@ -47,7 +48,7 @@ def run_group(d, dtype, lq=(65, 3, 130), lk=(129, 200, 1), h=2, **kw):
     cp.cuda.Device().synchronize()
 
 
-def run_bias(d, dtype, bshape, bdt, sq=65, sk=129, h=2, group=False, **kw):
+def run_bias(d, dtype, bshape, bdt, sq=65, sk=129, h=2, group=False, backward=False, **kw):
     bias = randn(bshape, cp.float32).astype(bdt)
     if group:
         lq, lk = (65, 3, 130), (129, 200, 1)
@@ -57,7 +58,11 @@ def run_bias(d, dtype, bshape, bdt, sq=65, sk=129, h=2, group=False, **kw):
         kw = dict(kw, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk))
     else:
         q, k, v = randn((1, sq, h, d), dtype), randn((1, sk, h, d), dtype), randn((1, sk, h, d), dtype)
-    cupy_fmha.attention_forward(q, k, v, bias=bias, **kw)
+    o, lse = cupy_fmha.attention_forward(q, k, v, bias=bias, **kw)
+    if backward:  # (the ws backward's bias build at hdim 64: dBias, deterministic ordered adds)
+        do = randn(o.shape, dtype)
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, bias=bias, return_dbias=True, **kw)
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, bias=bias, deterministic=True, **kw)
     cp.cuda.Device().synchronize()
 
 
@@ -75,4 +80,7 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run_bias(d, dtype, (2, 200, 256), cp.float32, sq=200, sk=256, causal=True)
         run_bias(d, dtype, (2, 1, 256), cp.float32, sq=130, sk=256)
         run_bias(d, dtype, (3, 2, 130, 200), cp.float16, group=True, mask="b")
+        run_bias(d, dtype, (1, 2, 65, 129), cp.float32, backward=True, causal=True)
+        run_bias(d, dtype, (2, 1, 256), cp.float16, sq=130, sk=256, backward=True)
+        run_bias(d, dtype, (3, 2, 130, 200), cp.float16, group=True, backward=True, mask="b")
 print("ok")

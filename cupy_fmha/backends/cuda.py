@@ -62,10 +62,7 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         align = 1024 if m.get("SWIZZLE") else 0
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
-            tile = bm * bn * m.get("BIAS_TMA", 2)
-            start = smem + 1024 - smem % 1024
-            bs = next((n for n in (2, 1) if start + n * (tile + 16) + align <= SMEM_LIMIT), 1)
-            out["BIAS_STAGES"], smem = bs, start + bs * (tile + 16)
+            out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         return dict(out, SMEM_BYTES=smem + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
@@ -83,11 +80,44 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         # (full, empty per stage; kv); SWIZZLE: 1024 bytes to align the tiles
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * dq
-                + 4 * 2 * st * bm + 8 * (2 * st + 1) + (1024 if m.get("SWIZZLE") else 0))
-        return dict(NTHREADS=128 * (m["NWG"] + 1), SMEM_BYTES=smem, DQ_TILED=1, DQ_ORDERED=1)
+                + 4 * 2 * st * bm + 8 * (2 * st + 1))
+        out = dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=1, DQ_ORDERED=1)
+        align = 1024 if m.get("SWIZZLE") else 0
+        if m.get("BIAS"):  # the bias ring, as the forward's less the `empty` mbarriers
+            out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align, barriers=1)
+        return dict(out, SMEM_BYTES=smem + align)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
+
+
+def _check_bias_tma(n: int) -> int:
+    """``n`` (the bytes per element of a bias TMA can load, or 0) when it is 0, 2 or 4."""
+    if n not in (0, 2, 4):
+        raise ValueError(f"bias_tma: expected 0, 2 or 4 (bytes per bias element), got {n!r}")
+    return n
+
+
+def _ws_bias_feats(source: str, tiles: dict, alibi: bool, bias_tma: int) -> dict[str, int]:
+    """The feature macros of a ws kernel's instance: ALiBi, or with ``bias_tma`` (2 or 4) the bias
+    build (``BIAS=1``, ``BIAS_TMA``), which needs the swizzled tiles."""
+    feats = feature_macros(alibi, bool(_check_bias_tma(bias_tma)), False)
+    if bias_tma:
+        if not tiles.get("SWIZZLE"):
+            raise ValueError(f"{source}: the bias tiles need SWIZZLE=1")
+        feats["BIAS_TMA"] = bias_tma
+    return feats
+
+
+def _bias_ring(smem: int, tile: int, align: int, barriers: int = 2) -> tuple[int, int]:
+    """(tiles, shared memory) of a ws kernel's bias ring after ``smem`` bytes of its layout: from the
+    next 1024-byte boundary, tiles of ``tile`` bytes and ``barriers`` mbarriers each, as many as
+    fit in SMEM_LIMIT (with ``align`` more) up to 2; at least 1 (the instance is then too large
+    and the dispatch keeps the older kernel)."""
+    start = smem + 1024 - smem % 1024
+    per = tile + 8 * barriers
+    n = next((n for n in (2, 1) if start + n * per + align <= SMEM_LIMIT), 1)
+    return n, start + n * per
 
 
 def _keep_bits_bytes(m: dict[str, int], block_m: int, block_n: int) -> int:
@@ -204,9 +234,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
-    if bias_tma not in (0, 2, 4):
-        raise ValueError(f"bias_tma: expected 0, 2 or 4 (bytes per bias element), got {bias_tma!r}")
-    tma_bias = bias and bias_tma
+    tma_bias = bias and _check_bias_tma(bias_tma)
     if (use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
             and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q), pad_hdim(hdim_v))).get("SWIZZLE"))):
         return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=bias_tma if bias else 0)
@@ -246,7 +274,8 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool) -> 
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
-    which has no dropout or bias): by default at equal padded head dims 64 or 128 (deterministic
+    which has no dropout, and takes a bias only through TMA at hdim 64: ``bias`` here means one it
+    cannot take, see :func:`bwd_specs`): by default at equal padded head dims 64 or 128 (deterministic
     mode too, by ordered adds instead of slabs: not yet timed), where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
     ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22). ``CUPY_FMHA_BWD_WS=1`` takes it wherever
     it applies (unequal head dims too), ``=0`` never (comparisons)."""
@@ -264,14 +293,16 @@ def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = 
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False, dropout: bool = False, deterministic: bool = False) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
     ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change);
     ``deterministic=True``: the instance for the dQ-slab mode (on the Hopper kernel at hdim 128,
-    the build without the bulk dQ path; elsewhere the same instance)."""
+    the build without the bulk dQ path; elsewhere the same instance). ``bias_tma``: as in
+    :func:`fwd_spec` (a bias TMA can load: the warp-specialized backward takes it)."""
     feats = feature_macros(alibi, bias, dropout)
+    tma_bias = _check_bias_tma(bias_tma) if bias else 0
     # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
     # still runs 1.6x faster than the mma.sync kernel, which must halve its query block to fit:
     # 5.30 against 8.47 ms at bf16, batch 4, 16 heads, seqlen 4096 on the H200; bench/NOTES.md)
@@ -292,8 +323,14 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         tiles = _override("CUPY_FMHA_BWD_SM90_TILES", tiles)
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
-        if use_ws(hdim_q, hdim_v, bias=bias, dropout=dropout, deterministic=deterministic):
-            main = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi)
+        d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
+        if tma_bias and d not in BWD_WS_BIAS_HDIMS:
+            tma_bias = 0  # (the older kernel, bias=True)
+        if (use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout, deterministic=deterministic)
+                and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
+            ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+            if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
+                main = ws
     else:
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
@@ -329,6 +366,12 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 
 
+#: padded head dims at which the ws backward takes the elementwise bias (its BIAS build): at hdim
+#: 128 its MMA warpgroups spill (84 bytes at 240 registers, offline) and the bias backward stays
+#: on fmha_bwd_dq_dk_dv_sm90
+BWD_WS_BIAS_HDIMS = (64,)
+
+
 def bwd_ws_tiles(hdim: int) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
     the entries of :data:`BWD_WS_BY_HDIM`, and the variant macros that are on
@@ -344,13 +387,22 @@ def bwd_ws_tiles(hdim: int) -> dict[str, int]:
 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
-    loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout or bias
-    (:func:`use_ws` says when it is dispatched). ``tiles``: the table entries (default
-    :func:`bwd_ws_tiles`)."""
+    loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout
+    (:func:`use_ws` says when it is dispatched). ``bias_tma`` 2 or 4: the build with an
+    elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
+    needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
+    ``tiles``: the table entries (default :func:`bwd_ws_tiles`).
+
+    Raises:
+        ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, or a
+            BLOCK_M other than 64 or 128."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     tiles = dict(bwd_ws_tiles(d) if tiles is None else tiles)
+    feats = _ws_bias_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma)
+    if bias_tma:
+        tiles["BLOCK_M"] = 64  # (at 128 rows the bias tile does not fit beside the rest)
     if tiles.get("BLOCK_M", 64) not in (64, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):
@@ -358,7 +410,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               **tiles, **feature_macros(alibi, False, False))
+               **tiles, **feats)
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
@@ -431,14 +483,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     tiles = dict(fwd_ws_tiles(d) if tiles is None else tiles)
-    if bias_tma not in (0, 2, 4):
-        raise ValueError(f"bias_tma: expected 0, 2 or 4 (bytes per bias element), got {bias_tma!r}")
-    feats = feature_macros(alibi, bool(bias_tma), False)
+    feats = _ws_bias_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma)
     if bias_tma:
-        if not tiles.get("SWIZZLE"):
-            raise ValueError("fmha_fwd_sm90_ws: the bias tiles need SWIZZLE=1")
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
-        feats["BIAS_TMA"] = bias_tma
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v), **tiles, **feats)
 
 
@@ -494,6 +541,8 @@ def dispatch_table() -> list[KernelSpec]:
                                  fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
                                  *(fwd_spec(dtype, hq, hv, cc, **feats, bias_tma=n) for n in tma),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
+                                 *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det).dq_dk_dv
+                                   for n in tma for det in (False, True)),
                                  bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()

@@ -321,10 +321,11 @@ def dropout_mask_spec():
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-              dropout: bool = False, deterministic: bool = False):
+              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0):
     """The backward's gfx9 instances on ``target``: dot_do_o (one 64-lane wavefront per row, 8
     rows), the main kernel (:func:`bwd_spec`; deterministic mode is its run-time dQ-slab path, as
-    on CUDA's mma.sync kernel), convert_dq and its slab-summing build."""
+    on CUDA's mma.sync kernel), convert_dq and its slab-summing build (``bias_tma``, a Hopper
+    kernel's option, is ignored)."""
     from ..spec import BwdSpecs, _mk
 
     dot = _mk("fmha_bwd_dot_do_o", dtype, ROWS=8)

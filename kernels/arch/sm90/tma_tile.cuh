@@ -62,18 +62,68 @@ __device__ __forceinline__ uint32_t lds_u32(unsigned addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(addr));
     return x;
 }
+__device__ __forceinline__ uint16_t lds_u16(unsigned addr) {
+    uint16_t x;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(x) : "r"(addr));
+    return x;
+}
+__device__ __forceinline__ float lds_f32(unsigned addr) {
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr));
+    return x;
+}
 __device__ __forceinline__ float2 lds_f32x2(unsigned addr) {
     float2 x;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x.x), "=f"(x.y) : "r"(addr));
     return x;
 }
 
+//
+// operator()(i, j): one element (log2 units) at query row i, key j in the sequence's positions, the
+// tile's first row and key being (row0, col0); the backward reads its S^T fragments so (rows = keys,
+// columns = query rows: the 4 query rows of a warp's access fall on 4 different chunks).
 template <int BM, int BN, int E>
 struct SwBiasTile {
     enum : int { PAIRS = 1, SLAB_COLS = 128 / E };
     unsigned tile;  // shared address of the stage's first slab
     int row_mul;    // 1, or 0 for a bias broadcast along the query rows
     int kind;       // BiasArg.kind: 1 fp16, 2 bf16, 3 fp32
+    int row0, col0; // (operator() only) the tile's first query row and key
+
+    // The backward's S^T fragments (rows = keys key_row0 + f.row(e) of the tile, a multiple of 16;
+    // columns = the tile's query rows f.col(n, e)): t_offsets fills off[e] with element (n = 0, e)'s
+    // address and returns the step per n8 tile (8 rows, 0 when broadcast along the rows); at_t reads
+    // element (n, e) from those.
+    __device__ __forceinline__ unsigned t_offsets(unsigned off[4], int key_row0, const AccFrag& f) const {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = f.col(0, e) * row_mul, c = key_row0 + f.row(e);
+            off[e] = tile + (c / SLAB_COLS) * (BM * 128) + r * 128 + (((((c % SLAB_COLS) * E) >> 4) ^ (r & 7)) << 4) +
+                     ((c * E) & 15);
+        }
+        return 8 * 128 * row_mul;
+    }
+    __device__ __forceinline__ float at_t(const unsigned off[4], unsigned step, int n, int e) const {
+        const unsigned a = off[e] + n * step;
+        if constexpr (E == 4) {
+            return lds_f32(a) * FMHA_LOG2E;
+        } else {
+            const uint16_t u = lds_u16(a);
+            return (kind == 2 ? bf16_bits_to_float(u) : f16_bits_to_float(u)) * FMHA_LOG2E;
+        }
+    }
+
+    __device__ __forceinline__ float operator()(int i, int j) const {
+        const int r = (i - row0) * row_mul, c = j - col0;
+        const unsigned a = tile + (c / SLAB_COLS) * (BM * 128) + r * 128 +
+                           (((((c % SLAB_COLS) * E) >> 4) ^ (r & 7)) << 4) + ((c * E) & 15);
+        if constexpr (E == 4) {
+            return lds_f32(a) * FMHA_LOG2E;
+        } else {
+            const uint16_t u = lds_u16(a);
+            return (kind == 2 ? bf16_bits_to_float(u) : f16_bits_to_float(u)) * FMHA_LOG2E;
+        }
+    }
 
     template <int NS>
     __device__ __forceinline__ void add(float* s, int row0, const AccFrag& f) const {
