@@ -513,7 +513,13 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             before the mask), any shape broadcastable (NumPy rules) to [batch, nhead_q,
             seqlen_q, seqlen_k], e.g. [1, 1, sq, sk], [1, nhead_q, sq, sk], [batch, nhead_q, sq,
             sk], [sq, sk] or [sq, 1]; any strides (broadcast dimensions are read with stride 0,
-            never copied). dtype float16, bfloat16 or float32, independent of q's dtype (bf16
+            never expanded). On sm_90 at head dims padding to 64 or 128 the warp-specialized
+            forward (and at 64 the backward) loads it tile by tile through TMA, which needs rows
+            starting on 16 bytes: a bias whose rows are not a multiple of 16 bytes, or that does
+            not start on 16 bytes, is read from a padded copy (a temporary the size of the bias's
+            own elements, made per call; the caller's array is untouched); a bias broadcast along
+            the keys ([..., sq, 1]) runs on the per-element kernels instead (:func:`_tma_bias`,
+            kernels/fmha_fwd_sm90_ws.cu). dtype float16, bfloat16 or float32, independent of q's dtype (bf16
             natively, or as uint16 bits when ``dtype="bfloat16"``). Not together with
             ``alibi_slopes``. A bias of ``-inf`` masks a
             pair out. Group mode (``layout="thd"``): broadcastable to [batch, nhead_q,
