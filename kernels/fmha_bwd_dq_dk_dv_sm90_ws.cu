@@ -35,8 +35,8 @@
 // does (bwd_store_ds). 64 query rows per step (at 128 the bias tile no longer fits beside the
 // rest); hdim 64 only (at 128 the MMA warpgroups spill: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS).
 //
-// Not yet here: dropout (static_assert; the library routes it to fmha_bwd_dq_dk_dv_sm90). Group mode: rows past a sequence's end are the next sequence's (TMA
-// zero-fills only past the tensor); they are masked like any row past seqlen, but their values
+// Not yet here: dropout (static_assert; the library routes it to fmha_bwd_dq_dk_dv_sm90).
+// Group mode: rows past a sequence's end are the next sequence's (TMA zero-fills only past the tensor); they are masked like any row past seqlen, but their values
 // still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
 // tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
 //
@@ -257,7 +257,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         // one branch per tile: the mask test inside only where the tile crosses it (ALiBi builds keep
         // the run-time test in one copy of the loop: the two copies spilled at hdim 128)
-        if constexpr (BIAS) {  // the bias tile from shared memory, handed back right after (BIAS: one loop, as ALiBi)
+        if constexpr (BIAS) {  // the bias tile from shared memory (reloaded only after barrier 1: load_bias); one loop, as ALiBi
             const int bs = i % BIAS_STAGES;
             mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
             const SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2> tile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0,
