@@ -385,14 +385,14 @@ def _bias_arg(plan, ptr: int, shape, strides, itemsize: int) -> tuple:
 def _bias_tma_ready(ptr: int, bias_arg: tuple, itemsize: int) -> bool:
     """Whether the bias of ``bias_arg`` (``BiasArg``: element strides, 0 along broadcast
     dimensions) at device address ``ptr`` meets the TMA unit's rules as the warp-specialized
-    forward reads it (:func:`_bias_map`): 16-byte aligned address, keys contiguous, every other
+    kernels read it (:func:`_bias_map`): 16-byte aligned address, keys contiguous, every other
     stride 0 or a positive multiple of 16 bytes."""
     _, sb, sh, sq, sk = bias_arg[:5]
     return ptr % 16 == 0 and sk == 1 and all(s >= 0 and s * itemsize % 16 == 0 for s in (sb, sh, sq))
 
 
 def _tma_bias(cp, dev):
-    """``dev`` (a checked device bias) laid out for the warp-specialized forward's TMA loads: itself
+    """``dev`` (a checked device bias) laid out for the warp-specialized kernels' TMA loads: itself
     when :func:`_bias_tma_ready`, else a copy with rows padded to 16 bytes (a temporary the size of
     the bias's own elements, never of the broadcast shape: dimensions it broadcasts along by a
     zero stride are cut to one first). The caller's array is untouched."""
@@ -434,7 +434,7 @@ def _bias_map(plan, spec, bias_arg: tuple) -> np.ndarray:
     if not n or not ptr:
         return _NO_MAP
     if not _bias_tma_ready(ptr, bias_arg, n):
-        raise ValueError(f"bias: the TMA loads of the warp-specialized forward need a 16-byte aligned bias with "
+        raise ValueError(f"bias: the TMA loads of the warp-specialized kernels need a 16-byte aligned bias with "
                          f"contiguous keys and 16-byte multiple strides, got address {ptr:#x}, strides {bias_arg[1:5]}")
     sb, sh, sq = bias_arg[1:4]
     dims = (plan.batch if sb else 1, plan.problem.nhead_q if sh else 1, plan.rows_q if sq else 1, plan.rows_k)

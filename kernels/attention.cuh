@@ -286,7 +286,7 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE); the bias
-// is an ElemBias or a tile in shared memory read element by element (SwBiasTile, the ws backward).
+// is an ElemBias, or with Bias::PAIRS a tile in shared memory (SwBiasTile::at_t, the ws backward).
 // With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
 // read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8

@@ -261,7 +261,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             const int bs = i % BIAS_STAGES;
             mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
             const SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2> tile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0,
-                                                                      p.bias.kind, q0, k0};
+                                                                      p.bias.kind};
             backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, tile,
                                        k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr,
                                        warp_key0);

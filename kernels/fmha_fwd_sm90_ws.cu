@@ -214,7 +214,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto bias_tile = [&](int i) {
         const int bs = i % BIAS_STAGES;
         mbarrier_wait(smem_u32(sm.bias_full(bs)), (i / BIAS_STAGES) & 1);
-        return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind, 0, 0};
+        return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind};
     };
     auto bias_done = [&](int i) { mbarrier_arrive(smem_u32(sm.bias_empty(i % BIAS_STAGES))); };
 

@@ -234,10 +234,10 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
-    tma_bias = bias and _check_bias_tma(bias_tma)
+    tma_bias = _check_bias_tma(bias_tma) if bias else 0
     if (use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
             and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q), pad_hdim(hdim_v))).get("SWIZZLE"))):
-        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=bias_tma if bias else 0)
+        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
         if not feats and tiles["NWG"] == 3 and wg_skip:
@@ -536,7 +536,7 @@ def dispatch_table() -> list[KernelSpec]:
         for dtype in DTYPES:
             for hq, hv in pairs:
                 for cc in (80, 90):
-                    tma = (2, 4) if feats.get("bias") else ()  # the ws forward's bias builds
+                    tma = (2, 4) if feats.get("bias") else ()  # the ws kernels' bias builds
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
                                  fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
                                  *(fwd_spec(dtype, hq, hv, cc, **feats, bias_tma=n) for n in tma),

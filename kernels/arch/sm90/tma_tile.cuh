@@ -50,11 +50,15 @@ __device__ __forceinline__ void zero_tile_rows(uint16_t* tile, int r0, int tid) 
 // the swizzle pattern afresh: chunk j of row r at chunk j ^ (r % 8)). A bias broadcast along the
 // query rows comes as boxes of one row: row_mul = 0 reads row 0 for every row.
 //
-// add() adds the bias (times log2 e: the scores are in log2 units by then) to an accumulator
-// fragment of NS n8 tiles whose rows start at row0 (a multiple of 16 tile rows into the tile; rows
-// row0 + f.row(e)) and whose columns are the tile's (f.col(n, e)): per n8 tile and row, the thread's
-// two adjacent columns in one 4-byte (E = 2) or 8-byte (E = 4) shared-memory read. The 8 rows a
-// warp reads at once (f.row_in_group() = 0..7) fall on 8 different chunks: no bank conflicts.
+// Two readers, both adding log2 units (the scores are in log2 units by then):
+//   add()             the forward's S fragment of NS n8 tiles whose rows start at row0 (a multiple of
+//                     16 tile rows into the tile; rows row0 + f.row(e)) and whose columns are the
+//                     tile's (f.col(n, e)): per n8 tile and row, the thread's two adjacent columns in
+//                     one 4-byte (E = 2) or 8-byte (E = 4) read; the 8 rows a warp reads at once
+//                     (f.row_in_group() = 0..7) fall on 8 different chunks: no bank conflicts
+//   t_offsets, at_t   the backward's S^T fragments (rows = keys, columns = query rows), one element
+//                     per read; the 4 query rows of a warp's access fall on 4 different chunks
+
 // Shared-memory loads at 32-bit shared addresses (the bias tile's reads: a generic 64-bit pointer
 // per access cost the ws forward's MMA warps registers they did not have, ptxas spilled)
 __device__ __forceinline__ uint32_t lds_u32(unsigned addr) {
@@ -77,18 +81,17 @@ __device__ __forceinline__ float2 lds_f32x2(unsigned addr) {
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x.x), "=f"(x.y) : "r"(addr));
     return x;
 }
+// A 16-bit bias element's bits as a float: bf16 or fp16
+__device__ __forceinline__ float bias16_to_float(uint16_t u, bool bf16) {
+    return bf16 ? bf16_bits_to_float(u) : f16_bits_to_float(u);
+}
 
-//
-// operator()(i, j): one element (log2 units) at query row i, key j in the sequence's positions, the
-// tile's first row and key being (row0, col0); the backward reads its S^T fragments so (rows = keys,
-// columns = query rows: the 4 query rows of a warp's access fall on 4 different chunks).
 template <int BM, int BN, int E>
 struct SwBiasTile {
     enum : int { PAIRS = 1, SLAB_COLS = 128 / E };
     unsigned tile;  // shared address of the stage's first slab
     int row_mul;    // 1, or 0 for a bias broadcast along the query rows
     int kind;       // BiasArg.kind: 1 fp16, 2 bf16, 3 fp32
-    int row0, col0; // (operator() only) the tile's first query row and key
 
     // The backward's S^T fragments (rows = keys key_row0 + f.row(e) of the tile, a multiple of 16;
     // columns = the tile's query rows f.col(n, e)): t_offsets fills off[e] with element (n = 0, e)'s
@@ -105,24 +108,8 @@ struct SwBiasTile {
     }
     __device__ __forceinline__ float at_t(const unsigned off[4], unsigned step, int n, int e) const {
         const unsigned a = off[e] + n * step;
-        if constexpr (E == 4) {
-            return lds_f32(a) * FMHA_LOG2E;
-        } else {
-            const uint16_t u = lds_u16(a);
-            return (kind == 2 ? bf16_bits_to_float(u) : f16_bits_to_float(u)) * FMHA_LOG2E;
-        }
-    }
-
-    __device__ __forceinline__ float operator()(int i, int j) const {
-        const int r = (i - row0) * row_mul, c = j - col0;
-        const unsigned a = tile + (c / SLAB_COLS) * (BM * 128) + r * 128 +
-                           (((((c % SLAB_COLS) * E) >> 4) ^ (r & 7)) << 4) + ((c * E) & 15);
-        if constexpr (E == 4) {
-            return lds_f32(a) * FMHA_LOG2E;
-        } else {
-            const uint16_t u = lds_u16(a);
-            return (kind == 2 ? bf16_bits_to_float(u) : f16_bits_to_float(u)) * FMHA_LOG2E;
-        }
+        if constexpr (E == 4) return lds_f32(a) * FMHA_LOG2E;
+        else return bias16_to_float(lds_u16(a), kind == 2) * FMHA_LOG2E;
     }
 
     template <int NS>
@@ -161,16 +148,16 @@ struct SwBiasTile {
             for (int r = 0; r < 2; ++r) {
                 const uint32_t x = lds_u32(a + r * step);
                 const uint16_t lo = static_cast<uint16_t>(x & 0xFFFFu), hi = static_cast<uint16_t>(x >> 16);
-                s[4 * n + 2 * r] += (BF16 ? bf16_bits_to_float(lo) : f16_bits_to_float(lo)) * FMHA_LOG2E;
-                s[4 * n + 2 * r + 1] += (BF16 ? bf16_bits_to_float(hi) : f16_bits_to_float(hi)) * FMHA_LOG2E;
+                s[4 * n + 2 * r] += bias16_to_float(lo, BF16) * FMHA_LOG2E;
+                s[4 * n + 2 * r + 1] += bias16_to_float(hi, BF16) * FMHA_LOG2E;
             }
         }
     }
 };
 
 // The bias tile of one key block into `dst` (BM * BN * E bytes, 1024-byte aligned) at query row q0,
-// key k0 of bias plane (head, batch) (the map's coordinates; 0 along a broadcast dimension),
-// completing `bar`; `rows` = BM, or 1 for a map of one-row boxes (bias broadcast along the rows).
+// key k0 of bias plane (head, batch) (the map's coordinates; 0 along a broadcast dimension, q0 too
+// for a map of one-row boxes), completing `bar`.
 template <int BM, int BN, int E>
 __device__ __forceinline__ void tma_load_bias(const unsigned char* dst, const TmaMap& m, unsigned bar, int q0, int k0,
                                               int head, int batch) {
