@@ -126,9 +126,13 @@ from fake_cupy import FakeArray, OtherDeviceArray, Recorder, _fake, fake_cupy as
 
 @pytest.fixture(params=["90", "80"])
 def fake_gpu(request, monkeypatch):
-    """The API with a stand-in CuPy on a compute capability 9.0 (wgmma kernels) or 8.0 device."""
+    """The API with a stand-in CuPy on a compute capability 9.0 (wgmma kernels) or 8.0 device. The
+    forward's per-element bias reads are what this file checks, so the warp-specialized forward
+    (which loads the bias through TMA: tests/test_api_params_cpu.py) is switched off."""
     monkeypatch.setattr(api, "_cupy", lambda: _fake_cupy(request.param))
+    monkeypatch.setattr(api, "_CC", {})  # (the device's compute capability is cached per device)
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
 
     def install(hook=None):
         rec = Recorder(hook)

@@ -104,6 +104,9 @@ EXTRA = {
     "f16-d64-b-257x129": (F16, "bshd", 1, 257, 129, 2, 2, 64, 64, {"mask": "b"}),
     "bf16-d128-none-1537x257": (BF16, "bhsd", 1, 1537, 257, 2, 2, 128, 128, {}),
     "bf16-d64-causal-1100-gqa4": (BF16, "bshd", 1, 1100, 1100, 4, 1, 64, 64, {"causal": True}),
+    # head dims that round up to 128 (the default there since bench/NOTES.md step 45)
+    "f16-d96-causal-333x257": (F16, "bshd", 1, 333, 257, 4, 2, 96, 96, {"causal": True}),
+    "bf16-d72-none-129x700-bhsd": (BF16, "bhsd", 2, 129, 700, 2, 2, 72, 72, {}),
 }
 
 
@@ -119,6 +122,7 @@ EXTRA_GROUP = {
     "f16-d64-none-65-rows": (F16, [65, 3, 130], [257, 700, 1], 4, 2, 64, 64, {}),
     "bf16-d128-t-many-blocks": (BF16, [600, 1], [900, 255], 2, 2, 128, 128, {"mask": "t"}),
     "f16-d56-causal-mid-block": (F16, [200, 77], [200, 77], 2, 2, 56, 56, {"causal": True}),
+    "bf16-d104-b-mid-block": (BF16, [129, 300, 7], [385, 129, 1], 2, 1, 104, 104, {"mask": "b"}),
 }
 
 

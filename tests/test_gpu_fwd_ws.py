@@ -1,11 +1,12 @@
-"""The warp-specialized Hopper forward (kernels/fmha_fwd_sm90_ws.cu; the default at equal padded
-head dims 64/128, CUPY_FMHA_FWD_WS=1 takes it wherever it applies) against the NumPy reference:
+"""The warp-specialized Hopper forward (kernels/fmha_fwd_sm90_ws.cu; the default when both head dims
+round up to the same of 64/128/192/256, CUPY_FMHA_FWD_WS=1 takes it wherever it applies) against
+the NumPy reference:
 the forward cases of
 the main GPU suites (batch mode: masks, GQA, both layouts, lengths that are not multiples of any
 tile; strided inputs; group mode with empty sequences; ALiBi; Inf in a neighbouring sequence)
 rerun with the switch on, plus a check that the switch really selects the kernel. The backward
 runs as usual (it reads this forward's O and LSE). Configurations it does not take (dropout,
-a bias broadcast along the keys, head dims above 128, devices before sm_90) run the usual kernels
+a bias broadcast along the keys, a bias at head dims above 128, devices before sm_90) run the usual kernels
 under the switch too; its bias build has its own file, test_gpu_fwd_ws_bias.py.
 
 The pipeline variants (SWIZZLE, PV_OVERLAP, PINGPONG: backends/cuda.py FWD_WS_VARIANTS) are
@@ -58,7 +59,7 @@ def test_switch_selects_the_ws_kernel():
     print(spec.name)
 
 
-@pytest.mark.parametrize("case", [c for c, v in A.CASES.items() if max(v[7], v[8]) <= 128])
+@pytest.mark.parametrize("case", list(A.CASES))
 def test_batch_mode(case):
     A.test_forward_backward_matches_reference(case)
 
@@ -68,7 +69,7 @@ def test_strided(case):
     A.test_strided_inputs_match_contiguous(case)
 
 
-@pytest.mark.parametrize("case", [c for c, v in V.CASES.items() if max(v[5], v[6]) <= 128])
+@pytest.mark.parametrize("case", list(V.CASES))
 def test_group_mode(case):
     V.test_varlen_matches_reference(case)
 
@@ -101,6 +102,19 @@ EXTRA = {
     # and bottom-right edges crossing the blocks
     "bf16-d64-causal-negscale-300": (BF16, "bshd", 1, 300, 300, 2, 2, 64, 64, {"causal": True, "softmax_scale": -0.1}),
     "f16-d128-b-negscale-200x333": (F16, "bhsd", 1, 200, 333, 2, 1, 128, 128, {"mask": "b", "softmax_scale": -0.07}),
+    # head dims 192 and 256 (112- and 80-key blocks: lengths that are no multiple of either, many
+    # blocks through the ring) and ones that round up to them (160 -> 192, 224 -> 256, 96 -> 128),
+    # unequal pairs (under the switch)
+    "bf16-d256-none-129x1000": (BF16, "bshd", 1, 129, 1000, 4, 2, 256, 256, {}),
+    "f16-d256-causal-700-bhsd": (F16, "bhsd", 1, 700, 700, 2, 2, 256, 256, {"causal": True}),
+    "bf16-d224-b-300x481": (BF16, "bshd", 2, 300, 481, 2, 1, 224, 224, {"mask": "b"}),
+    "f16-d192-window100,20-600": (F16, "bshd", 1, 600, 600, 2, 2, 192, 192, {"window_size": (100, 20)}),
+    "bf16-d160-causal-negscale-333": (BF16, "bhsd", 1, 333, 333, 2, 1, 160, 160, {"causal": True, "softmax_scale": -0.09}),
+    "f16-d96-none-257x900": (F16, "bshd", 1, 257, 900, 2, 2, 96, 96, {}),
+    "bf16-d256x128-t-300x700": (BF16, "bshd", 1, 300, 700, 2, 2, 256, 128, {"mask": "t"}),
+    # the smallest head dims, rounded up to 64 (rows of 16 and 32 bytes; TMA zero-fills the rest)
+    "f16-d8-causal-300": (F16, "bshd", 1, 300, 300, 2, 1, 8, 8, {"causal": True}),
+    "bf16-d16-none-200x333-bhsd": (BF16, "bhsd", 2, 200, 333, 2, 2, 16, 16, {}),
 }
 
 
@@ -115,6 +129,8 @@ EXTRA_GROUP = {
     "bf16-d120-b-ends-mid-block": (BF16, [129, 300, 7], [385, 129, 1], 2, 1, 120, 120, {"mask": "b"}),
     "f16-d64-none-257-keys": (F16, [256, 3, 130], [257, 700, 1], 4, 2, 64, 64, {}),
     "bf16-d128-t-many-blocks": (BF16, [600, 1], [900, 255], 2, 2, 128, 128, {"mask": "t"}),
+    "f16-d256-b-ends-mid-block": (F16, [129, 300, 7], [385, 161, 1], 2, 1, 256, 256, {"mask": "b"}),
+    "bf16-d192-none-ends-mid-block": (BF16, [200, 5], [113, 500], 2, 2, 192, 192, {}),
 }
 
 

@@ -81,6 +81,7 @@ ALIBI = {
     "f16-d64-b-gqa2": (F16, LQ, LK, 4, 2, 64, False, {"mask": "b"}),
     "bf16-d128-none-per-seq": (BF16, LQ2, LK2, 2, 2, 128, True, {}),
     "f16-d96-t:30,10-per-seq": (F16, LQ, LK, 2, 1, 96, True, {"mask": "t:30,10"}),
+    "bf16-d256-b-per-seq": (BF16, LQ2, LK2, 2, 1, 256, True, {"mask": "b"}),
 }
 
 

@@ -68,7 +68,7 @@ def test_sm90_instances_fit(hq, hv):
 def test_sm80_devices_never_get_wgmma():
     assert fwd_spec("fp16", 64, 64, 80).target == "sm80"
     assert bwd_specs("fp16", 128, 128, 86).dq_dk_dv.target == "sm80"
-    assert bwd_specs("fp16", 96, 96, 90).dq_dk_dv.target == "sm80"  # padded 96: mma.sync path
+    assert bwd_specs("fp16", 96, 96, 90, dropout=True).dq_dk_dv.target == "sm80"  # padded 96: mma.sync path
 
 
 def test_ws_backward_routing(monkeypatch):
@@ -83,7 +83,15 @@ def test_ws_backward_routing(monkeypatch):
         assert src(128, 128, **kw) == "fmha_bwd_dq_dk_dv_sm90", kw
     assert src(64, 64) == src(56, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 64) == "fmha_bwd_dq_dk_dv_sm90"
+    # head dims that round up to 128 (their columns past the head dim zero-filled by TMA) leave the
+    # mma.sync kernel; 48 and below, and 136 and above, stay there
+    for d in (72, 96, 104):
+        s = bwd_specs("bf16", d, d, 90).dq_dk_dv
+        assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 128, 128)
+        assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
+    assert src(32, 32) == src(48, 48) == src(136, 136) == src(256, 256) == "fmha_bwd_dq_dk_dv"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
+    assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 64) == src(128, 128, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
@@ -91,17 +99,30 @@ def test_ws_backward_routing(monkeypatch):
 
 
 def test_fwd_ws_routing_and_geometry(monkeypatch):
-    """The warp-specialized Hopper forward: the default at equal padded head dims 64/128 (unequal
-    ones under CUPY_FMHA_FWD_WS=1, none under =0), never with dropout or bias; a producer and two
-    MMA warpgroups over 128 query rows."""
+    """The warp-specialized Hopper forward: the default when both head dims round up (to a multiple
+    of 64) to the same of 64/128/192/256 (unequal ones under CUPY_FMHA_FWD_WS=1, none under =0),
+    never with dropout or a bias it cannot load (one that does not fit beside 192/256-wide tiles
+    either); a producer and two MMA warpgroups over 128 query rows; the key block by head dim."""
     from cupy_fmha.backends.cuda import fwd_spec
     monkeypatch.delenv("CUPY_FMHA_FWD_WS", raising=False)
     assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("fp16", 56, 64, 90).source == "fmha_fwd_sm90_ws"
     assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90"
+    for d, dpad, bn in ((96, 128, 128), (160, 192, 112), (192, 192, 112), (224, 256, 80), (256, 256, 80)):
+        s = fwd_spec("bf16", d, d, 90)
+        assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", dpad, dpad, bn)
+        assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and s.macro("PV_OVERLAP") == 1
+        assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).source == ("fmha_fwd_sm90_ws" if d <= 128 else "fmha_fwd")
+        assert fwd_spec("bf16", d, d, 90, dropout=True).source == ("fmha_fwd_sm90" if d == 128 else "fmha_fwd")
+    a = fwd_spec("fp16", 256, 256, 90, alibi=True)  # (the overlapped pipeline spills with ALiBi at 256)
+    assert a.source == "fmha_fwd_sm90_ws" and a.macro("PV_OVERLAP") is None and a.macro("PINGPONG") is None
+    assert fwd_spec("bf16", 192, 128, 90).source == "fmha_fwd"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
     assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("bf16", 64, 64, 90).source == "fmha_fwd_sm90"
+    assert fwd_spec("bf16", 256, 256, 90).source == "fmha_fwd"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
     assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90_ws"
+    s = fwd_spec("bf16", 192, 128, 90)
+    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", 192, 128, 112)
     s = fwd_spec("bf16", 128, 128, 90)
     assert s.source == "fmha_fwd_sm90_ws" and fwd_spec("fp16", 120, 120, 90, alibi=True).source == s.source
     assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"

@@ -22,7 +22,7 @@ from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
            "bwd_specs", "bwd_ws_spec", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
-           "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FEATURE_SETS"]
+           "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
 #: threads per warp (the m16n8 fragment layouts of kernels/arch/sm80 assume it)
@@ -235,9 +235,11 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
-    if (use_sm90(hdim_q, hdim_v, cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
-            and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q), pad_hdim(hdim_v))).get("SWIZZLE"))):
-        return fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+    if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
+            and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi).get("SWIZZLE"))):
+        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+        if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: hdim 192 and 256)
+            return ws
     if use_sm90(hdim_q, hdim_v, cc):
         tiles = fwd_sm90_tiles(hdim_q, hdim_v, dropout)
         if not feats and tiles["NWG"] == 3 and wg_skip:
@@ -252,44 +254,67 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
 SM90_HDIMS = (64, 128)
 
 
+#: head dims the warp-specialized forward is built for, each head dim rounded up to a multiple of 64
+#: (its tiles are slabs of 64 columns; TMA zero-fills the columns past a smaller head dim)
+FWD_WS_HDIMS = (64, 128, 192, 256)
+
+
+def _wgmma_allowed(cc: int) -> bool:
+    """Compute capability 9.0, unless ``CUPY_FMHA_DISABLE_WGMMA=1`` (comparisons) forces the
+    mma.sync kernels."""
+    return cc == 90 and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0")
+
+
 def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
-    """The wgmma kernels serve compute capability 9.0 when both padded head dims are 64 or 128
-    (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernels, for comparisons)."""
-    return (cc == 90 and pad_hdim(hdim_q) in SM90_HDIMS and pad_hdim(hdim_v) in SM90_HDIMS
-            and os.environ.get("CUPY_FMHA_DISABLE_WGMMA", "") in ("", "0"))
+    """The first wgmma kernels (and the ws backward) serve compute capability 9.0 when both padded
+    head dims are 64 or 128 (``CUPY_FMHA_DISABLE_WGMMA=1`` forces the mma.sync kernels, for
+    comparisons). The ws forward has its own head dims, :data:`FWD_WS_HDIMS`."""
+    return _wgmma_allowed(cc) and pad_hdim(hdim_q) in SM90_HDIMS and pad_hdim(hdim_v) in SM90_HDIMS
 
 
-def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool) -> bool:
+#: The warp-specialized kernels are the default only above this head dim: at 32 the ws forward (its
+#: tiles 64 wide) measured 1.00-1.05x the time of the mma.sync forward (bench/NOTES.md step 45)
+WS_MIN_HDIM = 49
+
+
+def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdims: tuple[int, ...]) -> bool:
     """The rule both warp-specialized kernels follow: never for a feature they lack
-    (``unsupported``: dropout or bias); else ``switch_var`` set to ``1`` takes them wherever they
-    apply, ``0`` never; unset, at equal padded head dims 64 or 128."""
-    if unsupported:
+    (``unsupported``: dropout or bias) or head dims that, rounded up to a multiple of 64 (their tiles
+    are slabs of 64 columns; TMA zero-fills the rest), fall outside ``hdims``; else ``switch_var``
+    set to ``1`` takes them wherever they apply, ``0`` never; unset, at equal rounded head dims
+    above :data:`WS_MIN_HDIM`."""
+    dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
+    if unsupported or dq not in hdims or dv not in hdims:
         return False
     switch = os.environ.get(switch_var, "").strip()
     if switch:
         return switch != "0"
-    return pad_hdim(hdim_q) == pad_hdim(hdim_v) in SM90_HDIMS
+    return dq == dv and max(hdim_q, hdim_v) >= WS_MIN_HDIM
 
 
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
     which has no dropout, and takes a bias only through TMA at hdim 64: ``bias`` here means one it
-    cannot take, see :func:`bwd_specs`): by default at equal padded head dims 64 or 128 (deterministic
-    mode too, by ordered adds instead of slabs: not yet timed), where it measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of
-    ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22). ``CUPY_FMHA_BWD_WS=1`` takes it wherever
-    it applies (unequal head dims too), ``=0`` never (comparisons)."""
-    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout)
+    cannot take, see :func:`bwd_specs`): by default when both head dims round up (to a multiple of
+    64) to 64 or both to 128 (deterministic mode too, by ordered adds instead of slabs), where it
+    measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90``
+    (bench/NOTES.md step 22); head dims that round up (72-120 -> 128) leave the mma.sync kernel
+    (step 45). ``CUPY_FMHA_BWD_WS=1`` takes it wherever it applies (unequal head dims too), ``=0``
+    never (comparisons)."""
+    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout, SM90_HDIMS)
 
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False) -> bool:
     """Whether a Hopper forward runs the warp-specialized kernel (``fmha_fwd_sm90_ws``, which has
     no dropout, and takes a bias only through TMA: ``bias`` here means one it cannot read, see
-    :func:`fwd_spec`'s ``bias_tma``): by default at equal padded head dims 64 or 128, where it measured
-    0.77-0.89 of the time of ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024;
-    bench/NOTES.md step 23). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal head
-    dims too), ``=0`` never (comparisons)."""
-    return _ws_choice("CUPY_FMHA_FWD_WS", hdim_q, hdim_v, bias or dropout)
+    :func:`fwd_spec`'s ``bias_tma``): by default when both head dims round up (to a multiple of 64)
+    to the same one of :data:`FWD_WS_HDIMS`. At 64 and 128 it measured 0.77-0.89 of the time of
+    ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024; bench/NOTES.md step 23); at 192 and 256,
+    and at head dims that round up (96 -> 128, 160 -> 192, 224 -> 256), it replaces the mma.sync
+    forward (bench/NOTES.md step 45). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal
+    head dims too), ``=0`` never (comparisons)."""
+    return _ws_choice("CUPY_FMHA_FWD_WS", hdim_q, hdim_v, bias or dropout, FWD_WS_HDIMS)
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
@@ -323,18 +348,21 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         tiles = _override("CUPY_FMHA_BWD_SM90_TILES", tiles)
         main = _mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
                    **tiles, **feats)
-        d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
-        if tma_bias and d not in BWD_WS_BIAS_HDIMS:
-            tma_bias = 0  # (the older kernel, bias=True)
-        if (use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout, deterministic=deterministic)
-                and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
-            ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
-            if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
-                main = ws
     else:
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
         main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    # the warp-specialized backward, where it applies (head dims rounding up to 64 or 128), in place
+    # of either
+    d = max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64))
+    if tma_bias and d not in BWD_WS_BIAS_HDIMS:
+        tma_bias = 0  # (the older kernels, bias=True)
+    if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout,
+                                      deterministic=deterministic)
+            and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
+        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+        if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
+            main = ws
     return BwdSpecs(
         dot_do_o=_mk("fmha_bwd_dot_do_o", dtype, ROWS=8),
         dq_dk_dv=main,
@@ -389,7 +417,8 @@ def bwd_ws_tiles(hdim: int) -> dict[str, int]:
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
-    loading with TMA, two MMA warpgroups) for padded head dims 64 and 128; no dropout
+    loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
+    128; no dropout
     (:func:`use_ws` says when it is dispatched). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
@@ -398,7 +427,8 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, or a
             BLOCK_M other than 64 or 128."""
-    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
+    dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
+    d = max(dq, dv)
     tiles = dict(bwd_ws_tiles(d) if tiles is None else tiles)
     feats = _ws_bias_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma)
     if bias_tma:
@@ -409,8 +439,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
         # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
-    return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v),
-               **tiles, **feats)
+    return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
@@ -431,7 +460,12 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37).
-FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict()}
+#: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
+#: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
+FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
+#: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
+#: spills (20 bytes at 240 registers, offline), the serial one does not (191)
+FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -454,13 +488,15 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
-def fwd_ws_tiles(hdim: int) -> dict[str, int]:
+def fwd_ws_tiles(hdim: int, alibi: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
-    blocks, the entries of :data:`FWD_WS_BY_HDIM`, and the variant macros that are on
-    (:data:`FWD_WS_VARIANTS`, then ``CUPY_FMHA_FWD_WS_TILES``); 0/1 macros at 0 are left out, so
-    the default instances keep their names."""
+    blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
+    (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off),
+    then ``CUPY_FMHA_FWD_WS_TILES``; 0/1 macros at 0 are left out, so the default instances keep
+    their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
-                                                     **FWD_WS_VARIANTS})
+                                                     **FWD_WS_VARIANTS,
+                                                     **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
@@ -473,20 +509,21 @@ def fwd_ws_tiles(hdim: int) -> dict[str, int]:
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
-    loading with TMA, two MMA warpgroups of 64 query rows) for padded head dims 64 and 128; no
-    dropout (:func:`use_fwd_ws` says when it is dispatched). ``bias_tma`` 2 or 4: the build with
+    loading with TMA, two MMA warpgroups of 64 query rows) for head dims up to 256, each rounded up
+    to a multiple of 64 (:data:`FWD_WS_HDIMS`); no dropout (:func:`use_fwd_ws` says when it is
+    dispatched). ``bias_tma`` 2 or 4: the build with
     an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
     (default :func:`fwd_ws_tiles`).
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
-    d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
-    tiles = dict(fwd_ws_tiles(d) if tiles is None else tiles)
+    dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
+    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi) if tiles is None else tiles)
     feats = _ws_bias_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma)
     if bias_tma:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
-    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q), HDIM_V=pad_hdim(hdim_v), **tiles, **feats)
+    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
