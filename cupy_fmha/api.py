@@ -709,21 +709,47 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     if bias_dev is not None and plan.specs.dq_dk_dv.macro("BIAS_TMA"):
         tma_dev = _tma_bias(cp, bias_dev)  # (bias_dev itself stays the shape dBias is reduced to)
         bias_arg = _bias_arg(plan, _ptr(tma_dev), tma_dev.shape, tma_dev.strides, tma_dev.itemsize)
+    dbias = _direct_dbias(cp, plan, bias_dev)
+    if dbias is not None:  # (the kernel stores dS as dBias itself, in the bias's dtype)
+        bias_arg = (*bias_arg[:6], _DS_KIND[np.dtype(dbias.dtype)])
     ds_acc = _launch_backward(
         cp, plan, tuple(_tensor(a, layout) for a in (do, q, k, v, o, dq, dk, dv)), _ptr(lse), _seq(plan, cu_q, cu_k),
-        alibi, bias_arg, _dropout(plan))
+        alibi, bias_arg, _dropout(plan), dbias=dbias)
     if plan.want_dbias:
-        return AttentionGradsWithBias(dq, dk, dv, reduce_dbias(cp, ds_acc, bias_dev))
+        return AttentionGradsWithBias(dq, dk, dv, ds_acc if dbias is not None else reduce_dbias(cp, ds_acc, bias_dev))
     return AttentionGrads(dq, dk, dv)
 
 
-def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None):
+#: BiasArg::ds_kind (kernels/params.cuh) by the storage dtype of dBias: the dq_dk_dv kernels round dS
+#: to it as they store it (bf16 travels as ml_dtypes' bfloat16 or as uint16 bits)
+_DS_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2, np.dtype(np.uint16): 2}
+
+
+def _direct_dbias(cp, plan, bias_dev):
+    """The dBias array the dq_dk_dv kernel writes itself (dS in the bias's dtype, with no fp32
+    workspace and no reduction) when ``plan.want_dbias`` and the bias broadcasts along nothing: its
+    shape, padded to 4-D, is [batch, nhead_q, seqlen_q, seqlen_k] (batch mode). Zeroed only where the
+    mask may skip blocks (their dS is never stored); without a mask every element is stored. None
+    otherwise (group mode, a broadcast bias: the workspace and :func:`cupy_fmha.dbias.reduce_dbias`)."""
+    if not plan.want_dbias or plan.group_mode or bias_dev is None:
+        return None
+    p = plan.problem
+    shape = tuple(int(n) for n in bias_dev.shape)
+    if (1,) * (4 - len(shape)) + shape != (p.batch, p.nhead_q, plan.rows_q, plan.rows_k):
+        return None
+    full = plan.window[0] >= L.WINDOW_INF and plan.window[1] >= L.WINDOW_INF
+    return (cp.empty if full else cp.zeros)(shape, dtype=bias_dev.dtype)
+
+
+def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None, dbias=None):
     """The backward's workspaces and launches from its arguments' device addresses: ``tensors``
     the ``TensorArg`` tuples of do, q, k, v, o, dq, dk, dv; ``lse`` its address; the feature
     groups and ``maps`` (of q, k, v, do; the ws backward's 5th, the bias's, is added here) as in
-    :func:`_launch_forward`. Returns the fp32 dS
-    workspace with ``plan.want_dbias`` (for :func:`cupy_fmha.dbias.reduce_dbias`), else None.
-    Shared by :func:`_run_backward` and :mod:`cupy_fmha.jax`'s callbacks."""
+    :func:`_launch_forward`. With ``plan.want_dbias``: ``dbias`` the array the kernel stores dS into
+    as dBias itself (:func:`_direct_dbias`; ``bias_arg``'s last entry its ``ds_kind``), returned; or
+    None, and the fp32 dS workspace is made here and returned (for
+    :func:`cupy_fmha.dbias.reduce_dbias`). Else None. Shared by :func:`_run_backward` and
+    :mod:`cupy_fmha.jax`'s callbacks."""
     t_do, t_q, t_k, t_v, t_o, t_dq, t_dk, t_dv = tensors
     p, specs, launches, gm = plan.problem, plan.specs, plan.launches, plan.group_mode
     mask = _mask(plan)
@@ -739,7 +765,9 @@ def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg,
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
     # sequence's corner) are never written
-    ds_acc = cp.zeros((p.batch, p.nhead_q, plan.rows_q, plan.rows_k), dtype=cp.float32) if plan.want_dbias else None
+    ds_acc = None
+    if plan.want_dbias:
+        ds_acc = dbias if dbias is not None else cp.zeros((p.batch, p.nhead_q, plan.rows_q, plan.rows_k), dtype=cp.float32)
     if plan.dkdv_ws:  # GQA: per-query-head fp32 dK/dV, summed over each group by convert_dq
         dk_buf, dv_buf = (cp.empty(s, dtype=cp.float32) for s in plan.dkdv_ws)
         dk_arg, dv_arg = _workspace_tensor(dk_buf, gm), _workspace_tensor(dv_buf, gm)

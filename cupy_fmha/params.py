@@ -39,7 +39,7 @@ SEQ = _struct(("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("seqlen_q", _I32), ("
 MASK = _struct(("win_y", _I32), ("win_x", _I32), ("bottom_right", _I32), ("pad_", _I32))
 ALIBI = _struct(("slopes", _P), ("sb", _I64))
 BIAS = _struct(("ptr", _P), ("sb", _I64), ("sh", _I64), ("sq", _I64), ("sk", _I64), ("kind", _I32),
-               ("pad_", _I32))
+               ("ds_kind", _I32))
 DROPOUT = _struct(("seed", np.uint64), ("offset", np.uint64), ("keep_threshold", _U32), ("rp_keep", _F32))
 
 FWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("o", TENSOR), ("lse", _P), ("seq", SEQ),

@@ -340,14 +340,20 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
 // Backward with dBias: dS^T (fp32, layout as in backward_p_ds) into ds_g, the row-major
 // [seqlen_q][ld] plane of one (batch, query head); plain stores, each element written once.
 template <int NQ>
-__device__ __forceinline__ void store_ds(const float* ds, float* ds_g, index_t ld, int key0, int q0, const AccFrag& f,
-                                         int seqlen_q, int seqlen_k) {
+__device__ __forceinline__ void store_ds(const float* ds, void* ds_g, int kind, index_t ld, int key0, int q0,
+                                         const AccFrag& f, int seqlen_q, int seqlen_k) {
+    // kind (BiasArg::ds_kind, uniform): 0 fp32, 1 fp16, 2 bf16
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = q0 + f.col(n, e), j = key0 + f.row(e);
-            if (i < seqlen_q && j < seqlen_k) ds_g[(index_t)i * ld + j] = ds[4 * n + e];
+            if (i < seqlen_q && j < seqlen_k) {
+                const index_t at = (index_t)i * ld + j;
+                const float x = ds[4 * n + e];
+                if (kind == 0) static_cast<float*>(ds_g)[at] = x;
+                else static_cast<uint16_t*>(ds_g)[at] = kind == 1 ? float_to_f16_bits(x) : float_to_bf16_bits(x);
+            }
         }
 }
 

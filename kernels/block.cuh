@@ -183,11 +183,14 @@ __device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h
     return true;
 }
 
-// Backward with dBias: dS^T (fp32) of keys key0.. x query rows q0.. into the dS workspace of (b, h).
+// Backward with dBias: dS^T of keys key0.. x query rows q0.. into the plane of (b, h) of dbias_acc:
+// the fp32 workspace, or dBias itself in the bias's dtype (p.bias.ds_kind).
 template <int NQ>
 __device__ __forceinline__ void bwd_store_ds(const BwdParams& p, const BwdBlock& s, const float* ds, int key0, int q0,
                                              const AccFrag& f) {
-    store_ds<NQ>(ds, p.dbias_acc + s.bh * s.pitch_q * s.pitch_k, s.pitch_k, key0, q0, f, s.seqlen_q, s.seqlen_k);
+    const int kind = p.bias.ds_kind;
+    void* plane = static_cast<char*>(p.dbias_acc) + s.bh * s.pitch_q * s.pitch_k * (kind ? 2 : 4);
+    store_ds<NQ>(ds, plane, kind, s.pitch_k, key0, q0, f, s.seqlen_q, s.seqlen_k);
 }
 
 // Backward epilogue: dK (times softmax_scale) and dV of this thread's keys (key0 + f.row(e)) into the

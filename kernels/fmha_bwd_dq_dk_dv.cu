@@ -43,9 +43,10 @@
 // Parameters: BwdParams (params.cuh). Group mode (cu_seqlens_q/k non-null; varlen.cuh): seqlen_q/seqlen_k are the max lengths (dq_acc,
 // LSE and D are [batch, nhead_q, max_seqlen_q(, hdim_q)]); q/dO/k/v/dk/dv rows are packed tokens
 // (batch strides 0; api.py packs GQA workspaces as [nhead_q, total_k, hdim]).
-// dbias_acc (BIAS=1, may be null): fp32 [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
-//        lengths), zeroed by the caller; receives dS (before any 16-bit rounding), reduced to
-//        dBias's shape by the caller.
+// dbias_acc (BIAS=1, may be null): [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the max
+//        lengths), zeroed by the caller where the mask skips blocks; receives dS: in fp32 (before
+//        any 16-bit rounding) for the caller to reduce to dBias's shape, or (bias.ds_kind 1 / 2)
+//        rounded to the bias's 16-bit dtype as dBias itself, when the bias broadcasts along nothing.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"

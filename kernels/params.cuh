@@ -47,7 +47,10 @@ struct AlibiArg {
 struct BiasArg {
     const void* ptr;
     index_t sb, sh, sq, sk;
-    int kind, pad_;
+    int kind;
+    // the backward's dS store for dBias (dbias_acc): 0 fp32 (the workspace the host reduces, or dBias
+    // itself for an fp32 bias), 1 fp16 / 2 bf16 (dBias itself, a bias that broadcasts along nothing)
+    int ds_kind;
 };
 
 // Philox dropout (philox.cuh): keep iff 16 random bits < keep_threshold; rp_keep = 1 / (1 - p).
@@ -88,7 +91,7 @@ struct BwdParams {
     const float* lse;          // [batch, nhead_q, seqlen_q]
     const float* delta;        // D, same shape
     float* dq_acc;             // fp32 dQ workspace (see the kernels)
-    float* dbias_acc;          // fp32 dS for dBias [batch, nhead_q, seqlen_q, seqlen_k], or null
+    void* dbias_acc;           // dS for dBias [batch, nhead_q, seqlen_q, seqlen_k] (bias.ds_kind: its type), or null
     int* dq_sem;               // deterministic dQ by ordered adds: int32 [batch, nhead_q, query tiles], zeros; or null
     index_t dq_split_stride;   // elements between dQ slabs (deterministic mode), 0: atomic adds
     SeqArg seq;
@@ -156,7 +159,7 @@ struct DropoutMaskParams {
     const float* lse,\
     const float* delta,\
     float* dq_acc,\
-    float* dbias_acc,\
+    void* dbias_acc,\
     int* dq_sem,\
     index_t dq_split_stride,\
     const int* seq_cu_seqlens_q,\
@@ -181,10 +184,10 @@ struct DropoutMaskParams {
     index_t bias_sq,\
     index_t bias_sk,\
     int bias_kind,\
-    int bias_pad_,\
+    int bias_ds_kind,\
     unsigned long long dropout_seed,\
     unsigned long long dropout_offset,\
     unsigned int dropout_keep_threshold,\
     float dropout_rp_keep
 #define FMHA_BWD_PARAMS_STRUCT \
-    BwdParams{TensorArg{q_ptr, q_sb, q_sh, q_ss}, TensorArg{k_ptr, k_sb, k_sh, k_ss}, TensorArg{v_ptr, v_sb, v_sh, v_ss}, TensorArg{dout_ptr, dout_sb, dout_sh, dout_ss}, TensorArg{dk_ptr, dk_sb, dk_sh, dk_ss}, TensorArg{dv_ptr, dv_sb, dv_sh, dv_ss}, lse, delta, dq_acc, dbias_acc, dq_sem, dq_split_stride, SeqArg{seq_cu_seqlens_q, seq_cu_seqlens_k, seq_seqlen_q, seq_seqlen_k}, hdim_q, hdim_v, group, dkdv_fp32, scale_log2, scale, MaskArg{mask_win_y, mask_win_x, mask_bottom_right, mask_pad_}, AlibiArg{alibi_slopes, alibi_sb}, BiasArg{bias_ptr, bias_sb, bias_sh, bias_sq, bias_sk, bias_kind, bias_pad_}, DropoutArg{dropout_seed, dropout_offset, dropout_keep_threshold, dropout_rp_keep}}
+    BwdParams{TensorArg{q_ptr, q_sb, q_sh, q_ss}, TensorArg{k_ptr, k_sb, k_sh, k_ss}, TensorArg{v_ptr, v_sb, v_sh, v_ss}, TensorArg{dout_ptr, dout_sb, dout_sh, dout_ss}, TensorArg{dk_ptr, dk_sb, dk_sh, dk_ss}, TensorArg{dv_ptr, dv_sb, dv_sh, dv_ss}, lse, delta, dq_acc, dbias_acc, dq_sem, dq_split_stride, SeqArg{seq_cu_seqlens_q, seq_cu_seqlens_k, seq_seqlen_q, seq_seqlen_k}, hdim_q, hdim_v, group, dkdv_fp32, scale_log2, scale, MaskArg{mask_win_y, mask_win_x, mask_bottom_right, mask_pad_}, AlibiArg{alibi_slopes, alibi_sb}, BiasArg{bias_ptr, bias_sb, bias_sh, bias_sq, bias_sk, bias_kind, bias_ds_kind}, DropoutArg{dropout_seed, dropout_offset, dropout_keep_threshold, dropout_rp_keep}}

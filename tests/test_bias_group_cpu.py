@@ -266,6 +266,45 @@ def test_backward_without_dbias_passes_a_null_workspace(fake_gpu):
     assert int(main["args"]["dbias_acc"]) == 0 and main["spec"].macro("BIAS") == 1
 
 
+@pytest.mark.parametrize("bias_dtype", [np.float16, BF16, np.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_mode_dbias_of_a_full_bias_is_stored_directly(bias_dtype, causal, fake_gpu):
+    """Batch mode, a bias that broadcasts along nothing: dq_dk_dv stores dS as dBias itself in the
+    bias's dtype (BiasArg ds_kind 1 fp16 / 2 bf16 / 0 fp32; no fp32 workspace, no reduction), in an
+    array zeroed only when the mask may skip blocks; a bias broadcast over the batch keeps the fp32
+    workspace (ds_kind 0) and the reduction."""
+    rng = np.random.default_rng(12)
+    b, s, hq = 2, 9, HQ
+    q, k, v, do = (rng.standard_normal((b, s, hq, D)).astype(np.float16) for _ in range(4))
+    lse = np.zeros((b, hq, s), np.float32)
+    ds_full = rng.standard_normal((b, hq, s, s)).astype(np.float32)
+    store = np.dtype(bias_dtype)
+
+    def hook(launch):
+        if launch["spec"].source.startswith("fmha_bwd_dq_dk_dv"):
+            a = launch["args"]
+            acc, kind = a["dbias_acc"], int(a["bias_ds_kind"])
+            if acc.dtype == np.float32:
+                assert kind == 0
+                acc.reshape(ds_full.shape)[...] = ds_full
+            else:  # (dS rounded to the 16-bit dtype, as store_ds does)
+                assert kind == {np.dtype(np.float16): 1, BF16: 2}[acc.dtype]
+                acc.reshape(ds_full.shape)[...] = ds_full.astype(acc.dtype)
+            hook.acc = acc
+
+    rec = fake_gpu(hook)
+    full = rng.standard_normal((b, hq, s, s)).astype(store)
+    g = cupy_fmha.attention_backward(do, q, k, v, do, lse, bias=full, return_dbias=True, causal=causal)
+    assert g.dbias.dtype == store and g.dbias.shape == full.shape and np.shares_memory(g.dbias, hook.acc)
+    np.testing.assert_array_equal(g.dbias, ds_full.astype(store))
+    (main,) = [x for x in rec.launches if x["spec"].source.startswith("fmha_bwd_dq_dk_dv")]
+    assert int(main["args"]["bias_ds_kind"]) == {np.dtype(np.float16): 1, BF16: 2, np.dtype(np.float32): 0}[store]
+    # broadcast over the batch: the fp32 workspace, reduced
+    g = cupy_fmha.attention_backward(do, q, k, v, do, lse, bias=full[:1], return_dbias=True, causal=causal)
+    assert int(rec.launches[-2]["args"]["bias_ds_kind"]) == 0 and hook.acc.dtype == np.float32
+    np.testing.assert_allclose(g.dbias.astype(np.float32), ds_full.sum(axis=0, keepdims=True).astype(store).astype(np.float32))
+
+
 def test_no_bias_keeps_the_plain_instances(fake_gpu):
     rec = fake_gpu()
     q, k, v, do, kw = _packed(seed=8)

@@ -33,6 +33,13 @@ __device__ __forceinline__ float f16_bits_to_float(uint16_t x) {
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
     return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16);
 }
+// ... and back, rounded to nearest even (dS stored as dBias in the bias's own dtype)
+__device__ __forceinline__ uint16_t float_to_f16_bits(float f) { return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f)); }
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
+    const uint32_t u = __builtin_bit_cast(uint32_t, f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 __device__ __forceinline__ float to_float(uint16_t x) {
     if constexpr (FMHA_BF16) return bf16_bits_to_float(x);
     else return f16_bits_to_float(x);

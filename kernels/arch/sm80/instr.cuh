@@ -85,6 +85,17 @@ __device__ __forceinline__ float f16_bits_to_float(uint16_t x) {
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
     return __uint_as_float(static_cast<uint32_t>(x) << 16);
 }
+// ... and back, rounded to nearest even (dS stored as dBias in the bias's own dtype)
+__device__ __forceinline__ uint16_t float_to_f16_bits(float f) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
