@@ -630,10 +630,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
     Three launches (CK's FMHA backward): ``dot_do_o`` (which also zero-fills the fp32 dQ
     accumulator, as FlashAttention-2's preprocessing does), ``dq_dk_dv``, ``convert_dq`` (+ a GQA
     group sum of dK/dV through the same convert kernel when nhead_q != nhead_k). With
-    ``return_dbias``, ``dq_dk_dv`` also stores dS = P * (dP - D) in float32 (before any 16-bit
-    rounding) into a zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (group
-    mode: the max lengths; 4 bytes per score: plan memory for it), which CuPy then sums over the
-    bias's broadcast dimensions.
+    ``return_dbias``, ``dq_dk_dv`` also stores dS = P * (dP - D): for a bias that broadcasts along
+    nothing (batch mode, shape [batch, nhead_q, seqlen_q, seqlen_k] up to leading 1s) straight into
+    dbias, rounded once to the bias's dtype; otherwise in float32 (before any 16-bit rounding) into a
+    zeroed workspace of [batch, nhead_q, seqlen_q, seqlen_k] float32 (group mode: the max lengths;
+    4 bytes per score: plan memory for it), which CuPy then sums over the bias's broadcast
+    dimensions.
 
     Args:
         do: gradient of o, [batch, seqlen_q, nhead_q, hdim_v] (or bhsd, or [total_q, nhead_q,

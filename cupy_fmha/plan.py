@@ -319,7 +319,8 @@ def plan_backward(do, q, k, v, o, lse, *, bias=None, alibi_slopes=None, cc, **kw
 def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
                              hdim_v: int | None = None, *, nhead_k: int | None = None, deterministic: bool = False,
                              return_dbias: bool = False, dtype: str = "bf16", cc: int = 90,
-                             dropout: bool = False, bias: bool = False, alibi: bool = False) -> dict[str, int]:
+                             dropout: bool = False, bias: bool = False, alibi: bool = False,
+                             bias_shape: tuple | None = None, group_mode: bool = False) -> dict[str, int]:
     """Device memory, in bytes, that :func:`cupy_fmha.attention_backward` allocates besides its
     outputs, by workspace, plus ``"total"``.
 
@@ -329,11 +330,14 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
         nhead_k: K/V heads (default nhead_q); with GQA, per-query-head fp32 dK/dV workspaces are
             added.
         deterministic: the dQ slabs of ``deterministic=True`` (one per key block).
-        return_dbias: the fp32 dS workspace of dBias.
+        return_dbias: the fp32 dS workspace of dBias (none for a bias that broadcasts along nothing
+            in batch mode: its dS is stored straight into dbias, an output; pass ``bias_shape``).
         dtype, cc, dropout, bias, alibi: pick the kernel instance as the call would (the slab
             count depends on its key block; ``cc`` is the compute capability, e.g. 90 for H100/H200,
             80 for A100; ``bias``: one that does not broadcast along the keys, which the
             warp-specialized Hopper backward takes).
+        bias_shape, group_mode: the bias's shape and whether the call is in group mode (for the
+            dBias workspace; without ``bias_shape`` it is counted).
 
     Returns:
         ``{"delta": ..., "dq_accumulator": ..., "dkdv_gqa": ..., "dbias": ..., "total": ...}``.
@@ -348,5 +352,9 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
     out = {"delta": 4 * batch * nhead_q * seqlen_q, "dq_accumulator": ws.nbytes,
            "dkdv_gqa": 4 * batch * nhead_q * seqlen_k * (hdim_q + hdim_v) if nhead_k != nhead_q else 0,
            "dbias": 4 * batch * nhead_q * seqlen_q * seqlen_k if return_dbias else 0}
+    if bias_shape is not None and not group_mode:
+        shape = tuple(int(n) for n in bias_shape)
+        if (1,) * (4 - len(shape)) + shape == (batch, nhead_q, seqlen_q, seqlen_k):
+            out["dbias"] = 0  # (api._direct_dbias)
     out["total"] = sum(out.values())
     return out

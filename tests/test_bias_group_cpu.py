@@ -305,6 +305,16 @@ def test_batch_mode_dbias_of_a_full_bias_is_stored_directly(bias_dtype, causal, 
     np.testing.assert_allclose(g.dbias.astype(np.float32), ds_full.sum(axis=0, keepdims=True).astype(store).astype(np.float32))
 
 
+def test_dbias_workspace_bytes():
+    """backward_workspace_bytes counts the fp32 dS workspace only where dBias needs it: a broadcast
+    bias or group mode, not a bias that broadcasts along nothing in batch mode."""
+    ws = lambda **kw: cupy_fmha.backward_workspace_bytes(2, 4, 100, 300, 64, return_dbias=True, bias=True, **kw)["dbias"]
+    assert ws() == ws(bias_shape=(1, 4, 100, 300)) == ws(bias_shape=(2, 4, 100, 300), group_mode=True) == 4 * 2 * 4 * 100 * 300
+    assert ws(bias_shape=(2, 4, 100, 300)) == 0
+    one = cupy_fmha.backward_workspace_bytes(1, 1, 100, 300, 64, return_dbias=True, bias=True, bias_shape=(100, 300))
+    assert one["dbias"] == 0
+
+
 def test_no_bias_keeps_the_plain_instances(fake_gpu):
     rec = fake_gpu()
     q, k, v, do, kw = _packed(seed=8)
