@@ -86,7 +86,8 @@ def empty_grid(launch: "Launch") -> bool:
 
 
 #: kernels that take TMA tensor maps before their params, and of which tensors (in that order)
-TMA_TENSORS = {"fmha_fwd_sm90_ws": ("q", "k", "v"), "fmha_bwd_dq_dk_dv_sm90_ws": ("q", "k", "v", "do")}
+TMA_TENSORS = {"fmha_fwd_sm90_ws": ("q", "k", "v"), "fmha_bwd_dq_dk_dv_sm90_ws": ("q", "k", "v", "do"),
+               "fmha_bwd_dq_dk_dv_sm90_ws_wide": ("q", "k", "v", "do")}
 
 
 def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: int, hdim_v: int,

@@ -89,11 +89,12 @@ def pack(dtype: np.dtype, values: tuple) -> np.ndarray:
 
 #: the params struct of each kernel source (its entry function's one parameter, or FLAT_ABI)
 KERNEL_STRUCTS = {"fmha_fwd": FWD, "fmha_fwd_sm90": FWD, "fmha_fwd_sm90_ws": FWD, "fmha_bwd_dot_do_o": DOT_DO_O, "fmha_bwd_dq_dk_dv": BWD,
-                  "fmha_bwd_dq_dk_dv_sm90": BWD, "fmha_bwd_dq_dk_dv_sm90_ws": BWD, "fmha_bwd_convert_dq": CONVERT, "fmha_dropout_mask": DROPOUT_MASK}
+                  "fmha_bwd_dq_dk_dv_sm90": BWD, "fmha_bwd_dq_dk_dv_sm90_ws": BWD, "fmha_bwd_dq_dk_dv_sm90_ws_wide": BWD,
+                  "fmha_bwd_convert_dq": CONVERT, "fmha_dropout_mask": DROPOUT_MASK}
 
 #: kernels that take their struct flattened into separate arguments (``FMHA_BWD_PARAMS_ARGS`` in
 #: kernels/params.cuh: by value, the struct made fmha_bwd_dq_dk_dv_sm90 10% slower on the H200)
-FLAT_ABI = frozenset({"fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90", "fmha_bwd_dq_dk_dv_sm90_ws"})
+FLAT_ABI = frozenset({"fmha_bwd_dq_dk_dv", "fmha_bwd_dq_dk_dv_sm90", "fmha_bwd_dq_dk_dv_sm90_ws", "fmha_bwd_dq_dk_dv_sm90_ws_wide"})
 
 _CODES = {np.dtype(np.uint64): "Q", np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.uint32): "I",
           np.dtype(np.float32): "f"}

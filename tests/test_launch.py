@@ -89,13 +89,23 @@ def test_ws_backward_routing(monkeypatch):
         s = bwd_specs("bf16", d, d, 90).dq_dk_dv
         assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 128, 128)
         assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
-    assert src(32, 32) == src(48, 48) == src(136, 136) == src(256, 256) == "fmha_bwd_dq_dk_dv"
+    assert src(32, 32) == src(48, 48) == "fmha_bwd_dq_dk_dv"
+    # wider ones round up to 256 on the wide build (64-key blocks), not with dropout or a bias
+    for d in (136, 192, 256):
+        s = bwd_specs("bf16", d, d, 90).dq_dk_dv
+        assert (s.source, s.macro("HDIM_Q"), s.macro("BLOCK_N"), s.macro("DQ_TILED")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 64, 0)
+        assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and src(d, d, alibi=True, deterministic=True) == s.source
+        assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
+    assert src(192, 128) == "fmha_bwd_dq_dk_dv"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
+    s = bwd_specs("bf16", 192, 128, 90).dq_dk_dv
+    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 128)
     assert src(128, 64) == src(128, 128, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
     assert src(128, 128) == src(64, 64) == "fmha_bwd_dq_dk_dv_sm90"
+    assert src(256, 256) == "fmha_bwd_dq_dk_dv"
 
 
 def test_fwd_ws_routing_and_geometry(monkeypatch):

@@ -21,7 +21,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -86,6 +86,10 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         if m.get("BIAS"):  # the bias ring, as the forward's less the `empty` mbarriers
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align, barriers=1)
         return dict(out, SMEM_BYTES=smem + align)
+    if source == "fmha_bwd_dq_dk_dv_sm90_ws_wide":  # K, V; Q, dO x STAGES; P^T, dS^T x 2; LSE, D x STAGES; mbarriers
+        bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
+        smem = 2 * bn * (dq + dv) + 2 * st * bm * (dq + dv) + 2 * 2 * 2 * bn * bm + 4 * 2 * st * bm + 8 * (2 * st + 1)
+        return dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=0, DQ_ORDERED=0, SMEM_BYTES=smem + 1024)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
@@ -277,13 +281,15 @@ def use_sm90(hdim_q: int, hdim_v: int, cc: int) -> bool:
 WS_MIN_HDIM = 49
 
 
-def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdims: tuple[int, ...]) -> bool:
+def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdims: tuple[int, ...],
+               pad: int = 64) -> bool:
     """The rule both warp-specialized kernels follow: never for a feature they lack
     (``unsupported``: dropout or bias) or head dims that, rounded up to a multiple of 64 (their tiles
-    are slabs of 64 columns; TMA zero-fills the rest), fall outside ``hdims``; else ``switch_var``
+    are slabs of 64 columns; TMA zero-fills the rest; ``pad`` 128 for the wide backward, whose
+    warpgroups split them in halves), fall outside ``hdims``; else ``switch_var``
     set to ``1`` takes them wherever they apply, ``0`` never; unset, at equal rounded head dims
     above :data:`WS_MIN_HDIM`."""
-    dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
+    dq, dv = pad_hdim(hdim_q, pad), pad_hdim(hdim_v, pad)
     if unsupported or dq not in hdims or dv not in hdims:
         return False
     switch = os.environ.get(switch_var, "").strip()
@@ -352,9 +358,12 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
         tiles = bwd_tiles(hdim_q, hdim_v, bias, dropout)
         dq, dv = padded_dims(hdim_q, hdim_v, tiles["NSPLIT"])
         main = _mk("fmha_bwd_dq_dk_dv", dtype, HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
-    # the warp-specialized backward, where it applies (head dims rounding up to 64 or 128), in place
-    # of either
+    # the warp-specialized backward, where it applies (head dims rounding up to 64 or 128; wider ones
+    # to multiples of 128 up to 256: the wide build), in place of either
     d = max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64))
+    if (_wgmma_allowed(cc) and not (bias or dropout) and d > 128
+            and _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, False, BWD_WS_WIDE_HDIMS, pad=128)):
+        main = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi)
     if tma_bias and d not in BWD_WS_BIAS_HDIMS:
         tma_bias = 0  # (the older kernels, bias=True)
     if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout,
@@ -440,6 +449,22 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+
+
+#: head dims (each rounded up to a multiple of 128) the wide ws backward is built for
+#: (``fmha_bwd_dq_dk_dv_sm90_ws_wide``: each MMA warpgroup half of dK, dV and dQ's columns)
+BWD_WS_WIDE_HDIMS = (128, 256)
+
+
+def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+    """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
+    64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
+    and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
+    rounded up to a multiple of 128 (at most 256; one of them above 128 by default, :func:`bwd_specs`);
+    no dropout or bias."""
+    return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
+               HDIM_V=pad_hdim(hdim_v, 128), NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1,
+               **feature_macros(alibi, False, False))
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)

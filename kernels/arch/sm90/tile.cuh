@@ -90,6 +90,32 @@ __device__ __forceinline__ void bwd_p_ds_operands(const float* s, const float* d
     }
 }
 
+// Backward, the wide-head-dim ws kernel (fmha_bwd_dq_dk_dv_sm90_ws_wide.cu): a warp's P^T and dS^T
+// (rows key0 + f.row(e), NQ n8 tiles of query columns from col0, a multiple of 16) rounded to 16 bits
+// into the blocked [keys][M] tiles sP and sdS, where both warpgroups' GEMMs read them from shared
+// memory (A operands of dV, dK; dS for dQ). The same pairs and places as bwd_p_ds_operands.
+template <int NQ, int M>
+__device__ __forceinline__ void bwd_store_p_ds(const float* s, const float* dp, uint16_t* sP, uint16_t* sdS, int key0,
+                                               int col0, const AccFrag& f) {
+#pragma unroll
+    for (int kk = 0; kk < NQ / 2; ++kk) {
+        uint32_t pa[4], dsa[4];
+        c_to_a(pa, s + 8 * kk, s + 8 * kk + 4);
+        c_to_a(dsa, dp + 8 * kk, dp + 8 * kk + 4);
+        const int c = col0 + kk * 16;
+        const int o0 = blk_offset(key0 + f.row(0), c + f.col(0, 0), M), o1 = blk_offset(key0 + f.row(2), c + f.col(0, 0), M);
+        const int o2 = blk_offset(key0 + f.row(0), c + f.col(1, 0), M), o3 = blk_offset(key0 + f.row(2), c + f.col(1, 0), M);
+        *reinterpret_cast<uint32_t*>(sP + o0) = pa[0];
+        *reinterpret_cast<uint32_t*>(sP + o1) = pa[1];
+        *reinterpret_cast<uint32_t*>(sP + o2) = pa[2];
+        *reinterpret_cast<uint32_t*>(sP + o3) = pa[3];
+        *reinterpret_cast<uint32_t*>(sdS + o0) = dsa[0];
+        *reinterpret_cast<uint32_t*>(sdS + o1) = dsa[1];
+        *reinterpret_cast<uint32_t*>(sdS + o2) = dsa[2];
+        *reinterpret_cast<uint32_t*>(sdS + o3) = dsa[3];
+    }
+}
+
 // Backward: a warp's dQ accumulator (rows row0 + f.row(e), N8 n8 tiles from column col0) into the
 // fp32 dQ tile sdQ of D columns, laid out as the workspace (dq_tile_chunk, common.cuh).
 // OPAQUE_LANE (the ws backward): row0 and col0 are multiples of 8, so row & 7 = f.g and the chunk of

@@ -1,0 +1,242 @@
+// Attention backward, main kernel for Hopper (sm_90a), warp-specialized, for wide head dims (256;
+// issue 10): the five GEMMs of fmha_bwd_dq_dk_dv_sm90_ws.cu with the work split between the two MMA
+// warpgroups so that dK and dV of a key block fit in their registers.
+//
+// At hdim 256 the ws kernel's split (each MMA warpgroup 64 keys, all head-dim columns of its dK and
+// dV: 2 x 128 fp32 registers per thread) cannot hold its accumulators. Here a CTA owns BLOCK_N = 64
+// keys, and the warpgroups split
+//   GEMM0/2  S^T, dP^T [64 keys x 64 query rows]        by query rows: warpgroup w the 32 rows 32w..
+//   GEMM1    dV [64 keys x HDIM_V] += P^T dO            by columns:    warpgroup w the half w
+//   GEMM3    dK [64 keys x HDIM_Q] += dS^T Q            by columns
+//   GEMM4    dQ [64 rows x HDIM_Q]  = dS K              by columns
+// so each thread holds half of dK and of dV (64 + 64 registers at 256) and a half-width dQ (64). P^T
+// and dS^T go through shared memory (bwd_store_p_ds, arch/sm90/tile.cuh: blocked [64 keys][64 rows]
+// tiles, double-buffered so one named barrier per query block suffices), where GEMM1/3 read them as
+// K-major A operands and GEMM4 reads dS^T as its MN-major A. Shared memory at hdim 256: K, V 32 KB
+// each, Q and dO 32 KB each per stage (2 stages), P^T and dS^T 2 x 8 KB each: 231,464 bytes.
+//
+// The producer warpgroup is the ws kernel's: its first thread issues the TMA loads (K and V once, Q
+// and dO per query block into the ring), its first warp copies LSE and D rows. Tiles are 128-byte
+// swizzled (the ws kernels' SWIZZLE layout, boxes of 64 columns), so each warpgroup's half of the
+// columns starts on a slab (HDIM_Q and HDIM_V multiples of 128).
+//
+// dQ leaves by per-thread fp32 atomics (red.global.add.v2) into the untiled workspace: a 64 x 256
+// fp32 staging tile (64 KB) does not fit beside the rest; deterministic mode stores the block's
+// rows into its own slab (dq_split_stride, plain stores) as fmha_bwd_dq_dk_dv_sm90.cu does.
+//
+// Not here: dropout, the elementwise bias (the library routes those to fmha_bwd_dq_dk_dv.cu).
+// Group mode: rows past a sequence's end are zeroed in the edge tiles, as in the ws kernel.
+//
+// Parameters: four tensor maps (Q, K, V, dO: the plain 4-D (batch, rows, heads, hdim) tensors,
+// boxes of 64 columns; zeros for an empty tensor), then BwdParams flattened as
+// fmha_bwd_dq_dk_dv_sm90_ws takes it.
+#include "common.cuh"
+#include "arch/arch.cuh"
+#include "attention.cuh"
+#include "block.cuh"
+
+using namespace fmha;
+
+static_assert(NWG == 2 && BLOCK_N == 64 && BLOCK_M == 64 && NTHREADS == 128 * (NWG + 1),
+              "fmha_bwd_dq_dk_dv_sm90_ws_wide: a producer and two MMA warpgroups, 64 keys, 64 query rows per step");
+static_assert(HDIM_Q % 128 == 0 && HDIM_V % 128 == 0, "fmha_bwd_dq_dk_dv_sm90_ws_wide: each warpgroup's half of the columns is whole slabs");
+static_assert(!DQ_TILED && !DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws_wide: untiled dQ workspace; no dropout or bias");
+static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
+
+constexpr int MMA_THREADS = 128 * NWG;
+
+struct Smem {
+    uint16_t k[BLOCK_N * HDIM_Q];              // 128-byte swizzled slabs
+    uint16_t v[BLOCK_N * HDIM_V];
+    uint16_t q[STAGES][BLOCK_M * HDIM_Q];
+    uint16_t dout[STAGES][BLOCK_M * HDIM_V];
+    uint16_t pt[2][BLOCK_N * BLOCK_M];         // P^T, blocked (tile.cuh), double-buffered
+    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, the same
+    float lse[STAGES][BLOCK_M];
+    float d[STAGES][BLOCK_M];
+    unsigned long long full[STAGES], empty[STAGES], kv;
+};
+// the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory: the launcher
+// passes 1024 bytes more (SMEM_BYTES)
+static_assert(sizeof(Smem) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0 &&
+              sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0,
+              "TMA destinations must stay 1024-byte aligned");
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
+                               const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
+                               FMHA_BWD_PARAMS_ARGS) {
+    const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
+    // per warpgroup: NQ n8 tiles of S^T / dP^T (its 32 query rows), half the dK / dV / dQ columns
+    constexpr int ROWS_WG = BLOCK_M / NWG, NQ = ROWS_WG / 8;
+    constexpr int DK_HALF = HDIM_Q / 2, DV_HALF = HDIM_V / 2, NDK = DK_HALF / 8, NDV = DV_HALF / 8;
+    constexpr unsigned KV_BYTES = 2u * BLOCK_N * (HDIM_Q + HDIM_V);
+    constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kb * BLOCK_N;
+    BwdBlock blk;
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;  // uniform over the CTA
+
+    const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
+    const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
+    const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);  // the TMA thread's expect_tx + the LSE/D warp
+            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+        }
+        mbarrier_init(smem_u32(&sm.kv), 1);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
+            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
+        }
+        for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
+            const int s = i % STAGES;
+            const unsigned phase = (i / STAGES) & 1;
+            if (i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), phase ^ 1);
+            const int r0 = qb * BLOCK_M;
+            if (lane == 0) {
+                mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
+            }
+#pragma unroll
+            for (int r = lane; r < BLOCK_M; r += 32) {
+                const bool in = r0 + r < blk.seqlen_q;
+                sm.lse[s][r] = in ? blk.lse_g[r0 + r] : 0.f;
+                sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
+            }
+            mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
+        }
+        return;
+    }
+
+    // ------------------------------------------------------------------------- MMA warpgroups
+    setmaxnreg_inc<WS_MMA_REGS>();
+    const int tid = threadIdx.x - 128, warp = warp_of(tid);
+    // (broadcast from lane 0: warp-uniform, so the descriptors that depend on it stay in uniform registers)
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
+    const AccFrag frag(tid);
+    const int warp_key0 = wi * 16;   // this warp's 16 keys of the block (GEMM0-3 accumulator rows)
+    const int row_wg = wg * ROWS_WG;  // this warpgroup's query rows of a block (GEMM0/2)
+
+    float acc_dk[NDK * 4], acc_dv[NDV * 4];
+#pragma unroll
+    for (int i = 0; i < NDK * 4; ++i) acc_dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
+    mbarrier_wait(smem_u32(&sm.kv), 0);
+    const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
+    if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
+        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
+        fence_proxy_async();
+        named_barrier_sync(3, MMA_THREADS);
+    }
+
+    for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
+        const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
+        const unsigned phase = (i / STAGES) & 1;
+        const int q0 = qb * BLOCK_M;
+        const int buf = __shfl_sync(0xffffffffu, i & 1, 0);
+        uint16_t* sP = sm.pt[buf];
+        uint16_t* sdS = sm.ds[buf];
+        mbarrier_wait(smem_u32(&sm.full[s]), phase);
+        if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
+            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
+            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
+            fence_proxy_async();
+            named_barrier_sync(3, MMA_THREADS);
+        }
+        const uint16_t* sQb = sm.q[s];
+        const uint16_t* sdOb = sm.dout[s];
+
+        // GEMM0 and GEMM2 over this warpgroup's query rows, issued together
+        float sacc[NQ * 4], dp[NQ * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HDIM_Q / 16; ++kk)
+            wgmma_ss<ROWS_WG, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.k, 0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQb, row_wg, kk * 16), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HDIM_V / 16; ++kk)
+            wgmma_ss<ROWS_WG, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, 0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, row_wg, kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<NQ * 4>(sacc);
+        fence_operand<NQ * 4>(dp);
+
+        // P^T and dS^T of these rows (one branch per tile, as in the ws kernel), into shared memory
+        const bool edge = blk.win.tile_needs_test(q0 + row_wg, ROWS_WG, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
+        const float* lse = sm.lse[s] + row_wg;
+        const float* dd = sm.d[s] + row_wg;
+        if (ALIBI)
+            backward_p_ds<NQ, 2>(sacc, dp, lse, dd, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
+                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        else if (edge)
+            backward_p_ds<NQ, 1>(sacc, dp, lse, dd, p.scale_log2, true, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
+                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        else
+            backward_p_ds<NQ, 0>(sacc, dp, lse, dd, p.scale_log2, false, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
+                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        bwd_store_p_ds<NQ, BLOCK_M>(sacc, dp, sP, sdS, warp_key0, row_wg, frag);
+        fence_proxy_async();
+        named_barrier_sync(1, MMA_THREADS);  // both warpgroups' rows of P^T and dS^T visible
+
+        // GEMM1, GEMM3 (A = P^T, dS^T from shared memory, K-major; B = dO, Q MN-major, this warpgroup's
+        // columns), then GEMM4 (A = dS, the MN-major reading of dS^T; B = K MN-major, this warpgroup's columns)
+        float acc_dq[DK_HALF / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            wgmma_ss<DV_HALF, 0, 1>(acc_dv, desc_kmajor<BLOCK_M>(sP, 0, kk * 16),
+                                    desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, wg * DV_HALF), 1);
+            wgmma_ss<DK_HALF, 0, 1>(acc_dk, desc_kmajor<BLOCK_M>(sdS, 0, kk * 16),
+                                    desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, wg * DK_HALF), 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_ss<DK_HALF, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0),
+                                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, wg * DK_HALF), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operand<DK_HALF / 2>(acc_dq);
+        fence_operand<NDV * 4>(acc_dv);
+        fence_operand<NDK * 4>(acc_dk);
+        mbarrier_arrive(smem_u32(&sm.empty[s]));  // this stage's Q and dO are read
+
+        // dQ rows q0 + wi * 16 + f.row(..), this warpgroup's columns: atomics, or (deterministic) the slab
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = q0 + wi * 16 + frag.row(2 * r);
+            if (row < blk.seqlen_q) {
+                float* dst = blk.dq_g + (index_t)row * p.hdim_q + wg * DK_HALF + frag.col(0, 0);
+                const int ncol = p.hdim_q - wg * DK_HALF - frag.col(0, 0);
+#pragma unroll
+                for (int n = 0; n < NDK; ++n)
+                    if (n * 8 < ncol) {
+                        if (p.dq_split_stride)
+                            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        else
+                            red_add_f32x2(dst + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                    }
+            }
+        }
+    }
+
+    bwd_store_dk_dv<NDK, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, wg * DK_HALF, wg * DV_HALF);
+}
