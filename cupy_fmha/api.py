@@ -513,7 +513,7 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             before the mask), any shape broadcastable (NumPy rules) to [batch, nhead_q,
             seqlen_q, seqlen_k], e.g. [1, 1, sq, sk], [1, nhead_q, sq, sk], [batch, nhead_q, sq,
             sk], [sq, sk] or [sq, 1]; any strides (broadcast dimensions are read with stride 0,
-            never expanded). On sm_90 at head dims padding to 64 or 128 the warp-specialized
+            never expanded). On sm_90 at head dims rounding up to 64 or 128 the warp-specialized
             forward (and at 64 the backward) loads it tile by tile through TMA, which needs rows
             starting on 16 bytes: a bias whose rows are not a multiple of 16 bytes, or that does
             not start on 16 bytes, is read from a padded copy (a temporary the size of the bias's
@@ -658,7 +658,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             one fp32 accumulator [batch, nhead_q, seqlen_q, hdim_q] with float atomics, so dQ
             may differ in the last bits from run to run. True: dq, dk and dv are bit-identical
             on every run with the same inputs on the same device and library version. On the
-            warp-specialized Hopper kernel (sm_90, head dims padding to 64 or 128, no dropout
+            warp-specialized Hopper kernel (sm_90, head dims rounding up to 64 or 128, no dropout
             or bias) the key blocks add their dQ tiles into the one accumulator in ascending
             order, admitted one at a time by an int32 semaphore per (batch, head, 64-row query
             tile): the same memory as the default plus those semaphores. Elsewhere each CTA

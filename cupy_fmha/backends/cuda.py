@@ -8,10 +8,12 @@ NVRTC compile options and targets, and the device limits (warp width, shared mem
 own under ``kernels/arch/``.
 
 Two kernel families: ``mma.sync`` kernels (``fmha_fwd``, ``fmha_bwd_dq_dk_dv``; target
-``sm80``, any device from sm_80) and Hopper kernels on warpgroup MMA (``fmha_fwd_sm90``,
-``fmha_bwd_dq_dk_dv_sm90``; target ``sm90a``) for compute capability 9.0 where both padded head
-dims are 64 or 128. The tile table below is the only place tile sizes are chosen; the kernels
-get them as ``-D`` macros.
+``sm80``, any device from sm_80) and Hopper kernels on warpgroup MMA (target ``sm90a``) for
+compute capability 9.0: ``fmha_fwd_sm90`` and ``fmha_bwd_dq_dk_dv_sm90`` where both padded head
+dims are 64 or 128, the warp-specialized ``fmha_fwd_sm90_ws`` (head dims rounding up to 64, 128,
+192, 256), ``fmha_bwd_dq_dk_dv_sm90_ws`` (64, 128) and ``fmha_bwd_dq_dk_dv_sm90_ws_wide`` (above
+128, rounded up to 256). The tile table below is the only place tile sizes are chosen; the
+kernels get them as ``-D`` macros.
 """
 
 from __future__ import annotations
