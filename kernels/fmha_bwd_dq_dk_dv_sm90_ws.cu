@@ -56,6 +56,7 @@
 #include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
+#include "bwd_ws.cuh"
 
 using namespace fmha;
 
@@ -118,8 +119,6 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // (an N = 32 SS wgmma runs at 2/3 of the tensor rate, bench/NOTES.md step 34)
     constexpr bool DQ_BY_ROWS = BLOCK_M == 128;
     constexpr int DQ_COLS = DQ_BY_ROWS ? HDIM_Q : DQ_HALF;
-    constexpr unsigned KV_BYTES = 2u * BLOCK_N * (HDIM_Q + HDIM_V);
-    constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
@@ -151,30 +150,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x >= 32) return;
-        const int lane = threadIdx.x;
-        if (lane == 0) {
-            mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
-        }
-        for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
-            const int s = i % STAGES;
-            const unsigned phase = (i / STAGES) & 1;
-            if (i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), phase ^ 1);
-            const int r0 = qb * BLOCK_M;
-            if (lane == 0) {
-                mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
-            }
-#pragma unroll
-            for (int r = lane; r < BLOCK_M; r += 32) {
-                const bool in = r0 + r < blk.seqlen_q;
-                sm.lse[s][r] = in ? (LSE2 ? lse_log2(blk.lse_g[r0 + r]) : blk.lse_g[r0 + r]) : 0.f;  // (LSE2: log2 units)
-                sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
-            }
-            mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
-        }
+        bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, LSE2>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0, tq,
+                                                                              tk, bq, threadIdx.x);
         return;
     }
 
@@ -196,12 +173,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     mbarrier_wait(smem_u32(&sm.kv), 0);
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
-    if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
-        fence_proxy_async();
-        named_barrier_sync(3, MMA_THREADS);
-    }
+    if (packed && k0 + BLOCK_N > blk.seqlen_k)  // the next sequence's keys: zeros (uniform over the CTA)
+        bwd_ws_zero_tails<SWIZZLE, BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS>(sm.k, sm.v, blk.seqlen_k - k0, tid, 3);
 
     // BIAS: MMA thread 0 loads the bias tiles (the producer warp, at 24 registers, had none to spare):
     // block i's into stage i % BIAS_STAGES, the first BIAS_STAGES before the loop, block i + BIAS_STAGES
@@ -228,12 +201,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const int q0 = qb * BLOCK_M;
         uint16_t* sdS = sm.ds[__shfl_sync(0xffffffffu, i & 1, 0)];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
-        if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
-            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
-            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
-            fence_proxy_async();
-            named_barrier_sync(3, MMA_THREADS);
-        }
+        if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
+            bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
 

@@ -34,6 +34,7 @@
 #include "arch/arch.cuh"
 #include "attention.cuh"
 #include "block.cuh"
+#include "bwd_ws.cuh"
 
 using namespace fmha;
 
@@ -71,8 +72,6 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     // per warpgroup: NQ n8 tiles of S^T / dP^T (its 32 query rows), half the dK / dV / dQ columns
     constexpr int ROWS_WG = BLOCK_M / NWG, NQ = ROWS_WG / 8;
     constexpr int DK_HALF = HDIM_Q / 2, DV_HALF = HDIM_V / 2, NDK = DK_HALF / 8, NDV = DV_HALF / 8;
-    constexpr unsigned KV_BYTES = 2u * BLOCK_N * (HDIM_Q + HDIM_V);
-    constexpr unsigned QDO_BYTES = 2u * BLOCK_M * (HDIM_Q + HDIM_V);
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
@@ -97,30 +96,8 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x >= 32) return;
-        const int lane = threadIdx.x;
-        if (lane == 0) {
-            mbarrier_arrive_expect_tx(smem_u32(&sm.kv), KV_BYTES);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k, tm_k, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
-            tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v, tm_v, smem_u32(&sm.kv), blk.hk, tk + k0, bq);
-        }
-        for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
-            const int s = i % STAGES;
-            const unsigned phase = (i / STAGES) & 1;
-            if (i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), phase ^ 1);
-            const int r0 = qb * BLOCK_M;
-            if (lane == 0) {
-                mbarrier_arrive_expect_tx(smem_u32(&sm.full[s]), QDO_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[s], tm_q, smem_u32(&sm.full[s]), h, tq + r0, bq);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_V>(sm.dout[s], tm_do, smem_u32(&sm.full[s]), h, tq + r0, bq);
-            }
-#pragma unroll
-            for (int r = lane; r < BLOCK_M; r += 32) {
-                const bool in = r0 + r < blk.seqlen_q;
-                sm.lse[s][r] = in ? blk.lse_g[r0 + r] : 0.f;
-                sm.d[s][r] = in ? blk.d_g[r0 + r] : 0.f;
-            }
-            mbarrier_arrive(smem_u32(&sm.full[s]));  // release: the LSE/D stores above
-        }
+        bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0, tq,
+                                                                               tk, bq, threadIdx.x);
         return;
     }
 
@@ -140,12 +117,8 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     mbarrier_wait(smem_u32(&sm.kv), 0);
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
-    if (packed && k0 + BLOCK_N > blk.seqlen_k) {  // the next sequence's keys: zeros (uniform over the CTA)
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k, blk.seqlen_k - k0, tid);
-        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_V, MMA_THREADS>(sm.v, blk.seqlen_k - k0, tid);
-        fence_proxy_async();
-        named_barrier_sync(3, MMA_THREADS);
-    }
+    if (packed && k0 + BLOCK_N > blk.seqlen_k)  // the next sequence's keys: zeros (uniform over the CTA)
+        bwd_ws_zero_tails<SWIZZLE, BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS>(sm.k, sm.v, blk.seqlen_k - k0, tid, 3);
 
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
@@ -155,12 +128,8 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         uint16_t* sP = sm.pt[buf];
         uint16_t* sdS = sm.ds[buf];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
-        if (packed && q0 + BLOCK_M > blk.seqlen_q) {  // the next sequence's query rows: zeros
-            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_Q, MMA_THREADS>(sm.q[s], blk.seqlen_q - q0, tid);
-            zero_tile_rows<SWIZZLE, BLOCK_M, HDIM_V, MMA_THREADS>(sm.dout[s], blk.seqlen_q - q0, tid);
-            fence_proxy_async();
-            named_barrier_sync(3, MMA_THREADS);
-        }
+        if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
+            bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
 
