@@ -4,7 +4,9 @@ Marked ``gpu``: skipped without CuPy or a device (see conftest.py). Cases are ha
 bias shapes CK's CLI names ([1, 1, sq, sk], [1, h, sq, sk], [b, h, sq, sk]) plus [sq, sk], a
 bias broadcast along the keys ([b, h, sq, 1]) and one broadcast along the rows ([h, 1, sk]);
 bias dtypes fp16 / bf16 / fp32 under fp16 and bf16 inputs; masks 0 / t / b / windows; GQA;
-head dims 64 and 128 (the wgmma kernels on sm_90) and 32 / 96 / 256 / 192x128 (mma.sync);
+head dims 64 and 128 (the wgmma kernels on sm_90), 96 (the ws forward rounds it up to 128, the
+backward is mma.sync) and 32 / 256 / 192x128 (mma.sync: the bias tile does not fit beside the
+wider ws tiles);
 unaligned lengths. The bias instances are compiled with ``-D BIAS=1`` (one per (dtype, hdims)).
 
 Judging: :func:`cupy_fmha.verify.compare` against the float64 reference and the emulated

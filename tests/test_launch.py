@@ -96,11 +96,11 @@ def test_ws_backward_routing(monkeypatch):
         assert (s.source, s.macro("HDIM_Q"), s.macro("BLOCK_N"), s.macro("DQ_TILED")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 64, 0)
         assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and src(d, d, alibi=True, deterministic=True) == s.source
         assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
-    assert src(192, 128) == "fmha_bwd_dq_dk_dv"
+    s = bwd_specs("bf16", 192, 128, 90).dq_dk_dv  # (unequal with one above 128: the alternative is mma.sync)
+    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 128)
+    assert src(192, 128, dropout=True) == "fmha_bwd_dq_dk_dv"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
-    s = bwd_specs("bf16", 192, 128, 90).dq_dk_dv
-    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 128)
     assert src(128, 64) == src(128, 128, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
@@ -125,14 +125,13 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
         assert fwd_spec("bf16", d, d, 90, dropout=True).source == ("fmha_fwd_sm90" if d == 128 else "fmha_fwd")
     a = fwd_spec("fp16", 256, 256, 90, alibi=True)  # (the overlapped pipeline spills with ALiBi at 256)
     assert a.source == "fmha_fwd_sm90_ws" and a.macro("PV_OVERLAP") is None and a.macro("PINGPONG") is None
-    assert fwd_spec("bf16", 192, 128, 90).source == "fmha_fwd"
+    s = fwd_spec("bf16", 192, 128, 90)  # (unequal with one above 128: the alternative is mma.sync)
+    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", 192, 128, 112)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "0")
     assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("bf16", 64, 64, 90).source == "fmha_fwd_sm90"
     assert fwd_spec("bf16", 256, 256, 90).source == "fmha_fwd"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS", "1")
     assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90_ws"
-    s = fwd_spec("bf16", 192, 128, 90)
-    assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", 192, 128, 112)
     s = fwd_spec("bf16", 128, 128, 90)
     assert s.source == "fmha_fwd_sm90_ws" and fwd_spec("fp16", 120, 120, 90, alibi=True).source == s.source
     assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"

@@ -241,8 +241,11 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
+    ws_tiles = fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi) if _wgmma_allowed(cc) else {}
+    if tma_bias and ws_tiles.get("BLOCK_N", 0) * tma_bias % 128:
+        tma_bias = 0  # (the bias tile is whole 128-byte boxes of keys: not at the 80 or 112-key blocks of 192/256)
     if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
-            and (not tma_bias or fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi).get("SWIZZLE"))):
+            and (not tma_bias or ws_tiles.get("SWIZZLE"))):
         ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: hdim 192 and 256)
             return ws
@@ -289,15 +292,16 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdi
     (``unsupported``: dropout or bias) or head dims that, rounded up to a multiple of 64 (their tiles
     are slabs of 64 columns; TMA zero-fills the rest; ``pad`` 128 for the wide backward, whose
     warpgroups split them in halves), fall outside ``hdims``; else ``switch_var``
-    set to ``1`` takes them wherever they apply, ``0`` never; unset, at equal rounded head dims
-    above :data:`WS_MIN_HDIM`."""
+    set to ``1`` takes them wherever they apply, ``0`` never; unset, above :data:`WS_MIN_HDIM` at
+    equal rounded head dims, or unequal ones with one above 128 (e.g. 192 / 128: the alternative
+    there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet)."""
     dq, dv = pad_hdim(hdim_q, pad), pad_hdim(hdim_v, pad)
     if unsupported or dq not in hdims or dv not in hdims:
         return False
     switch = os.environ.get(switch_var, "").strip()
     if switch:
         return switch != "0"
-    return dq == dv and max(hdim_q, hdim_v) >= WS_MIN_HDIM
+    return (dq == dv or max(hdim_q, hdim_v) > 128) and max(hdim_q, hdim_v) >= WS_MIN_HDIM
 
 
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
