@@ -104,7 +104,7 @@ static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + 
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
 // swizzle pattern follows address bits 4-9): the launcher passes 1024 bytes more (SMEM_BYTES). (A
 // constant for it at namespace scope would appear in the PTX of every build.)
-static_assert(sizeof(SmemAll) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(SmemAll) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 

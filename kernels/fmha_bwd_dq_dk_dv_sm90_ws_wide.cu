@@ -59,7 +59,7 @@ struct Smem {
 };
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory: the launcher
 // passes 1024 bytes more (SMEM_BYTES)
-static_assert(sizeof(Smem) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and spec.py's SMEM_BYTES disagree");
+static_assert(sizeof(Smem) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0,
               "TMA destinations must stay 1024-byte aligned");

@@ -91,7 +91,7 @@ def test_group_mode_deterministic(case):
     V.test_varlen_deterministic_is_bit_identical_and_correct(case)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 96, 136, 256])  # (136 and 256: the wide build's zeroing)
 def test_group_mode_inf_neighbour(d):
     V.test_inf_in_one_sequence_leaves_its_neighbours_alone(d)
 
@@ -113,6 +113,8 @@ EXTRA = {
     "f16-d256-none-65x333": (F16, "bhsd", 2, 65, 333, 2, 2, 256, 256, {}),
     "f16-d224-window100,30-700": (F16, "bshd", 1, 700, 700, 2, 2, 224, 224, {"window_size": (100, 30)}),
     "bf16-d160-b-300x129-gqa2": (BF16, "bshd", 1, 300, 129, 4, 2, 160, 160, {"mask": "b"}),
+    "bf16-d256x128-t-300x700": (BF16, "bshd", 1, 300, 700, 2, 2, 256, 128, {"mask": "t"}),
+    "f16-d128x256-none-200x333-gqa2": (F16, "bhsd", 1, 200, 333, 4, 2, 128, 256, {}),
 }
 
 

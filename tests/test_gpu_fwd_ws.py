@@ -84,7 +84,7 @@ def test_group_mode_empty_sides():
     V.test_varlen_all_queries_empty()
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 96, 192, 256])
 def test_group_mode_inf_neighbour(d):
     V.test_inf_in_one_sequence_leaves_its_neighbours_alone(d)
 
@@ -112,6 +112,7 @@ EXTRA = {
     "bf16-d160-causal-negscale-333": (BF16, "bhsd", 1, 333, 333, 2, 1, 160, 160, {"causal": True, "softmax_scale": -0.09}),
     "f16-d96-none-257x900": (F16, "bshd", 1, 257, 900, 2, 2, 96, 96, {}),
     "bf16-d256x128-t-300x700": (BF16, "bshd", 1, 300, 700, 2, 2, 256, 128, {"mask": "t"}),
+    "f16-d128x256-none-200x333-gqa2": (F16, "bhsd", 1, 200, 333, 4, 2, 128, 256, {}),
     # the smallest head dims, rounded up to 64 (rows of 16 and 32 bytes; TMA zero-fills the rest)
     "f16-d8-causal-300": (F16, "bshd", 1, 300, 300, 2, 1, 8, 8, {"causal": True}),
     "bf16-d16-none-200x333-bhsd": (BF16, "bhsd", 2, 200, 333, 2, 2, 16, 16, {}),

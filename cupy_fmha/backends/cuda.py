@@ -167,9 +167,10 @@ def fwd_tiles(hdim_q: int, hdim_v: int, bias: bool = False, alibi: bool = False,
     d = max(pad_hdim(hdim_q), pad_hdim(hdim_v))
     if d <= 128:
         tiles = dict(NWARPS=8, BLOCK_N=64, Q_IN_REGS=1)
-    elif d in (224, 240):
+    elif d in (224, 240) or pad_hdim(hdim_q) < pad_hdim(hdim_v):
         # 32-key blocks sit at the 255-register cap here (251 before group mode) and spill once
-        # the per-sequence lengths and window live in registers; 16-key blocks use ~215
+        # the per-sequence lengths and window live in registers; 16-key blocks use ~215. The same
+        # when hdim_v is the wider (128 / 256 spilled 4-8 B at 32 keys)
         tiles = dict(NWARPS=4, BLOCK_N=16, Q_IN_REGS=0)
     else:
         tiles = dict(NWARPS=4, BLOCK_N=16 if (bias or alibi or dropout) else 32, Q_IN_REGS=0)
@@ -313,7 +314,8 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90``
     (bench/NOTES.md step 22); head dims that round up (72-120 -> 128) leave the mma.sync kernel
     (step 45). ``CUPY_FMHA_BWD_WS=1`` takes it wherever it applies (unequal head dims too), ``=0``
-    never (comparisons)."""
+    never (comparisons; the same switch governs the wide ws backward above 128, :func:`bwd_specs`,
+    so ``=0`` sends those back to the mma.sync kernel too)."""
     return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout, SM90_HDIMS)
 
 
@@ -369,7 +371,9 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     d = max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64))
     if (_wgmma_allowed(cc) and not (bias or dropout) and d > 128
             and _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, False, BWD_WS_WIDE_HDIMS, pad=128)):
-        main = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi)
+        wide = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi)
+        if wide.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (231,464 B at 256 / 256)
+            main = wide
     if tma_bias and d not in BWD_WS_BIAS_HDIMS:
         tma_bias = 0  # (the older kernels, bias=True)
     if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout,
@@ -466,8 +470,8 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
-    rounded up to a multiple of 128 (at most 256; one of them above 128 by default, :func:`bwd_specs`);
-    no dropout or bias."""
+    rounded up to a multiple of 128 (at most 256; :func:`bwd_specs` takes it only when one of them is
+    above 128); no dropout or bias."""
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
                HDIM_V=pad_hdim(hdim_v, 128), NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1,
                **feature_macros(alibi, False, False))
@@ -595,11 +599,11 @@ def dropout_mask_spec() -> KernelSpec:
 
 def dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
-    (multiples of 8 up to 256, hdim_q == hdim_v, plus the (192, 128) pair), both dtypes, on
+    (multiples of 8 up to 256, hdim_q == hdim_v, plus the pairs (192, 128), (256, 128), (128, 256)), both dtypes, on
     sm_80-class and sm_90 devices, for every feature set, in atomic and deterministic dQ mode,
     plus the keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
-    pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
+    pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (256, 128), (128, 256)]
     for feats in FEATURE_SETS:
         for dtype in DTYPES:
             for hq, hv in pairs:

@@ -4,7 +4,7 @@
 //           column-blocked 5-D view per tile (cupy_fmha/backends/tma.py, column_blocked_view)
 //   SW = 1  128-byte swizzled slabs ([C/64][R][64]: desc_sw_* and sw_zero_rows in tma.cuh), one box
 //           of 64 columns of the plain 4-D map per slab
-// Shared by fmha_fwd_sm90_ws.cu and fmha_bwd_dq_dk_dv_sm90_ws.cu.
+// Shared by fmha_fwd_sm90_ws.cu, fmha_bwd_dq_dk_dv_sm90_ws.cu and fmha_bwd_dq_dk_dv_sm90_ws_wide.cu.
 #pragma once
 #include "tile.cuh"
 #include "tma.cuh"
