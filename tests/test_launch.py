@@ -106,6 +106,10 @@ def test_ws_backward_routing(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
     assert src(128, 128) == src(64, 64) == "fmha_bwd_dq_dk_dv_sm90"
     assert src(256, 256) == "fmha_bwd_dq_dk_dv"
+    for bad in ("true", "off", "2"):  # (only 0 and 1: "off" used to mean on)
+        monkeypatch.setenv("CUPY_FMHA_BWD_WS", bad)
+        with pytest.raises(ValueError, match="CUPY_FMHA_BWD_WS: expected 0 or 1"):
+            src(128, 128)
 
 
 def test_fwd_ws_routing_and_geometry(monkeypatch):

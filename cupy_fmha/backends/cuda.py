@@ -296,12 +296,14 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdi
     set to ``1`` takes them wherever they apply, ``0`` never; unset, above :data:`WS_MIN_HDIM` at
     equal rounded head dims, or unequal ones with one above 128 (e.g. 192 / 128: the alternative
     there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet)."""
+    switch = os.environ.get(switch_var, "").strip()
+    if switch not in ("", "0", "1"):
+        raise ValueError(f"{switch_var}: expected 0 or 1 (or unset), got {switch!r}")
     dq, dv = pad_hdim(hdim_q, pad), pad_hdim(hdim_v, pad)
     if unsupported or dq not in hdims or dv not in hdims:
         return False
-    switch = os.environ.get(switch_var, "").strip()
     if switch:
-        return switch != "0"
+        return switch == "1"
     return (dq == dv or max(hdim_q, hdim_v) > 128) and max(hdim_q, hdim_v) >= WS_MIN_HDIM
 
 
