@@ -39,7 +39,7 @@ from . import launch as L
 from . import params as P
 from .compile import get_function
 from .dbias import reduce_dbias
-from .plan import BIAS_KIND, BwdPlan, FwdPlan, plan_backward, plan_forward
+from .plan import BIAS_KIND, BwdPlan, FwdPlan, dbias_stored_directly, plan_backward, plan_forward
 from .spec import dropout_mask_spec
 from .validate import _BF16, check_out
 
@@ -409,6 +409,16 @@ def _tma_bias(cp, dev):
     return out
 
 
+def _bias_for_spec(cp, plan, spec, bias_arg: tuple, bias_dev) -> tuple:
+    """(``BiasArg``, the device array it points at) for the instance ``spec``: for a build that loads
+    the bias through TMA (``BIAS_TMA``) the bias laid out by :func:`_tma_bias` (perhaps a padded
+    copy, which the caller holds until the launch is queued); else ``bias_arg`` and ``bias_dev``."""
+    if bias_dev is None or not spec.macro("BIAS_TMA"):
+        return bias_arg, bias_dev
+    dev = _tma_bias(cp, bias_dev)
+    return _bias_arg(plan, _ptr(dev), dev.shape, dev.strides, dev.itemsize), dev
+
+
 @functools.lru_cache(maxsize=256)
 def _bias_map_cached(data_type: str, ptr: int, dims: tuple, strides: tuple, box: tuple) -> np.ndarray:
     from .backends import tma
@@ -585,9 +595,7 @@ def _run_forward(plan: FwdPlan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, 
     # slopes / bias_dev: the device copies the params point at, held until the launch is queued
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
-    if bias_dev is not None and plan.spec.macro("BIAS_TMA"):
-        bias_dev = _tma_bias(cp, bias_dev)
-        bias_arg = _bias_arg(plan, _ptr(bias_dev), bias_dev.shape, bias_dev.strides, bias_dev.itemsize)
+    bias_arg, tma_dev = _bias_for_spec(cp, plan, plan.spec, bias_arg, bias_dev)  # (tma_dev: held until queued)
     _launch_forward(cp, plan, (_tensor(q, layout), _tensor(k, layout), _tensor(v, layout), _tensor(o, layout)),
                     _ptr(lse), _seq(plan, cu_q, cu_k), alibi, bias_arg, _dropout(plan))
     if plan.want_keep:  # group mode: sequence b's mask in the top-left corner of its plane
@@ -708,9 +716,8 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)
-    if bias_dev is not None and plan.specs.dq_dk_dv.macro("BIAS_TMA"):
-        tma_dev = _tma_bias(cp, bias_dev)  # (bias_dev itself stays the shape dBias is reduced to)
-        bias_arg = _bias_arg(plan, _ptr(tma_dev), tma_dev.shape, tma_dev.strides, tma_dev.itemsize)
+    # (bias_dev itself stays the shape dBias is reduced to)
+    bias_arg, tma_dev = _bias_for_spec(cp, plan, plan.specs.dq_dk_dv, bias_arg, bias_dev)
     dbias = _direct_dbias(cp, plan, bias_dev)
     if dbias is not None:  # (the kernel stores dS as dBias itself, in the bias's dtype)
         bias_arg = (*bias_arg[:6], _DS_KIND[np.dtype(dbias.dtype)])
@@ -733,14 +740,12 @@ def _direct_dbias(cp, plan, bias_dev):
     shape, padded to 4-D, is [batch, nhead_q, seqlen_q, seqlen_k] (batch mode). Zeroed only where the
     mask may skip blocks (their dS is never stored); without a mask every element is stored. None
     otherwise (group mode, a broadcast bias: the workspace and :func:`cupy_fmha.dbias.reduce_dbias`)."""
-    if not plan.want_dbias or plan.group_mode or bias_dev is None:
-        return None
     p = plan.problem
-    shape = tuple(int(n) for n in bias_dev.shape)
-    if (1,) * (4 - len(shape)) + shape != (p.batch, p.nhead_q, plan.rows_q, plan.rows_k):
+    if not plan.want_dbias or bias_dev is None or not dbias_stored_directly(
+            bias_dev.shape, (p.batch, p.nhead_q, plan.rows_q, plan.rows_k), plan.group_mode):
         return None
     full = plan.window[0] >= L.WINDOW_INF and plan.window[1] >= L.WINDOW_INF
-    return (cp.empty if full else cp.zeros)(shape, dtype=bias_dev.dtype)
+    return (cp.empty if full else cp.zeros)(bias_dev.shape, dtype=bias_dev.dtype)
 
 
 def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None, dbias=None):

@@ -316,6 +316,15 @@ def plan_backward(do, q, k, v, o, lse, *, bias=None, alibi_slopes=None, cc, **kw
 # --------------------------------------------------------------------------- sizes for users
 
 
+def dbias_stored_directly(bias_shape, scores: tuple, group_mode: bool) -> bool:
+    """Whether the dq_dk_dv kernels store dS straight into dBias (in the bias's dtype, no fp32
+    workspace and no reduction: :func:`cupy_fmha.api._direct_dbias`): in batch mode, for a bias
+    that broadcasts along nothing, i.e. whose shape padded to 4-D with leading 1s is ``scores``,
+    (batch, nhead_q, seqlen_q, seqlen_k)."""
+    shape = tuple(int(n) for n in bias_shape)
+    return not group_mode and (1,) * (4 - len(shape)) + shape == tuple(scores)
+
+
 def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
                              hdim_v: int | None = None, *, nhead_k: int | None = None, deterministic: bool = False,
                              return_dbias: bool = False, dtype: str = "bf16", cc: int = 90,
@@ -352,9 +361,7 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
     out = {"delta": 4 * batch * nhead_q * seqlen_q, "dq_accumulator": ws.nbytes,
            "dkdv_gqa": 4 * batch * nhead_q * seqlen_k * (hdim_q + hdim_v) if nhead_k != nhead_q else 0,
            "dbias": 4 * batch * nhead_q * seqlen_q * seqlen_k if return_dbias else 0}
-    if bias_shape is not None and not group_mode:
-        shape = tuple(int(n) for n in bias_shape)
-        if (1,) * (4 - len(shape)) + shape == (batch, nhead_q, seqlen_q, seqlen_k):
-            out["dbias"] = 0  # (api._direct_dbias)
+    if bias_shape is not None and dbias_stored_directly(bias_shape, (batch, nhead_q, seqlen_q, seqlen_k), group_mode):
+        out["dbias"] = 0
     out["total"] = sum(out.values())
     return out

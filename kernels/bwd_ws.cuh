@@ -10,6 +10,35 @@
 
 namespace fmha {
 
+// Thread 0: the ring's mbarriers (full: lane 0's expect_tx and the LSE/D warp's 32 arrivals; empty:
+// every MMA thread) and K/V's. The caller adds its own, then mbarrier_init_fence().
+template <int ST, int MMA_THREADS, class Smem>
+__device__ __forceinline__ void bwd_ws_init_barriers(Smem& sm) {
+    for (int s = 0; s < ST; ++s) {
+        mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);
+        mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+    }
+    mbarrier_init(smem_u32(&sm.kv), 1);
+}
+
+// P^T and dS^T in place from S^T and dP^T (NQ n8 tiles of query columns from q0; this warp's keys
+// from key0), without a bias: one branch per tile on the mask (backward_p_ds with EDGE fixed at
+// compile time; the ALiBi builds keep the run-time test in one loop: two copies spilled at hdim 128).
+// `lse` and `d` point at the tile's first column's row (LSE2_: lse in log2 units).
+template <int NQ, bool LSE2_>
+__device__ __forceinline__ void bwd_ws_p_ds(float* sacc, float* dp, const float* lse, const float* d, const BwdParams& p,
+                                            const BwdBlock& blk, bool edge, int key0, int q0, const AccFrag& frag) {
+    if (ALIBI)
+        backward_p_ds<NQ, 2, LSE2_>(sacc, dp, lse, d, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, key0, q0, frag,
+                                    blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+    else if (edge)
+        backward_p_ds<NQ, 1, LSE2_>(sacc, dp, lse, d, p.scale_log2, true, blk.win, blk.alibi, blk.bias, key0, q0, frag,
+                                    blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+    else
+        backward_p_ds<NQ, 0, LSE2_>(sacc, dp, lse, d, p.scale_log2, false, blk.win, blk.alibi, blk.bias, key0, q0, frag,
+                                    blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+}
+
 // The producer warp (its lanes 0..31; the rest of the producer warpgroup has returned). Lane 0
 // issues the TMA loads: the key block's K and V once (completing `kv`), then per query block Q and
 // dO into ring stage i % ST, from the ring's second round on after the stage's `empty` (BM query

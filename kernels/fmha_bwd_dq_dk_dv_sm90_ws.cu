@@ -134,11 +134,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);   // the TMA thread's expect_tx + the LSE/D warp
-            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
-        }
-        mbarrier_init(smem_u32(&sm.kv), 1);
+        bwd_ws_init_barriers<STAGES, MMA_THREADS>(sm);
         if constexpr (BIAS)
             for (int s = 0; s < BIAS_STAGES; ++s) {
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
@@ -235,15 +231,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                                        k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr,
                                        warp_key0);
             if (p.dbias_acc) bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias
-        } else if (ALIBI)
-            backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                              k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
-        else if (edge)
-            backward_p_ds<NQ, 1, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, true, blk.win, blk.alibi, blk.bias,
-                                 k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
-        else
-            backward_p_ds<NQ, 0, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, false, blk.win, blk.alibi, blk.bias,
-                                 k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        } else {
+            bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag);
+        }
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
         bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 

@@ -84,11 +84,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);  // the TMA thread's expect_tx + the LSE/D warp
-            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
-        }
-        mbarrier_init(smem_u32(&sm.kv), 1);
+        bwd_ws_init_barriers<STAGES, MMA_THREADS>(sm);
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -151,17 +147,8 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
 
         // P^T and dS^T of these rows (one branch per tile, as in the ws kernel), into shared memory
         const bool edge = blk.win.tile_needs_test(q0 + row_wg, ROWS_WG, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-        const float* lse = sm.lse[s] + row_wg;
-        const float* dd = sm.d[s] + row_wg;
-        if (ALIBI)
-            backward_p_ds<NQ, 2>(sacc, dp, lse, dd, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
-                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
-        else if (edge)
-            backward_p_ds<NQ, 1>(sacc, dp, lse, dd, p.scale_log2, true, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
-                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
-        else
-            backward_p_ds<NQ, 0>(sacc, dp, lse, dd, p.scale_log2, false, blk.win, blk.alibi, blk.bias, k0 + warp_key0,
-                                 q0 + row_wg, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr);
+        bwd_ws_p_ds<NQ, false>(sacc, dp, sm.lse[s] + row_wg, sm.d[s] + row_wg, p, blk, edge, k0 + warp_key0, q0 + row_wg,
+                               frag);
         bwd_store_p_ds<NQ, BLOCK_M>(sacc, dp, sP, sdS, warp_key0, row_wg, frag);
         fence_proxy_async();
         named_barrier_sync(1, MMA_THREADS);  // both warpgroups' rows of P^T and dS^T visible
