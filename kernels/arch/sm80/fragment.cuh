@@ -99,23 +99,19 @@ struct AccFrag {
 
     // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
     // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
-    // jg0 + t; drop.random8 / keep_word, philox.cuh) and four word exchanges give every thread word
-    // t of all four calls: thread t sends word (t - d) & 3 to thread (t - d) & 3 while receiving
-    // word t from thread (t + d) & 3.
+    // jg0 + t; drop.keep8, philox.cuh) and place its 8 keep bits in byte t of a word; two xor
+    // exchanges OR the quad's words together (byte m: tile m's 8 columns), and this thread takes
+    // bits 2t, 2t + 1 of each byte. (The exchange used to send each thread one Philox output word,
+    // chosen by a per-thread index: the compiler branched around every choice, which with the
+    // shuffles cost more than the Philox rounds; bench/NOTES.md step 48.)
     // (All four tiles are computed whatever `tiles`, the number the caller uses.)
     template <class Drop>
     __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int /*tiles*/) const {
-        const int lane = 4 * g + t;
-        const uint4 r = drop.random8(i, jg0 + t);
-        uint32_t bits = 0;
-#pragma unroll
-        for (int d = 0; d < 4; ++d) {
-            const int idx = (t - d) & 3, src = (t + d) & 3;
-            const uint32_t send = idx == 0 ? r.x : idx == 1 ? r.y : idx == 2 ? r.z : r.w;
-            const uint32_t x = d == 0 ? send : shfl_idx(send, (lane & ~3) | src);
-            bits |= drop.keep_word(x) << (2 * src);
-        }
-        return bits;
+        uint32_t all = drop.keep8(i, jg0 + t) << (8 * t);
+        all |= shfl_xor_u32(all, 1);
+        all |= shfl_xor_u32(all, 2);
+        const uint32_t x = all >> (2 * t);  // this thread's two bits of byte m at bits 8m, 8m + 1
+        return (x & 0x3u) | ((x >> 6) & 0xcu) | ((x >> 12) & 0x30u) | ((x >> 18) & 0xc0u);
     }
 };
 

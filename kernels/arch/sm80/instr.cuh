@@ -104,8 +104,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 __device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-// v of lane src (0..31) of this warp; every lane must take part.
-__device__ __forceinline__ uint32_t shfl_idx(uint32_t v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+// v of lane (this lane ^ m) of this warp; every lane must take part.
+__device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 
 }  // namespace fmha
 
