@@ -33,8 +33,13 @@
 //               from shared memory in the softmax and hand the tile back right after. A bias broadcast
 //               along the query rows (BiasArg.sq = 0) comes as one row per tile. The 4th tensor map.
 //
-// Not yet here: dropout (static_assert; the library routes it to fmha_fwd_sm90), per-warpgroup
-// skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
+//   DROPOUT=1   the Philox keep test (philox.cuh, the keep mask of every other kernel): each MMA thread
+//               computes the keep bits of its scores of a key block (fwd_keep_bits, ceil(BLOCK_N / 16)
+//               Philox calls, independent of each other) right after issuing that block's S GEMM and
+//               before waiting for it, so the integer work runs while the tensor cores compute S (and,
+//               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
+//
+// Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
 // their scores are masked to -inf, but P V would still meet their values (0 * Inf is NaN), so the
 // MMA warpgroups zero those rows of K and V first.
@@ -52,7 +57,7 @@ using namespace fmha;
 
 static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
-static_assert(!DROPOUT, "fmha_fwd_sm90_ws: dropout runs on fmha_fwd_sm90");
+static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
@@ -113,6 +118,18 @@ __device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const u
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sV, kk * 16, 0), 1);
     wgmma_commit();
+}
+
+// DROPOUT: this thread's keep bits of the key block at k0 (rows row0 + frag rows), called between
+// the issue of the block's S GEMM and the wait for it; the fence keeps the compiler from sinking
+// the Philox work below the wait. Without dropout: nothing (all bits unread).
+__device__ __forceinline__ KeepBits<BLOCK_N / 8> keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
+    KeepBits<BLOCK_N / 8> kb{};
+    if constexpr (DROPOUT) {
+        kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, row0, k0, f);
+        fence_operand<sizeof(kb) / 4>(&kb.w[0][0]);
+    }
+    return kb;
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -253,11 +270,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 float sacc[NS * 4];
                 wgmma_fence();
                 gemm_s(sacc, sm.q, sm.k[s], wg);
+                const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
 
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-                const KeepBits<NS> keep{};  // (no dropout here)
                 if constexpr (BIAS) {
                     online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi,
                                            bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
@@ -320,16 +337,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_wait(smem_u32(&sm.v_full[(it + i) % STAGES]), ((it + i) / STAGES) & 1);
                 zero_tail_of(sm.v[(it + i) % STAGES], HDIM_V, i);
             };
-            auto softmax = [&](float* sacc, int i, float* corr) {
+            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep) {
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-                const KeepBits<NS> keep{};  // (no dropout here)
                 if constexpr (BIAS) {
                     softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                              bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
                     bias_done(it + i);
                 } else {
-                    softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
+                    softmax_p<NS, NO, false, FOLD && !ALIBI && !DROPOUT>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
                                                              blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, frag,
                                                              blk.seqlen_k, keep);
                 }
@@ -357,10 +373,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_fence();
                 gemm_s(sacc, sm.q, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
+                const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
-                softmax(sacc, 0, corr);
+                softmax(sacc, 0, corr, keep0);
                 for (int i = 1; i < n; ++i) {
                     wait_k(i);
                     wait_v(i - 1);
@@ -370,10 +387,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     gemm_s(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
+                    const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
-                    softmax(sacc, i, corr);
+                    softmax(sacc, i, corr, keep);
                 }
                 mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V

@@ -7,8 +7,10 @@ NaN-poisoned ``out=`` buffers, :func:`cupy_fmha.verify.compare` against the floa
 * the keep mask (``return_dropout_mask=True``, kernel fmha_dropout_mask.cu) is bit-exact with
   :mod:`cupy_fmha.philox` on odd shapes, seeds above 2^32 and offsets near 2^64, and its keep
   rate is within a binomial bound;
-* forward + backward match the reference at p = 0.2 / 0.5 for head dims 64, 128 (wgmma kernels
-  on sm_90) and 32, 96, 256 (mma.sync), masks 0 / t / b / t:l,r, GQA, fp16 and bf16: since the
+* forward + backward match the reference at p = 0.2 / 0.5 for head dims 64, 96, 128, 160, 192,
+  256 and 192 / 128 (on sm_90 the warp-specialized forward, which computes the keep bits in its MMA
+  warps; the wgmma or mma.sync backward) and 32 (mma.sync), masks 0 / t / b / t:l,r, GQA, fp16 and
+  bf16: since the
   references draw their masks from cupy_fmha.philox, this also checks that the attention kernels
   apply exactly that mask (a wrong keep bit moves O and the gradients far beyond tolerance);
 * rows with no visible key stay o = 0, lse = -inf, gradients 0, no NaN;
@@ -98,6 +100,10 @@ CASES = {
     "f16-d256-none-253": (F16, "bshd", 1, 253, 253, 2, 2, 256, 256, {"dropout_p": 0.2, "seed": 11}),
     "bf16-d256-t-300x200-gqa2": (BF16, "bhsd", 1, 300, 200, 4, 2, 256, 256,
                                  {"mask": "t", "dropout_p": 0.2, "seed": U64 - 1, "offset": U64 - 1}),
+    # head dims above 128 on the ws forward (96-key blocks at 192, 80 at 256; the serial pipeline)
+    "bf16-d192-causal-253": (BF16, "bshd", 1, 253, 253, 4, 4, 192, 192, {"causal": True, "dropout_p": 0.2, "seed": 14}),
+    "f16-d160-t-300x200-gqa2": (F16, "bhsd", 1, 300, 200, 4, 2, 160, 160, {"mask": "t", "dropout_p": 0.3, "seed": 15}),
+    "bf16-d192x128-b-129x257": (BF16, "bshd", 2, 129, 257, 2, 2, 192, 128, {"mask": "b", "dropout_p": 0.2, "seed": 16}),
     # short sides
     "f16-d64-sq1-sk253": (F16, "bshd", 3, 1, 253, 4, 4, 64, 64, {"dropout_p": 0.2, "seed": 12}),
     "f16-d128-sq253-sk9": (F16, "bshd", 1, 253, 9, 2, 2, 128, 128, {"dropout_p": 0.2, "seed": 13}),

@@ -5,7 +5,7 @@ the forward cases of
 the main GPU suites (batch mode: masks, GQA, both layouts, lengths that are not multiples of any
 tile; strided inputs; group mode with empty sequences; ALiBi; Inf in a neighbouring sequence)
 rerun with the switch on, plus a check that the switch really selects the kernel. The backward
-runs as usual (it reads this forward's O and LSE). Configurations it does not take (dropout,
+runs as usual (it reads this forward's O and LSE). Configurations it does not take (a bias with dropout,
 a bias broadcast along the keys, a bias at head dims above 128, devices before sm_90) run the usual kernels
 under the switch too; its bias build has its own file, test_gpu_fwd_ws_bias.py.
 
@@ -47,7 +47,8 @@ def test_switch_selects_the_ws_kernel():
         pytest.skip("sm_90 only")
     assert cuda.fwd_spec("bf16", 128, 128, 90).source == "fmha_fwd_sm90_ws"
     assert cuda.fwd_spec("bf16", 64, 64, 90, alibi=True).source == "fmha_fwd_sm90_ws"
-    assert cuda.fwd_spec("bf16", 128, 128, 90, dropout=True).source == "fmha_fwd_sm90"
+    assert cuda.fwd_spec("bf16", 128, 128, 90, dropout=True).source == "fmha_fwd_sm90_ws"
+    assert cuda.fwd_spec("bf16", 128, 128, 90, dropout=True, bias=True, bias_tma=2).source == "fmha_fwd_sm90"
     want = dict(cuda.FWD_WS_VARIANTS)
     for item in os.environ.get("CUPY_FMHA_FWD_WS_TILES", "").split(","):
         if item.strip():

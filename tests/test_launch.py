@@ -126,7 +126,16 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
         assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", dpad, dpad, bn)
         assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and s.macro("PV_OVERLAP") == 1
         assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).source == ("fmha_fwd_sm90_ws" if d <= 128 else "fmha_fwd")
-        assert fwd_spec("bf16", d, d, 90, dropout=True).source == ("fmha_fwd_sm90" if d == 128 else "fmha_fwd")
+        drop = fwd_spec("bf16", d, d, 90, dropout=True)  # (the serial pipeline from 128 on: step 48)
+        assert (drop.source, drop.macro("DROPOUT"), drop.macro("FOLD"), drop.macro("PV_OVERLAP")) == (
+            "fmha_fwd_sm90_ws", 1, None, None)
+        assert drop.macro("BLOCK_N") == {128: 128, 192: 96, 256: 80}[dpad]
+        # (a bias with dropout: no ws build; at these head dims the mma.sync kernel, as without TMA)
+        assert fwd_spec("bf16", d, d, 90, bias=True, dropout=True, bias_tma=2).source == "fmha_fwd"
+    assert fwd_spec("bf16", 128, 128, 90, bias=True, dropout=True, bias_tma=2).source == "fmha_fwd_sm90"
+    d64 = fwd_spec("bf16", 64, 64, 90, dropout=True)
+    assert d64.source == "fmha_fwd_sm90_ws" and d64.macro("PV_OVERLAP") == 1 and d64.macro("FOLD") is None
+    assert fwd_spec("bf16", 32, 32, 90, dropout=True).source == "fmha_fwd"
     a = fwd_spec("fp16", 256, 256, 90, alibi=True)  # (the overlapped pipeline spills with ALiBi at 256)
     assert a.source == "fmha_fwd_sm90_ws" and a.macro("PV_OVERLAP") is None and a.macro("PINGPONG") is None
     s = fwd_spec("bf16", 192, 128, 90)  # (unequal with one above 128: the alternative is mma.sync)
@@ -138,7 +147,8 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
     assert fwd_spec("bf16", 128, 64, 90).source == "fmha_fwd_sm90_ws"
     s = fwd_spec("bf16", 128, 128, 90)
     assert s.source == "fmha_fwd_sm90_ws" and fwd_spec("fp16", 120, 120, 90, alibi=True).source == s.source
-    assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"
+    assert fwd_spec("bf16", 128, 128, 90, dropout=True).source == "fmha_fwd_sm90_ws"
+    assert fwd_spec("bf16", 64, 64, 90, bias=True).source == "fmha_fwd_sm90"
     assert fwd_spec("bf16", 128, 128, 80).source == "fmha_fwd"
     launch = L.fwd_launch(s, 2, 3, 1000)
     assert launch.grid == (-(-1000 // 128), 3, 2) and launch.block == (384, 1, 1) and launch.smem <= L.SMEM_LIMIT

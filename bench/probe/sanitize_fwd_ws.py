@@ -1,7 +1,8 @@
 """Small forwards of the warp-specialized Hopper forward for compute-sanitizer, at the head dims given
 (default 96,192,256: 96 rounds up to the 128-wide tiles, 192 and 256 run their own 112- and 80-key
 blocks): fp16 and bf16, plain, causal, GQA with lengths one past a block, ALiBi (at 256 the serial
-pipeline), a sliding window, and group mode with sequences that end inside a key block.
+pipeline), a sliding window, group mode with sequences that end inside a key block, and dropout
+(causal; group mode).
 
     compute-sanitizer --tool memcheck python3 bench/probe/sanitize_fwd_ws.py [hdims]
 """
@@ -50,4 +51,7 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run(d, dtype, alibi_slopes=cp.asarray([0.5, 0.25], dtype=cp.float32), causal=True)
         run(d, dtype, window_size=(100, 20), sq=300, sk=300)
         run_group(d, dtype, mask="b")
+        # dropout (the keep bits in the MMA warps; step 48): batch and group mode, causal
+        run(d, dtype, dropout_p=0.2, seed=5, causal=True)
+        run_group(d, dtype, dropout_p=0.3, seed=2**40 + 1, offset=7)
 print("ok")

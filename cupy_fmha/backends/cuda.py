@@ -245,9 +245,10 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     ws_tiles = fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi) if _wgmma_allowed(cc) else {}
     if tma_bias and ws_tiles.get("BLOCK_N", 0) * tma_bias % 128:
         tma_bias = 0  # (the bias tile is whole 128-byte boxes of keys: not at the 80 or 112-key blocks of 192/256)
-    if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout)
+    # (the ws forward takes a bias through TMA only, and not together with dropout: no such build)
+    if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout))
             and (not tma_bias or ws_tiles.get("SWIZZLE"))):
-        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: hdim 192 and 256)
             return ws
     if use_sm90(hdim_q, hdim_v, cc):
@@ -321,16 +322,16 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout, SM90_HDIMS)
 
 
-def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False) -> bool:
-    """Whether a Hopper forward runs the warp-specialized kernel (``fmha_fwd_sm90_ws``, which has
-    no dropout, and takes a bias only through TMA: ``bias`` here means one it cannot read, see
-    :func:`fwd_spec`'s ``bias_tma``): by default when both head dims round up (to a multiple of 64)
+def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
+    """Whether a Hopper forward runs the warp-specialized kernel (``fmha_fwd_sm90_ws``, which takes
+    dropout, and a bias only through TMA and without dropout: ``bias`` here means one it cannot
+    take, see :func:`fwd_spec`'s ``bias_tma``): by default when both head dims round up (to a multiple of 64)
     to the same one of :data:`FWD_WS_HDIMS`. At 64 and 128 it measured 0.77-0.89 of the time of
     ``fmha_fwd_sm90`` (a tie at hdim 64, causal, seqlen 1024; bench/NOTES.md step 23); at 192 and 256,
     and at head dims that round up (96 -> 128, 160 -> 192, 224 -> 256), it replaces the mma.sync
     forward (bench/NOTES.md step 45). ``CUPY_FMHA_FWD_WS=1`` takes it wherever it applies (unequal
     head dims too), ``=0`` never (comparisons)."""
-    return _ws_choice("CUPY_FMHA_FWD_WS", hdim_q, hdim_v, bias or dropout, FWD_WS_HDIMS)
+    return _ws_choice("CUPY_FMHA_FWD_WS", hdim_q, hdim_v, bias, FWD_WS_HDIMS)
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
@@ -503,6 +504,13 @@ FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict(), 192: dict(BLOCK_N=112), 256: di
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
+#: ... and with dropout, where each MMA thread also computes its keep bits (bench/NOTES.md step 48):
+#: the overlapped pipeline spills at 128 keys from hdim 128 on (44-196 bytes), so the serial one,
+#: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
+#: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
+#: with ALiBi)
+FWD_WS_DROPOUT_BY_HDIM = {128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+                          256: dict(PV_OVERLAP=0, PINGPONG=0)}
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -525,15 +533,16 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
-def fwd_ws_tiles(hdim: int, alibi: bool = False) -> dict[str, int]:
+def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
-    (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off),
-    then ``CUPY_FMHA_FWD_WS_TILES``; 0/1 macros at 0 are left out, so the default instances keep
-    their names."""
+    (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
+    with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does), then ``CUPY_FMHA_FWD_WS_TILES``;
+    0/1 macros at 0 are left out, so the default instances keep their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
                                                      **FWD_WS_VARIANTS,
-                                                     **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {})})
+                                                     **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {}),
+                                                     **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
@@ -544,11 +553,12 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False) -> dict[str, int]:
 
 
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
     loading with TMA, two MMA warpgroups of 64 query rows) for head dims up to 256, each rounded up
-    to a multiple of 64 (:data:`FWD_WS_HDIMS`); no dropout (:func:`use_fwd_ws` says when it is
-    dispatched). ``bias_tma`` 2 or 4: the build with
+    to a multiple of 64 (:data:`FWD_WS_HDIMS`) (:func:`use_fwd_ws` says when it is dispatched).
+    ``dropout``: the build with the Philox keep test (``-D DROPOUT=1``; FOLD off, the entries of
+    :data:`FWD_WS_DROPOUT_BY_HDIM`). ``bias_tma`` 2 or 4: the build with
     an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
     (default :func:`fwd_ws_tiles`).
@@ -556,9 +566,11 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
-    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi) if tiles is None else tiles)
+    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout) if tiles is None else tiles)
     feats = _ws_bias_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma)
-    if bias_tma:
+    if dropout:
+        feats["DROPOUT"] = 1
+    if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
