@@ -283,6 +283,22 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // score; a row that saw no key (-inf) becomes +inf, so that its P is exp2(-inf) = 0.
 __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E; }
 
+// The backward's keep bits of one tile, as backward_p_ds reads them: the byte mask fill_keep_bits
+// leaves in shared memory (a pointer to the byte row of the warp's first key group), or the
+// warp's own words (KeepWords: AccFrag::keep_bits_t, the warp-specialized backward).
+template <int NQ>
+struct KeepWords {
+    uint32_t w[NQ / 2];
+};
+template <int NQ>
+__device__ __forceinline__ bool keep_at(const unsigned char* bits, const AccFrag& f, int n, int e) {
+    return f.keep_bit(bits, AccFrag::N * NQ, n, e);
+}
+template <int NQ>
+__device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const AccFrag&, int n, int e) {
+    return AccFrag::template keep_bit_t<NQ>(k.w, n, e);
+}
+
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE); the bias
@@ -290,7 +306,7 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 // With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
 // read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
-// (key0 a multiple of 8).
+// (key0 a multiple of 8), or from KeepWords (keep_at).
 // EDGE: 2 (the default) tests `edge` at run time inside the one loop; 1 / 0 fix it at compile time,
 // for a caller that branches once per tile itself. (The default is kept as one loop, unlike the
 // forward: the compiler unswitched it in the mma.sync and first wgmma kernels, and splitting it
@@ -300,12 +316,11 @@ __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMH
 // LOG2_LSE: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
 // whoever filled it, instead of natural-log LSEs converted here per column (the warp-specialized
 // backward's LSE2 build: its producer converts, bench/NOTES.md step 36).
-template <int NQ, int EDGE = 2, bool LOG2_LSE = false, class Bias>
+template <int NQ, int EDGE = 2, bool LOG2_LSE = false, class Bias, class Keep>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const Bias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
-                                              const Dropout& drop, const unsigned char* keep_bits,
-                                              int key_row0 = 0) {
+                                              const Dropout& drop, Keep keep_bits, int key_row0 = 0) {
     // a bias tile in shared memory (Bias::PAIRS: SwBiasTile): this thread's 4 element addresses once
     // (key_row0: key0's row in the tile)
     unsigned boff[4] = {0u, 0u, 0u, 0u}, bstep = 0u;
@@ -327,7 +342,7 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             if ((EDGE == 1 || (EDGE == 2 && edge)) && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             if constexpr (DROPOUT) {
                 // the tile's byte mask has one byte per (key group, query row): NQ tiles of N query rows
-                const float z = f.keep_bit(keep_bits, AccFrag::N * NQ, n, e) ? drop.rp_keep : 0.f;
+                const float z = keep_at<NQ>(keep_bits, f, n, e) ? drop.rp_keep : 0.f;
                 s[4 * n + e] = p * z;
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
             } else {

@@ -35,7 +35,11 @@
 // does (bwd_store_ds). 64 query rows per step (at 128 the bias tile no longer fits beside the
 // rest); hdim 64 only (at 128 the MMA warpgroups spill: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS).
 //
-// Not yet here: dropout (static_assert; the library routes it to fmha_bwd_dq_dk_dv_sm90).
+// DROPOUT=1 (not with BIAS): each warp makes the keep bits of its 16 keys x BLOCK_M query rows while
+// GEMM0 and GEMM2 run, one Philox call per (key group, query row) spread over its lanes and handed
+// to the lanes that hold the elements by eight ballots per call round (AccFrag::keep_bits_t), no
+// byte mask in shared memory; backward_p_ds reads them (KeepWords). Dispatched only under
+// CUPY_FMHA_BWD_WS=1 until measured (cupy_fmha.backends.cuda.use_ws; bench/NOTES.md step 49).
 // Group mode: rows past a sequence's end are the next sequence's (TMA zero-fills only past the tensor); they are masked like any row past seqlen, but their values
 // still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
 // tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
@@ -63,7 +67,7 @@ using namespace fmha;
 static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && (BLOCK_M == 64 || BLOCK_M == 128),
               "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 or 128 query rows per step");
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
-static_assert(!DROPOUT, "fmha_bwd_dq_dk_dv_sm90_ws: dropout runs on fmha_bwd_dq_dk_dv_sm90");
+static_assert(!DROPOUT || !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout or the bias, not both (no such build)");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE && BLOCK_M == 64),
               "fmha_bwd_dq_dk_dv_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), with SWIZZLE, at 64 query rows");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_bwd_dq_dk_dv_sm90_ws: swizzled tiles are slabs of 64 columns");
@@ -214,6 +218,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
+        KeepWords<NQ> keep{};  // DROPOUT: this warp's keep bits, made while GEMM0 and GEMM2 run
+        if constexpr (DROPOUT) {
+            frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0, keep.w);
+            fence_operand<NQ / 2>(keep.w);
+        }
         wgmma_wait0();
         fence_operand<NQ * 4>(sacc);
         fence_operand<NQ * 4>(dp);
@@ -232,7 +241,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                                        warp_key0);
             if (p.dbias_acc) bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias
         } else {
-            bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag);
+            bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
         }
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
         bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)

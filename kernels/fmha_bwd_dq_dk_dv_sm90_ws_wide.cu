@@ -148,7 +148,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         // P^T and dS^T of these rows (one branch per tile, as in the ws kernel), into shared memory
         const bool edge = blk.win.tile_needs_test(q0 + row_wg, ROWS_WG, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         bwd_ws_p_ds<NQ, false>(sacc, dp, sm.lse[s] + row_wg, sm.d[s] + row_wg, p, blk, edge, k0 + warp_key0, q0 + row_wg,
-                               frag);
+                               frag, KeepWords<NQ>{});
         bwd_store_p_ds<NQ, BLOCK_M>(sacc, dp, sP, sdS, warp_key0, row_wg, frag);
         fence_proxy_async();
         named_barrier_sync(1, MMA_THREADS);  // both warpgroups' rows of P^T and dS^T visible

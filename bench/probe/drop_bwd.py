@@ -1,5 +1,5 @@
 """Backward times with and without dropout (p = 0.1) for the kernels the environment selects
-(e.g. CUPY_FMHA_BWD_SM90_TILES), bf16, bshd, batch 4, 16 heads, seqlen 4096 (bench/NOTES.md step 48).
+(e.g. CUPY_FMHA_BWD_SM90_TILES), bf16, bshd, batch 4, 16 heads, seqlen 4096 (bench/NOTES.md steps 48-49).
 
     python bench/probe/drop_bwd.py TAG HDIM[,HDIM]
 """

@@ -5,7 +5,8 @@ deterministic (the ordered dQ adds), and group mode with sequences that end insi
 block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys). The forward
 runs on the ws forward by default, its bias build included (16-bit and fp32 bias, padded copies and
 in-place rows, a bias broadcast along the rows, group mode; some with the backward, whose bias
-build runs at hdim 64, with dBias and in deterministic mode).
+build runs at hdim 64, with dBias and in deterministic mode), and dropout (the backward's DROPOUT
+build: batch mode causal and deterministic, group mode).
 
     CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims]
 """
@@ -83,4 +84,8 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run_bias(d, dtype, (1, 2, 65, 129), cp.float32, backward=True, causal=True)
         run_bias(d, dtype, (2, 1, 256), cp.float16, sq=130, sk=256, backward=True)
         run_bias(d, dtype, (3, 2, 130, 200), cp.float16, group=True, backward=True, mask="b")
+        # dropout: under CUPY_FMHA_BWD_WS=1 (set above) the backward's DROPOUT build (step 49)
+        run(d, dtype, dropout_p=0.2, seed=7, causal=True)
+        run(d, dtype, dropout_p=0.3, seed=2**33 + 1, offset=5, deterministic=True, sq=200, sk=300)
+        run_group(d, dtype, mask="b", dropout_p=0.2, seed=3)
 print("ok")

@@ -311,7 +311,8 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdi
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
-    which has no dropout, and takes a bias only through TMA at hdim 64: ``bias`` here means one it
+    which takes dropout only under ``CUPY_FMHA_BWD_WS=1`` (its DROPOUT build, not yet measured),
+    and a bias only through TMA at hdim 64: ``bias`` here means one it
     cannot take, see :func:`bwd_specs`): by default when both head dims round up (to a multiple of
     64) to 64 or both to 128 (deterministic mode too, by ordered adds instead of slabs), where it
     measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90``
@@ -319,7 +320,9 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     (step 45). ``CUPY_FMHA_BWD_WS=1`` takes it wherever it applies (unequal head dims too), ``=0``
     never (comparisons; the same switch governs the wide ws backward above 128, :func:`bwd_specs`,
     so ``=0`` sends those back to the mma.sync kernel too)."""
-    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or dropout, SM90_HDIMS)
+    # dropout (its DROPOUT build, bench/NOTES.md step 49) only when asked for: not yet measured
+    explicit = os.environ.get("CUPY_FMHA_BWD_WS", "").strip() == "1"
+    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or (dropout and not explicit), SM90_HDIMS)
 
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
@@ -379,10 +382,11 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
             main = wide
     if tma_bias and d not in BWD_WS_BIAS_HDIMS:
         tma_bias = 0  # (the older kernels, bias=True)
-    if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and not tma_bias, dropout=dropout,
+    # (a bias with dropout: no ws build, so the older kernel, as for a bias TMA cannot read)
+    if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout), dropout=dropout,
                                       deterministic=deterministic)
             and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
-        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias)
+        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
             main = ws
     return BwdSpecs(
@@ -414,6 +418,9 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
 #: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36).
 BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
+#: ... and with dropout (bench/NOTES.md step 49, offline only): 64 query rows at hdim 64 too, where
+#: the warps' own keep bits then spill 32 bytes of loop-invariant block state instead of 100
+BWD_WS_DROPOUT_BY_HDIM = {64: dict(BLOCK_M=64)}
 
 
 #: padded head dims at which the ws backward takes the elementwise bias (its BIAS build): at hdim
@@ -422,13 +429,15 @@ BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 BWD_WS_BIAS_HDIMS = (64,)
 
 
-def bwd_ws_tiles(hdim: int) -> dict[str, int]:
+def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
-    the entries of :data:`BWD_WS_BY_HDIM`, and the variant macros that are on
-    (:data:`BWD_WS_VARIANTS`, then ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the
-    default instances keep their names and code."""
+    the entries of :data:`BWD_WS_BY_HDIM` (with ``dropout`` those of :data:`BWD_WS_DROPOUT_BY_HDIM`
+    over them), and the variant macros that are on (:data:`BWD_WS_VARIANTS`, then
+    ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the default instances keep their
+    names and code."""
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
-                      {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim], **BWD_WS_VARIANTS})
+                      {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
+                       **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
     switches = {"LSE2", *BWD_WS_VARIANTS}
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *switches}
     if unknown:
@@ -437,24 +446,29 @@ def bwd_ws_tiles(hdim: int) -> dict[str, int]:
 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None, bias_tma: int = 0) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
-    128; no dropout
-    (:func:`use_ws` says when it is dispatched). ``bias_tma`` 2 or 4: the build with an
+    128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
+    own keep bits (``-D DROPOUT=1``; 64 query rows per step; not with a bias; not yet measured,
+    dispatched only under ``CUPY_FMHA_BWD_WS=1``). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
     ``tiles``: the table entries (default :func:`bwd_ws_tiles`).
 
     Raises:
-        ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, or a
-            BLOCK_M other than 64 or 128."""
+        ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, a bias
+            with dropout, or a BLOCK_M other than 64 or 128."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     d = max(dq, dv)
-    tiles = dict(bwd_ws_tiles(d) if tiles is None else tiles)
+    tiles = dict(bwd_ws_tiles(d, dropout) if tiles is None else tiles)
     feats = _ws_bias_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma)
     if bias_tma:
+        if dropout:
+            raise ValueError("fmha_bwd_dq_dk_dv_sm90_ws: no build with both the bias and dropout")
         tiles["BLOCK_M"] = 64  # (at 128 rows the bias tile does not fit beside the rest)
+    if dropout:
+        feats["DROPOUT"] = 1
     if tiles.get("BLOCK_M", 64) not in (64, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):
@@ -592,6 +606,9 @@ def experimental_table() -> list[KernelSpec]:
         out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
                 for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
                 if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
+    # the ws backward's dropout build, dispatched only under CUPY_FMHA_BWD_WS=1 (not yet measured)
+    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True)
+            for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))

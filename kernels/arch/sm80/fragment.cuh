@@ -69,6 +69,38 @@ struct AccFrag {
         return (pair >> ((e & 1) * 8 + row_in_group())) & 1u;
     }
 
+    // Backward dropout without the byte mask (the warp-specialized backward): the keep bits of this
+    // thread's elements of NQ tiles of S^T (rows: the warp's 16 keys from key0, a multiple of 16;
+    // columns: query rows from q0), computed by the warp itself. Round u (NQ / 2 of them): lane
+    // (g, t) makes the Philox call of key group (key0 >> 3) + ((u >> 1) & 1) and query row
+    // q0 + 8 (g + 8 (u >> 2)) + 2t + (u & 1) (drop.keep8: bit r is key row r of the group); eight
+    // ballots, one per bit r, give every lane bit r of all 32 calls, and the lanes of row g keep
+    // ballot g shifted by t, so word u holds, at bit 4 m (m = 0..7, the calling lane's row), the
+    // element of row slot (u >> 1) & 1, tile m + 8 (u >> 2), column u & 1 (keep_bit_t). Each call
+    // is made once per warp.
+    template <int NQ, class Drop>
+    __device__ __forceinline__ void keep_bits_t(const Drop& drop, int key0, int q0, uint32_t (&w)[NQ / 2]) const {
+        static_assert(NQ % 8 == 0, "keep_bits_t: whole groups of 8 tiles");
+#pragma unroll 1  // one Philox chain at a time (it runs under GEMM0/2): the caller is at its register limit
+        for (int u = 0; u < NQ / 2; ++u) {
+            const uint32_t byte = drop.keep8(q0 + 8 * (g + 8 * (u >> 2)) + 2 * t + (u & 1), (key0 >> 3) + ((u >> 1) & 1));
+            uint32_t mine = 0;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const uint32_t v = ballot((byte >> r) & 1u);
+                mine = g == r ? v : mine;
+            }
+            mine >>= t;
+#pragma unroll
+            for (int k = 0; k < NQ / 2; ++k) w[k] = k == u ? mine : w[k];  // (static indices: w stays in registers)
+        }
+    }
+    // The keep bit of element e of tile n from keep_bits_t's words.
+    template <int NQ>
+    __device__ __forceinline__ static bool keep_bit_t(const uint32_t (&w)[NQ / 2], int n, int e) {
+        return (w[4 * (n >> 3) + 2 * (e >> 1) + (e & 1)] >> (4 * (n & 7))) & 1u;
+    }
+
     // A row slot's SLOT_ELEMS adjacent values to global memory at row + col (col: the slot's first
     // column): fp32 stores, stores in the input dtype, or fp32 atomic adds (dQ); from accumulator
     // elements v[0..], or from a Slot (dK's values scaled first, scaled_slot). The forms keep the

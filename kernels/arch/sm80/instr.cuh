@@ -106,6 +106,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 // v of lane (this lane ^ m) of this warp; every lane must take part.
 __device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// Bit L: `pred` of lane L of this warp; every lane must take part.
+__device__ __forceinline__ uint32_t ballot(bool pred) { return __ballot_sync(0xffffffffu, pred); }
 
 }  // namespace fmha
 
