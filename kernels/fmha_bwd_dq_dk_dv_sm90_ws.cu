@@ -36,7 +36,8 @@
 // rest); hdim 64 only (at 128 the MMA warpgroups spill: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS).
 //
 // DROPOUT=1 (not with BIAS): each warp makes the keep bits of its 16 keys x BLOCK_M query rows while
-// GEMM0 and GEMM2 run, one Philox call per (key group, query row) spread over its lanes and handed
+// its GEMMs run (at hdim 64 a block ahead, under GEMM1/3; at 128 under GEMM0/2: KEEP_AHEAD), one
+// Philox call per (key group, query row) spread over its lanes and handed
 // to the lanes that hold the elements by eight ballots per call round (AccFrag::keep_bits_t), no
 // byte mask in shared memory; backward_p_ds reads them (KeepWords). Dispatched only under
 // CUPY_FMHA_BWD_WS=1 until measured (cupy_fmha.backends.cuda.use_ws; bench/NOTES.md step 49).
@@ -193,6 +194,15 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         for (int i = 0; i < BIAS_STAGES && blk.qb_begin + i < blk.qb_end; ++i) load_bias(i);
 
     int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
+    // DROPOUT: this warp's keep bits (keep_bits_t). KEEP_AHEAD (hdim 64): those of the query block
+    // to come, the first one's here and each next one's while the current block's GEMM1 and GEMM3
+    // run, where S and dP are dead (0 spills; made while GEMM0/2 run instead, the build spilled 24-32
+    // bytes); at hdim 128 those of the current block while GEMM0 and GEMM2 run (48-52 bytes of block
+    // state spill; a block ahead, with dK and dV live, 68-112)
+    constexpr bool KEEP_AHEAD = HDIM_Q <= 64 && HDIM_V <= 64;
+    KeepWords<NQ> keep{};
+    if constexpr (DROPOUT && KEEP_AHEAD)
+        if (blk.qb_begin < blk.qb_end) frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, blk.qb_begin * BLOCK_M, keep.w);
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
         // and dS^T tiles then live in uniform registers)
@@ -218,8 +228,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
-        KeepWords<NQ> keep{};  // DROPOUT: this warp's keep bits, made while GEMM0 and GEMM2 run
-        if constexpr (DROPOUT) {
+        if constexpr (DROPOUT && !KEEP_AHEAD) {
             frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0, keep.w);
             fence_operand<NQ / 2>(keep.w);
         }
@@ -254,6 +263,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
         }
         wgmma_commit();
+        if constexpr (DROPOUT && KEEP_AHEAD)
+            if (qb + 1 < blk.qb_end) {
+                frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0 + BLOCK_M, keep.w);
+                fence_operand<NQ / 2>(keep.w);
+            }
         fence_proxy_async();
         bulk_wait_read<0>();                       // the previous block's dQ rows have left sdQ
         named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free

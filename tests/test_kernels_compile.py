@@ -42,8 +42,9 @@ pytestmark = pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC not available
 SPILL_ALLOWED = {"fmha_bwd_dq_dk_dv_sm90": 64}
 
 #: The warp-specialized backward's dropout build (experimental_table: dispatched only under
-#: CUPY_FMHA_BWD_WS=1, not yet measured; bench/NOTES.md step 49): with its warps' own keep bits the
-#: MMA warpgroups spill 24-52 bytes of loop-invariant block state (offline, 240 registers).
+#: CUPY_FMHA_BWD_WS=1, not yet measured; bench/NOTES.md step 49): at hdim 128, with its warps' own
+#: keep bits, the MMA warpgroups spill 48-52 bytes of loop-invariant block state (240 registers);
+#: hdim 64 none.
 WS_DROPOUT_SPILL = 64
 
 
