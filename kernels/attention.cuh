@@ -294,9 +294,10 @@ template <int NQ>
 __device__ __forceinline__ bool keep_at(const unsigned char* bits, const AccFrag& f, int n, int e) {
     return f.keep_bit(bits, AccFrag::N * NQ, n, e);
 }
-template <int NQ>
-__device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const AccFrag&, int n, int e) {
-    return AccFrag::template keep_bit_t<NQ>(k.w, n, e);
+// (Frag a template parameter, so that architectures without keep_bit_t, gfx9, still compile this)
+template <int NQ, class Frag>
+__device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int n, int e) {
+    return Frag::template keep_bit_t<NQ>(k.w, n, e);
 }
 
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
