@@ -104,10 +104,10 @@ def _check_bias_tma(n: int) -> int:
     return n
 
 
-def _ws_bias_feats(source: str, tiles: dict, alibi: bool, bias_tma: int) -> dict[str, int]:
-    """The feature macros of a ws kernel's instance: ALiBi, or with ``bias_tma`` (2 or 4) the bias
-    build (``BIAS=1``, ``BIAS_TMA``), which needs the swizzled tiles."""
-    feats = feature_macros(alibi, bool(_check_bias_tma(bias_tma)), False)
+def _ws_feats(source: str, tiles: dict, alibi: bool, bias_tma: int, dropout: bool = False) -> dict[str, int]:
+    """The feature macros of a ws kernel's instance: ALiBi, dropout (``DROPOUT=1``), or with
+    ``bias_tma`` (2 or 4) the bias build (``BIAS=1``, ``BIAS_TMA``), which needs the swizzled tiles."""
+    feats = feature_macros(alibi, bool(_check_bias_tma(bias_tma)), dropout)
     if bias_tma:
         if not tiles.get("SWIZZLE"):
             raise ValueError(f"{source}: the bias tiles need SWIZZLE=1")
@@ -289,19 +289,20 @@ WS_MIN_HDIM = 49
 
 
 def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdims: tuple[int, ...],
-               pad: int = 64) -> bool:
+               pad: int = 64, opt_in: bool = False) -> bool:
     """The rule both warp-specialized kernels follow: never for a feature they lack
-    (``unsupported``: dropout or bias) or head dims that, rounded up to a multiple of 64 (their tiles
+    (``unsupported``: a bias they cannot take) or head dims that, rounded up to a multiple of 64 (their tiles
     are slabs of 64 columns; TMA zero-fills the rest; ``pad`` 128 for the wide backward, whose
     warpgroups split them in halves), fall outside ``hdims``; else ``switch_var``
     set to ``1`` takes them wherever they apply, ``0`` never; unset, above :data:`WS_MIN_HDIM` at
     equal rounded head dims, or unequal ones with one above 128 (e.g. 192 / 128: the alternative
-    there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet)."""
+    there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet).
+    ``opt_in``: a feature whose build is taken only when ``switch_var`` is ``1`` (not yet measured)."""
     switch = os.environ.get(switch_var, "").strip()
     if switch not in ("", "0", "1"):
         raise ValueError(f"{switch_var}: expected 0 or 1 (or unset), got {switch!r}")
     dq, dv = pad_hdim(hdim_q, pad), pad_hdim(hdim_v, pad)
-    if unsupported or dq not in hdims or dv not in hdims:
+    if unsupported or dq not in hdims or dv not in hdims or (opt_in and switch != "1"):
         return False
     if switch:
         return switch == "1"
@@ -321,8 +322,7 @@ def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = Fals
     never (comparisons; the same switch governs the wide ws backward above 128, :func:`bwd_specs`,
     so ``=0`` sends those back to the mma.sync kernel too)."""
     # dropout (its DROPOUT build, bench/NOTES.md step 49) only when asked for: not yet measured
-    explicit = os.environ.get("CUPY_FMHA_BWD_WS", "").strip() == "1"
-    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias or (dropout and not explicit), SM90_HDIMS)
+    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias, SM90_HDIMS, opt_in=dropout)
 
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
@@ -419,7 +419,7 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36).
 BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 #: ... and with dropout (bench/NOTES.md step 49, offline only): 64 query rows at hdim 64 too, where
-#: the warps' own keep bits then spill 32 bytes of loop-invariant block state instead of 100
+#: the build with the warps' own keep bits has no spills (at 128 rows 64-128 bytes)
 BWD_WS_DROPOUT_BY_HDIM = {64: dict(BLOCK_M=64)}
 
 
@@ -462,13 +462,11 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     d = max(dq, dv)
     tiles = dict(bwd_ws_tiles(d, dropout) if tiles is None else tiles)
-    feats = _ws_bias_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma)
+    feats = _ws_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma:
         if dropout:
             raise ValueError("fmha_bwd_dq_dk_dv_sm90_ws: no build with both the bias and dropout")
         tiles["BLOCK_M"] = 64  # (at 128 rows the bias tile does not fit beside the rest)
-    if dropout:
-        feats["DROPOUT"] = 1
     if tiles.get("BLOCK_M", 64) not in (64, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):
@@ -581,9 +579,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout) if tiles is None else tiles)
-    feats = _ws_bias_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma)
-    if dropout:
-        feats["DROPOUT"] = 1
+    feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)

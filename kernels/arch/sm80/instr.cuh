@@ -65,18 +65,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ float to_float(uint16_t x) {
-    if constexpr (FMHA_BF16) {
-        return __uint_as_float(static_cast<uint32_t>(x) << 16);
-    } else {
-        float f;
-        asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
-        return f;
-    }
-}
-
-// Conversions of a stored element whose type is chosen at run time (the elementwise bias has its
-// own dtype, independent of FMHA_BF16).
+// Conversions of a stored element of either 16-bit type (the elementwise bias has its own dtype,
+// independent of FMHA_BF16); to_float: the instance's element type.
 __device__ __forceinline__ float f16_bits_to_float(uint16_t x) {
     float f;
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
@@ -84,6 +74,10 @@ __device__ __forceinline__ float f16_bits_to_float(uint16_t x) {
 }
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
     return __uint_as_float(static_cast<uint32_t>(x) << 16);
+}
+__device__ __forceinline__ float to_float(uint16_t x) {
+    if constexpr (FMHA_BF16) return bf16_bits_to_float(x);
+    else return f16_bits_to_float(x);
 }
 // ... and back, rounded to nearest even (dS stored as dBias in the bias's own dtype)
 __device__ __forceinline__ uint16_t float_to_f16_bits(float f) {
