@@ -22,3 +22,7 @@ timeout 60 python3 bench/probe/drop_bwd.py default 64,128
 CUPY_FMHA_BWD_WS=1 timeout 60 python3 bench/probe/drop_bwd.py ws 64,128
 CUPY_FMHA_BWD_WS=1 CUPY_FMHA_BWD_WS_TILES=BLOCK_M=128 timeout 40 python3 bench/probe/drop_bwd.py ws-bm128 64
 t done
+t fwd-d64-serial
+timeout 60 python3 bench/probe/drop_ws.py overlap 64 1024,4096
+CUPY_FMHA_FWD_WS_TILES=PV_OVERLAP=0,PINGPONG=0 timeout 60 python3 bench/probe/drop_ws.py serial 64 1024,4096
+t done2
