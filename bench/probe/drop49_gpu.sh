@@ -26,3 +26,6 @@ t fwd-d64-serial
 timeout 60 python3 bench/probe/drop_ws.py overlap 64 1024,4096
 CUPY_FMHA_FWD_WS_TILES=PV_OVERLAP=0,PINGPONG=0 timeout 60 python3 bench/probe/drop_ws.py serial 64 1024,4096
 t done2
+t bias128
+timeout 120 python3 bench/probe/bias128.py 128
+t done3
