@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 import cupy_fmha
+from cupy_fmha import plan
 from cupy_fmha.backends import cuda
 from cupy_fmha.timing import time_cuda
 
@@ -26,6 +27,7 @@ for d in hdims:
         res = {}
         for tag, hd in (("default", tuple(cuda.BWD_WS_BIAS_HDIMS)), ("ws", (64, 128))):
             cuda.BWD_WS_BIAS_HDIMS = hd
+            plan._bwd_specs.cache_clear()
             o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
             plain = time_cuda(lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal),
                               warmup=3, repeat=15).median_ms
