@@ -28,6 +28,7 @@ for d in hdims:
         for tag, hd in (("default", tuple(cuda.BWD_WS_BIAS_HDIMS)), ("ws", (64, 128))):
             cuda.BWD_WS_BIAS_HDIMS = hd
             plan._bwd_specs.cache_clear()
+            plan._KERNELS.clear()
             o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
             plain = time_cuda(lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal),
                               warmup=3, repeat=15).median_ms
