@@ -557,9 +557,9 @@ def test_ws_backward_variant_switch(monkeypatch):
             for dt in ("bf16", "fp16") for a in (False, True)]
     assert sorted(n for n in names if "BLOCK_M64" in n and "HDIM_Q64" in n and "ws" in n and "SWIZZLE1" in n
                   and "bwd" in n and "DROPOUT" not in n) == sorted(s.name for s in bm64)
-    # and the dropout builds (not dispatched by default: bench/NOTES.md step 49), 64 rows at both dims
-    drops = [n for n in names if "bwd" in n and "sm90_ws" in n and "DROPOUT1" in n]
-    assert len(drops) == 8 and all("BLOCK_M64" in n for n in drops)
+    # the dropout builds it replaced (CUPY_FMHA_BWD_WS=0 only) at both dims
+    drops = [n for n in names if "bwd_dq_dk_dv_sm90_" in n and "ws" not in n and "DROPOUT1" in n]
+    assert len(drops) == 8 and all("DQ_BULK0" in n for n in drops)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=128")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name

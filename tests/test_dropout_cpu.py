@@ -83,7 +83,11 @@ def test_dispatch_table_has_dropout_instances_and_mask_kernel():
     assert not any(n.startswith(("fmha_bwd_dot_do_o", "fmha_bwd_convert_dq")) for n in drop)
 
 
-def test_backward_launch_reserves_keep_bits():
+@pytest.mark.parametrize("ws", ["", "0"])
+def test_backward_launch_reserves_keep_bits(ws, monkeypatch):
+    """The byte-mask kernels reserve 1 byte per 8 scores of a block for the keep bits; the ws
+    backward (the default at 64 and 128 on sm_90; ``CUPY_FMHA_BWD_WS=0``: the older kernel) none."""
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", ws)
     for cc in (80, 90):
         for d in (32, 64, 128, 256):
             drop = S.bwd_specs("fp16", d, d, cc, dropout=True).dq_dk_dv
@@ -92,6 +96,9 @@ def test_backward_launch_reserves_keep_bits():
                           **{k: v for k, v in drop.macros if k != "DROPOUT"})
             l0, l1 = L.dq_dk_dv_launch(plain, 2, 4, 1000), L.dq_dk_dv_launch(drop, 2, 4, 1000)
             assert l0.grid == l1.grid and l0.block == l1.block
+            if drop.source.endswith("_ws"):  # (its warps keep their bits in registers: no byte mask)
+                assert l1.smem == l0.smem <= L.SMEM_LIMIT
+                continue
             if drop.target == "sm90a":
                 bm, bn = 64, 128
             else:

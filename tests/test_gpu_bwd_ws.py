@@ -3,11 +3,11 @@ padded head dims 64/128 in atomic mode, CUPY_FMHA_BWD_WS=1 takes it wherever it 
 the NumPy reference: the cases of the main GPU suites (batch mode: masks, GQA, both layouts,
 lengths that are not multiples of any tile; group mode; ALiBi; deterministic mode, which by
 default runs the other kernel) rerun with the switch on, plus a check that the switch really
-selects the kernel. Under the switch it also takes dropout (its DROPOUT build, whose warps make
-their own keep bits: AccFrag::keep_bits_t; not dispatched by default until measured): the dropout
-suites' cases (batch and group mode, ALiBi, deterministic bit-identity) rerun here. Configurations
-it does not take (bias with dropout, bias at hdim 128, head dims above 128, devices before sm_90)
-run the usual kernels under the switch too.
+selects the kernel. Its dropout build (the warps make their own keep bits: AccFrag::keep_bits_t)
+is the default at these head dims, so the dropout suites test it as they are (test_gpu_dropout.py
+reruns its cases on the older kernel, CUPY_FMHA_BWD_WS=0). Configurations it does not take (bias
+with dropout, bias at hdim 128, head dims above 128, devices before sm_90) run the usual kernels
+under the switch too.
 
 The kernel's variants (SWIZZLE, on by default: backends/cuda.py BWD_WS_VARIANTS) are chosen by
 CUPY_FMHA_BWD_WS_TILES for the whole run (SWIZZLE=0 runs this file on the column-blocked build); test_switch_selects_the_ws_kernel checks the instance carries them. EXTRA adds what the
@@ -29,8 +29,6 @@ except Exception:  # pragma: no cover
 
 import test_gpu_attention as A
 import test_gpu_deterministic as D
-import test_gpu_dropout as DR
-import test_gpu_dropout_features as DF
 import test_gpu_varlen as V
 import conftest
 from conftest import BF16, F16, Packed, check_group, run, seed_for
@@ -148,28 +146,3 @@ def test_group_mode_extra(case):
     inp = Packed(dtype, lq, lk, hq, hk, d, dv, seed_for("bwd-ws-varlen", case))
     o, lse, g = run(inp, mkw)
     check_group(inp, o, lse, g, mkw)
-
-
-# dropout on the ws backward (under the switch; the forward is the default ws forward)
-@pytest.mark.parametrize("case", list(DR.CASES))
-def test_dropout(case):
-    DR.test_dropout_forward_backward_matches_reference(case)
-
-
-@pytest.mark.parametrize("case", list(DF.ALIBI))
-def test_dropout_alibi(case):
-    DF.test_dropout_with_alibi(case)
-
-
-@pytest.mark.parametrize("case", list(DF.VARLEN))
-def test_dropout_group_mode(case):
-    DF.test_dropout_group_mode(case)
-
-
-@pytest.mark.parametrize("d, layout", [(64, "bshd"), (128, "bhsd"), (96, "bshd")])
-def test_dropout_deterministic(d, layout):
-    DF.test_dropout_deterministic_is_bit_identical(d, layout)
-
-
-def test_dropout_rows_without_keys():
-    DR.test_rows_without_keys_stay_zero_with_dropout(64)

@@ -9,8 +9,9 @@ NaN-poisoned ``out=`` buffers, :func:`cupy_fmha.verify.compare` against the floa
   rate is within a binomial bound;
 * forward + backward match the reference at p = 0.2 / 0.5 for head dims 64, 96, 128, 160, 192,
   256 and 192 / 128 (on sm_90 the warp-specialized forward, which computes the keep bits in its MMA
-  warps; the wgmma or mma.sync backward) and 32 (mma.sync), masks 0 / t / b / t:l,r, GQA, fp16 and
-  bf16: since the
+  warps; the warp-specialized backward up to 128, whose warps make their own keep bits, the
+  mma.sync one above) and 32 (mma.sync), masks 0 / t / b / t:l,r, GQA, fp16 and bf16, and the cases
+  up to 128 again on the older backward (``CUPY_FMHA_BWD_WS=0``): since the
   references draw their masks from cupy_fmha.philox, this also checks that the attention kernels
   apply exactly that mask (a wrong keep bit moves O and the gradients far beyond tolerance);
 * rows with no visible key stay o = 0, lse = -inf, gradients 0, no NaN;
@@ -119,6 +120,15 @@ def test_dropout_forward_backward_matches_reference(case):
     check(inp, o, lse, g, kw)
     want = keep_reference(b, hq, sq, sk, kw["dropout_p"], kw.get("seed", 0), kw.get("offset", 0))
     assert np.array_equal(cp.asnumpy(keep), want)
+
+
+@pytest.mark.parametrize("case", [c for c, v in CASES.items() if max(v[7], v[8]) <= 128])
+def test_dropout_on_the_older_backward(case, monkeypatch):
+    """The cases up to hdim 128 with the warp-specialized backward switched off: the kernels its
+    DROPOUT build replaced by default (fmha_bwd_dq_dk_dv_sm90 on sm_90, where dropout with a bias
+    still runs; mma.sync elsewhere)."""
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
+    test_dropout_forward_backward_matches_reference(case)
 
 
 @pytest.mark.parametrize("d", [64, 32])

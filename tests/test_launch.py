@@ -68,12 +68,12 @@ def test_sm90_instances_fit(hq, hv):
 def test_sm80_devices_never_get_wgmma():
     assert fwd_spec("fp16", 64, 64, 80).target == "sm80"
     assert bwd_specs("fp16", 128, 128, 86).dq_dk_dv.target == "sm80"
-    assert bwd_specs("fp16", 96, 96, 90, dropout=True).dq_dk_dv.target == "sm80"  # padded 96: mma.sync path
+    assert bwd_specs("fp16", 40, 40, 90, dropout=True).dq_dk_dv.target == "sm80"  # hdim 40: mma.sync path
 
 
 def test_ws_backward_routing(monkeypatch):
     """The warp-specialized Hopper backward: by default at equal padded hdims 64 / 128 (deterministic too),
-    not with dropout (its DROPOUT build only under CUPY_FMHA_BWD_WS=1) or a bias it cannot take;
+    with dropout too (its DROPOUT build; not together with a bias), not with a bias it cannot take;
     CUPY_FMHA_BWD_WS=1 / 0 force it on (where it applies) / off."""
     from cupy_fmha.backends import cuda as cuda_mod
     from cupy_fmha.backends.cuda import bwd_specs
@@ -81,8 +81,12 @@ def test_ws_backward_routing(monkeypatch):
     monkeypatch.delenv("CUPY_FMHA_BWD_WS", raising=False)
     assert src(128, 128) == src(120, 120) == src(128, 128, alibi=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 128, deterministic=True) == src(64, 64, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
-    for kw in ({"dropout": True}, {"bias": True}):
-        assert src(128, 128, **kw) == "fmha_bwd_dq_dk_dv_sm90", kw
+    assert src(128, 128, bias=True) == src(64, 64, dropout=True, bias=True, bias_tma=2) == "fmha_bwd_dq_dk_dv_sm90"
+    # dropout: the DROPOUT build, at the plain build's rows (128 at hdim 64, 64 at 128: bench/NOTES.md step 50)
+    for d, rows in ((128, 64), (120, 64), (64, 128), (56, 128)):
+        drop = bwd_specs("bf16", d, d, 90, dropout=True).dq_dk_dv
+        assert (drop.source, drop.macro("DROPOUT"), drop.macro("BLOCK_M")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 1, rows)
+        assert src(d, d, dropout=True, alibi=True, deterministic=True) == drop.source
     assert src(64, 64) == src(56, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 64) == "fmha_bwd_dq_dk_dv_sm90"
     # head dims that round up to 128 (their columns past the head dim zero-filled by TMA) leave the
@@ -90,8 +94,9 @@ def test_ws_backward_routing(monkeypatch):
     for d in (72, 96, 104):
         s = bwd_specs("bf16", d, d, 90).dq_dk_dv
         assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 128, 128)
-        assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
-    assert src(32, 32) == src(48, 48) == "fmha_bwd_dq_dk_dv"
+        assert src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
+        assert bwd_specs("bf16", d, d, 90, dropout=True).dq_dk_dv.name == bwd_specs("bf16", 128, 128, 90, dropout=True).dq_dk_dv.name
+    assert src(32, 32) == src(48, 48) == src(48, 48, dropout=True) == "fmha_bwd_dq_dk_dv"
     # wider ones round up to 256 on the wide build (64-key blocks), not with dropout or a bias
     for d in (136, 192, 256):
         s = bwd_specs("bf16", d, d, 90).dq_dk_dv
@@ -104,18 +109,13 @@ def test_ws_backward_routing(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"
     assert src(128, 64) == src(128, 128, deterministic=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
-    # dropout only when asked for (the DROPOUT build, not yet measured: bench/NOTES.md step 49);
+    assert src(128, 64, dropout=True) == "fmha_bwd_dq_dk_dv_sm90_ws"
     # never with a bias (no such build)
-    drop = bwd_specs("bf16", 128, 128, 90, dropout=True).dq_dk_dv
-    assert (drop.source, drop.macro("DROPOUT"), drop.macro("BLOCK_M")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 1, 64)
-    assert bwd_specs("bf16", 64, 64, 90, dropout=True).dq_dk_dv.macro("BLOCK_M") == 64
     assert src(64, 64, dropout=True, bias=True, bias_tma=2) == "fmha_bwd_dq_dk_dv_sm90"
     with pytest.raises(ValueError, match="bias and dropout"):
         cuda_mod.bwd_ws_spec("bf16", 64, 64, bias_tma=2, dropout=True)
-    monkeypatch.delenv("CUPY_FMHA_BWD_WS")
-    assert src(128, 128, dropout=True) == src(64, 64, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "0")
-    assert src(128, 128) == src(64, 64) == "fmha_bwd_dq_dk_dv_sm90"
+    assert src(128, 128) == src(64, 64) == src(128, 128, dropout=True) == "fmha_bwd_dq_dk_dv_sm90"
     assert src(256, 256) == "fmha_bwd_dq_dk_dv"
     for bad in ("true", "off", "2"):  # (only 0 and 1: "off" used to mean on)
         monkeypatch.setenv("CUPY_FMHA_BWD_WS", bad)

@@ -289,20 +289,19 @@ WS_MIN_HDIM = 49
 
 
 def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdims: tuple[int, ...],
-               pad: int = 64, opt_in: bool = False) -> bool:
+               pad: int = 64) -> bool:
     """The rule both warp-specialized kernels follow: never for a feature they lack
     (``unsupported``: a bias they cannot take) or head dims that, rounded up to a multiple of 64 (their tiles
     are slabs of 64 columns; TMA zero-fills the rest; ``pad`` 128 for the wide backward, whose
     warpgroups split them in halves), fall outside ``hdims``; else ``switch_var``
     set to ``1`` takes them wherever they apply, ``0`` never; unset, above :data:`WS_MIN_HDIM` at
     equal rounded head dims, or unequal ones with one above 128 (e.g. 192 / 128: the alternative
-    there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet).
-    ``opt_in``: a feature whose build is taken only when ``switch_var`` is ``1`` (not yet measured)."""
+    there is the mma.sync kernel; at 128 / 64 it is the first wgmma kernel, not compared yet)."""
     switch = os.environ.get(switch_var, "").strip()
     if switch not in ("", "0", "1"):
         raise ValueError(f"{switch_var}: expected 0 or 1 (or unset), got {switch!r}")
     dq, dv = pad_hdim(hdim_q, pad), pad_hdim(hdim_v, pad)
-    if unsupported or dq not in hdims or dv not in hdims or (opt_in and switch != "1"):
+    if unsupported or dq not in hdims or dv not in hdims:
         return False
     if switch:
         return switch == "1"
@@ -312,17 +311,16 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdi
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
-    which takes dropout only under ``CUPY_FMHA_BWD_WS=1`` (its DROPOUT build, not yet measured),
-    and a bias only through TMA at hdim 64: ``bias`` here means one it
-    cannot take, see :func:`bwd_specs`): by default when both head dims round up (to a multiple of
-    64) to 64 or both to 128 (deterministic mode too, by ordered adds instead of slabs), where it
-    measured 0.76-0.87 (hdim 128) and 0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90``
-    (bench/NOTES.md step 22); head dims that round up (72-120 -> 128) leave the mma.sync kernel
-    (step 45). ``CUPY_FMHA_BWD_WS=1`` takes it wherever it applies (unequal head dims too), ``=0``
+    which takes dropout (its DROPOUT build), and a bias only through TMA at hdim 64 and not
+    together with dropout: ``bias`` here means one it cannot take, see :func:`bwd_specs`): by
+    default when both head dims round up (to a multiple of 64) to 64 or both to 128 (deterministic
+    mode too, by ordered adds instead of slabs), where it measured 0.76-0.87 (hdim 128) and
+    0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22), with
+    dropout 0.75 (hdim 128) and 0.77-0.78 (hdim 64; step 50); head dims that round up (72-120 ->
+    128) leave the mma.sync kernel (step 45). ``CUPY_FMHA_BWD_WS=1`` takes it wherever it applies (unequal head dims too), ``=0``
     never (comparisons; the same switch governs the wide ws backward above 128, :func:`bwd_specs`,
     so ``=0`` sends those back to the mma.sync kernel too)."""
-    # dropout (its DROPOUT build, bench/NOTES.md step 49) only when asked for: not yet measured
-    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias, SM90_HDIMS, opt_in=dropout)
+    return _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, bias, SM90_HDIMS)
 
 
 def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
@@ -418,9 +416,11 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
 #: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36).
 BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
-#: ... and with dropout (bench/NOTES.md step 49, offline only): 64 query rows at hdim 64 too, where
-#: the build with the warps' own keep bits has no spills (at 128 rows 64-128 bytes)
-BWD_WS_DROPOUT_BY_HDIM = {64: dict(BLOCK_M=64)}
+#: ... and with dropout (the DROPOUT build, whose warps make their own keep bits): nothing differs.
+#: At hdim 64 the 128-row build spills 64-128 bytes (the 64-row one none) and still measured
+#: 1.05-1.06x faster (bf16 b4 h16 s4096: 2.76 against 2.90 ms, causal 1.57 against 1.64;
+#: bench/NOTES.md step 50)
+BWD_WS_DROPOUT_BY_HDIM: dict[int, dict[str, int]] = {}
 
 
 #: padded head dims at which the ws backward takes the elementwise bias (its BIAS build): at hdim
@@ -450,8 +450,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
     128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
-    own keep bits (``-D DROPOUT=1``; 64 query rows per step; not with a bias; not yet measured,
-    dispatched only under ``CUPY_FMHA_BWD_WS=1``). ``bias_tma`` 2 or 4: the build with an
+    own keep bits (``-D DROPOUT=1``; not with a bias). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
     ``tiles``: the table entries (default :func:`bwd_ws_tiles`).
@@ -596,15 +595,13 @@ def experimental_table() -> list[KernelSpec]:
     :func:`use_fwd_ws`), the ws forward's pipeline variants (:data:`FWD_WS_BUILDS`,
     ``CUPY_FMHA_FWD_WS_TILES``) and the ws backward's (:data:`BWD_WS_BUILDS`, ``CUPY_FMHA_BWD_WS_TILES``)."""
     out = [_mk("fmha_bwd_dq_dk_dv_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, NWG=2, BLOCK_N=128, BLOCK_M=64,
-               **feature_macros(alibi, False, False)) for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+               **({"DQ_BULK": 0} if drop else {}), **feature_macros(alibi, False, drop))
+           for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for drop in (False, True)]
     # the ws backward's variants (BWD_WS_VARIANTS), not dispatched by default
     for variant in BWD_WS_BUILDS:
         out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
                 for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
                 if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
-    # the ws backward's dropout build, dispatched only under CUPY_FMHA_BWD_WS=1 (not yet measured)
-    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True)
-            for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
