@@ -53,5 +53,6 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run_group(d, dtype, mask="b")
         # dropout (the keep bits in the MMA warps; step 48): batch and group mode, causal
         run(d, dtype, dropout_p=0.2, seed=5, causal=True)
+        run(d, dtype, dropout_p=0.2, seed=6, sq=300, sk=520)  # (5 key blocks: KEEP_GEN's ring wraps)
         run_group(d, dtype, dropout_p=0.3, seed=2**40 + 1, offset=7)
 print("ok")
