@@ -522,7 +522,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
 #: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
 #: with ALiBi)
-FWD_WS_DROPOUT_BY_HDIM = {128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+#: KEEP_GEN (the producer warpgroup's idle warps make the keep bits, bench/NOTES.md step 51) where
+#: the key block is a multiple of 32 keys and the ring fits: 64, 128, 192
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(KEEP_GEN=1), 128: dict(PV_OVERLAP=0, PINGPONG=0, KEEP_GEN=1),
+                          192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, KEEP_GEN=1),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 
 
