@@ -29,7 +29,6 @@
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
 //   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
-//   KEEP_GEN     fmha_fwd_sm90_ws with DROPOUT: the producer warpgroup's other warps make the keep bits
 //   (PERSIST, fmha_fwd_sm90_ws's row blocks per CTA, is the launcher's alone: launch.fwd_launch sets
 //   the grid from it and the kernel strides over whatever grid it gets; not read here)
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
@@ -118,9 +117,6 @@
 #endif
 #ifndef BIAS_TMA
 #define BIAS_TMA 0
-#endif
-#ifndef KEEP_GEN
-#define KEEP_GEN 0
 #endif
 #ifndef BIAS_STAGES
 #define BIAS_STAGES 2

@@ -38,13 +38,6 @@
 //               Philox calls, independent of each other) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
-//   KEEP_GEN=1  (with DROPOUT) the Philox work moves off the MMA warps: the producer warpgroup's warps
-//               1-3 (idle otherwise) make each key block's keep bits (fill_keep_words, philox.cuh: a
-//               word of four Philox calls' bits per row and 32 keys) into a ring of KEEP_STAGES word
-//               tiles with full / empty mbarriers; an MMA thread reads its rows' words while its S
-//               GEMM runs and takes its bits (AccFrag::keep_bits_of_word). Same keep mask. The
-//               producer warpgroup then runs at KEEP_PRODUCER_REGS registers, the MMA ones at
-//               KEEP_MMA_REGS.
 //
 // Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
@@ -65,8 +58,6 @@ using namespace fmha;
 static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
-static_assert(!KEEP_GEN || (DROPOUT && !BIAS && BLOCK_N % 32 == 0),
-              "fmha_fwd_sm90_ws: KEEP_GEN makes dropout's keep bits in words of 32 keys (no bias build)");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
@@ -92,10 +83,6 @@ struct Smem {
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_empty(int) { return nullptr; }
-    // (nor a keep-bit ring: SmemKeep's, KEEP_GEN)
-    __device__ __forceinline__ uint32_t* keep_words(int) { return nullptr; }
-    __device__ __forceinline__ unsigned long long* keep_full(int) { return nullptr; }
-    __device__ __forceinline__ unsigned long long* keep_empty(int) { return nullptr; }
 };
 // With BIAS: the bias ring after them, from the next 1024-byte boundary; bias_full: the tile landed,
 // bias_empty: every MMA thread has added it to its scores
@@ -109,25 +96,9 @@ struct SmemBias : Smem {
     __device__ __forceinline__ unsigned long long* bias_full(int s) { return &bias_full_[s]; }
     __device__ __forceinline__ unsigned long long* bias_empty(int s) { return &bias_empty_[s]; }
 };
-// With KEEP_GEN: the keep-bit ring after them (fill_keep_words' words of one key block per tile;
-// keep_full: the producer warpgroup's generator threads wrote it, keep_empty: every MMA thread read
-// its words). Registers of the two roles then (setmaxnreg; the sums stay within the 64K of an SM).
-enum : int { KEEP_STAGES = 2, KEEP_WORDS_ROW = BLOCK_N / 32, KEEP_WORDS = BLOCK_M * KEEP_WORDS_ROW,
-             KEEP_GEN_THREADS = 96, KEEP_PRODUCER_REGS = 56, KEEP_MMA_REGS = 224 };
-enum : int { PRODUCER_REGS = KEEP_GEN ? (int)KEEP_PRODUCER_REGS : WS_PRODUCER_REGS,
-             MMA_REGS = KEEP_GEN ? (int)KEEP_MMA_REGS : WS_MMA_REGS };
-static_assert(PRODUCER_REGS + NWG * MMA_REGS <= 65536 / 128, "fmha_fwd_sm90_ws: the roles' registers exceed the SM's");
-struct SmemKeep : Smem {
-    uint32_t keep[KEEP_STAGES][KEEP_WORDS];
-    unsigned long long keep_full_[KEEP_STAGES], keep_empty_[KEEP_STAGES];
-    __device__ __forceinline__ uint32_t* keep_words(int s) { return keep[s]; }
-    __device__ __forceinline__ unsigned long long* keep_full(int s) { return &keep_full_[s]; }
-    __device__ __forceinline__ unsigned long long* keep_empty(int s) { return &keep_empty_[s]; }
-};
-template <bool B, bool K> struct SmemOf { using type = Smem; };
-template <> struct SmemOf<true, false> { using type = SmemBias; };
-template <> struct SmemOf<false, true> { using type = SmemKeep; };
-using SmemAll = SmemOf<BIAS, KEEP_GEN>::type;
+template <bool B> struct SmemOf { using type = Smem; };
+template <> struct SmemOf<true> { using type = SmemBias; };
+using SmemAll = SmemOf<BIAS>::type;
 static_assert(sizeof(SmemAll) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
@@ -202,35 +173,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
                 mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
             }
-        if constexpr (KEEP_GEN)
-            for (int s = 0; s < KEEP_STAGES; ++s) {
-                mbarrier_init(smem_u32(sm.keep_full(s)), KEEP_GEN_THREADS);
-                mbarrier_init(smem_u32(sm.keep_empty(s)), MMA_THREADS);
-            }
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if constexpr (KEEP_GEN) {
-            if (threadIdx.x >= 32) {  // warps 1-3: the keep bits of every key block, in the MMA warps' order
-                int i = 0;
-                for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-                    const int q0 = row0_of(x);
-                    FwdBlock blk;
-                    if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;
-                    for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
-                        const int s = i % KEEP_STAGES;
-                        if (i >= KEEP_STAGES) mbarrier_wait(smem_u32(sm.keep_empty(s)), ((i / KEEP_STAGES) & 1) ^ 1);
-                        fill_keep_words<BLOCK_M, KEEP_WORDS_ROW, KEEP_GEN_THREADS>(sm.keep_words(s), blk.drop, q0, kb * (BLOCK_N / 8),
-                                                                                 threadIdx.x - 32);
-                        mbarrier_arrive(smem_u32(sm.keep_full(s)));
-                    }
-                }
-                return;
-            }
-        }
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
@@ -267,7 +215,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<MMA_REGS>();
+    setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     // warpgroup (of the two; broadcast from lane 0 so that the compiler sees it warp-uniform and keeps
     // the Q descriptors in uniform registers, as the ws backward: bench/NOTES.md step 31), warp
@@ -286,28 +234,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind};
     };
     auto bias_done = [&](int i) { mbarrier_arrive(smem_u32(sm.bias_empty(i % BIAS_STAGES))); };
-    // DROPOUT: this thread's keep bits of key block i (ring count) at k0 for the rows at row0 (q0: the
-    // row block's first row), called between the issue of the block's S GEMM and the wait for it:
-    // with KEEP_GEN read from the ring (its two rows' words), else computed here (keep_bits)
-    auto keep_of = [&](const FwdBlock& blk, int q0, int row0, int i, int k0) {
-        if constexpr (KEEP_GEN) {
-            KeepBits<NS> kb;
-            const int s = i % KEEP_STAGES;
-            mbarrier_wait(smem_u32(sm.keep_full(s)), (i / KEEP_STAGES) & 1);
-            const uint32_t* words = sm.keep_words(s);
-#pragma unroll
-            for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
-#pragma unroll
-                for (int a = 0; a < KEEP_WORDS_ROW; ++a)
-                    kb.w[r][a] = frag.keep_bits_of_word(
-                        words[(row0 - q0 + frag.row(AccFrag::SLOT_ELEMS * r)) * KEEP_WORDS_ROW + a]);
-            mbarrier_arrive(smem_u32(sm.keep_empty(s)));
-            fence_operand<sizeof(kb) / 4>(&kb.w[0][0]);
-            return kb;
-        } else {
-            return keep_bits(blk, row0, k0, frag);
-        }
-    };
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
@@ -344,7 +270,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 float sacc[NS * 4];
                 wgmma_fence();
                 gemm_s(sacc, sm.q, sm.k[s], wg);
-                const KeepBits<NS> keep = keep_of(blk, q0, wq0 + wi * 16, it + i, k0);  // (while S runs)
+                const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
 
@@ -447,7 +373,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_fence();
                 gemm_s(sacc, sm.q, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                const KeepBits<NS> keep0 = keep_of(blk, q0, wq0 + wi * 16, it, blk.kb_begin * BLOCK_N);
+                const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
@@ -461,7 +387,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     gemm_s(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
-                    const KeepBits<NS> keep = keep_of(blk, q0, wq0 + wi * 16, it + i, (blk.kb_begin + i) * BLOCK_N);
+                    const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read

@@ -90,16 +90,4 @@ __device__ __forceinline__ void fill_keep_bits(unsigned char* bits, const Dropou
     }
 }
 
-// Keep bits of the tile [q0, q0 + M) x [8 jg0, 8 jg0 + 32 W) as words, computed cooperatively by
-// NT threads: word [r * W + a] holds in byte m the keep bits of keys 8 (jg0 + 4a + m) + 0..7 for
-// query row q0 + r (bit c: key c of the group), four independent Philox calls per word.
-template <int M, int W, int NT>
-__device__ __forceinline__ void fill_keep_words(uint32_t* words, const Dropout& d, int q0, int jg0, int tid) {
-#pragma unroll 1
-    for (int c = tid; c < M * W; c += NT) {
-        const int i = q0 + c / W, jg = jg0 + 4 * (c % W);
-        words[c] = d.keep8(i, jg) | d.keep8(i, jg + 1) << 8 | d.keep8(i, jg + 2) << 16 | d.keep8(i, jg + 3) << 24;
-    }
-}
-
 }  // namespace fmha

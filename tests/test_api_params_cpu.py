@@ -593,19 +593,22 @@ def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):
         assert seen == []
 
 
-@pytest.mark.parametrize("d, bias_shape, ws", [
-    (64, (2, 4, 37, 53), True),    # 106-byte rows: the padded copy, BLOCK_M 64
-    (64, (4, 1, 53), True),        # broadcast along the rows
-    (64, (37, 1), False),          # broadcast along the keys: fmha_bwd_dq_dk_dv_sm90
-    (128, (2, 4, 37, 53), False),  # hdim 128: BWD_WS_BIAS_HDIMS
+@pytest.mark.parametrize("d, bias_shape, ws, bias_dtype", [
+    (64, (2, 4, 37, 53), True, np.float16),    # 106-byte rows: the padded copy, BLOCK_M 64
+    (64, (4, 1, 53), True, np.float16),        # broadcast along the rows
+    (64, (37, 1), False, np.float16),          # broadcast along the keys: fmha_bwd_dq_dk_dv_sm90
+    (128, (2, 4, 37, 53), True, np.float16),   # hdim 128 too (BWD_WS_BIAS_HDIMS, step 52)
+    (128, (4, 1, 53), True, np.float16),
+    (128, (2, 4, 37, 53), False, np.float32),  # an fp32 bias at hdim 128: its tiles do not fit
 ])
-def test_backward_ws_bias_routing_and_maps(monkeypatch, d, bias_shape, ws):
-    """The ws backward takes a bias TMA can read at hdim 64 (its BIAS build, 64 query rows per
+def test_backward_ws_bias_routing_and_maps(monkeypatch, d, bias_shape, ws, bias_dtype):
+    """The ws backward takes a bias TMA can read at hdim 64 and 128 (its BIAS build, 64 query rows per
     step, five tensor maps: Q, K, V, dO and the bias's, whose boxes are BLOCK_M rows); other biases
-    and hdim 128 run fmha_bwd_dq_dk_dv_sm90 without maps; dBias's workspace is handed over either way."""
+    (and fp32 ones at hdim 128) run fmha_bwd_dq_dk_dv_sm90 without maps; dBias's workspace is handed
+    over either way."""
     rec, encoded = _sm90_recorder(monkeypatch)
     q, k, v, do = _inputs("bshd", d=d, dv=d)
-    bias = np.random.default_rng(2).standard_normal(bias_shape).astype(np.float16)
+    bias = np.random.default_rng(2).standard_normal(bias_shape).astype(bias_dtype)
     o, lse = cupy_fmha.attention_forward(q, k, v, bias=bias)
     encoded.clear()
     rec.launches.clear()

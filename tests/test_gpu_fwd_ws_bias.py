@@ -136,8 +136,9 @@ def test_misaligned_and_zero_stride_views():
 
 
 # --------------------------------------------------------------------------- the ws backward's bias build
-# (hdim 64: fmha_bwd_dq_dk_dv_sm90_ws with BIAS, 64 query rows per step, MMA thread 0 loading the
-# bias tiles; hdim 128 keeps fmha_bwd_dq_dk_dv_sm90, cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS)
+# (hdim 64 and 128: fmha_bwd_dq_dk_dv_sm90_ws with BIAS, 64 query rows per step, MMA thread 0 loading
+# the bias tiles, cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias at hdim 128, whose tiles do
+# not fit beside the rest, keeps fmha_bwd_dq_dk_dv_sm90)
 
 # id: (dtype, bias dtype, b, sq, sk, hq, hk, d, bias shape, mask kwargs, dbias)
 BWD_CASES = {
@@ -147,6 +148,10 @@ BWD_CASES = {
     "bf16-b16-d64-2d-t:40,8-640-nodbias": (BF16, F16, 1, 640, 640, 2, 2, 64, "2d", {"mask": "t:40,8"}, False),
     "f16-b16-d56-bh-none-130x200": (F16, F16, 1, 130, 200, 2, 2, 56, "bh", {}, True),
     "bf16-bbf-d128-bh-causal-256": (BF16, BF16, 1, 256, 256, 2, 2, 128, "bh", {"causal": True}, True),
+    "f16-b16-d128-bh-none-300x200-gqa2": (F16, F16, 1, 300, 200, 4, 2, 128, "bh", {}, True),
+    "f16-bbf-d128-rows1-b-129x257": (F16, BF16, 2, 129, 257, 2, 2, 128, (2, 1, 1, 257), {"mask": "b"}, True),
+    "bf16-b16-d120-2d-t:40,8-300-nodbias": (BF16, F16, 1, 300, 300, 2, 2, 120, "2d", {"mask": "t:40,8"}, False),
+    "bf16-b32-d128-1h-causal-200x333": (BF16, F32, 1, 200, 333, 2, 2, 128, "1h", {"causal": True}, True),
 }
 
 
@@ -158,9 +163,9 @@ def test_backward_bias_tile_matches_reference(case, seen):
     kw = dict(mkw, layout="bshd")
     o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=dbias)
     (main,) = [s for s in seen if s.source.startswith("fmha_bwd_dq_dk_dv")]
-    if d <= 64:
+    if d <= 64 or pb.bias_dtype.itemsize == 2:
         assert main.source == "fmha_bwd_dq_dk_dv_sm90_ws" and main.macro("BIAS_TMA") == pb.bias_dtype.itemsize, main.name
-    else:
+    else:  # (fp32 bias tiles at hdim 128: more shared memory than there is)
         assert main.source == "fmha_bwd_dq_dk_dv_sm90", main.name
     check(pb, o, lse, g, kw, dbias=dbias)
     if before is not None:

@@ -65,8 +65,6 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
-        if m.get("KEEP_GEN"):  # KEEP_STAGES (2) tiles of dropout's keep words (one per row and 32 keys), mbarriers
-            smem += 2 * (4 * bm * (bn // 32) + 16)
         return dict(out, SMEM_BYTES=smem + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
@@ -425,10 +423,11 @@ BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
 BWD_WS_DROPOUT_BY_HDIM: dict[int, dict[str, int]] = {}
 
 
-#: padded head dims at which the ws backward takes the elementwise bias (its BIAS build): at hdim
-#: 128 its MMA warpgroups spill (84 bytes at 240 registers, offline) and the bias backward stays
-#: on fmha_bwd_dq_dk_dv_sm90
-BWD_WS_BIAS_HDIMS = (64,)
+#: padded head dims at which the ws backward takes the elementwise bias (its BIAS build). At hdim
+#: 128 its MMA warpgroups spill 80 bytes (240 registers, offline) and it still measured 3.8x faster
+#: than fmha_bwd_dq_dk_dv_sm90 (bf16 b4 h16 s4096: 3.77 against 14.44 ms, with dBias 5.40 against
+#: 15.55; bench/NOTES.md step 52); an fp32 bias there (232,456 bytes of shared memory) stays on it
+BWD_WS_BIAS_HDIMS = (64, 128)
 
 
 def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
@@ -522,10 +521,7 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
 #: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
 #: with ALiBi)
-#: KEEP_GEN (the producer warpgroup's idle warps make the keep bits, bench/NOTES.md step 51) where
-#: the key block is a multiple of 32 keys and the ring fits: 64, 128, 192
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(KEEP_GEN=1), 128: dict(PV_OVERLAP=0, PINGPONG=0, KEEP_GEN=1),
-                          192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, KEEP_GEN=1),
+FWD_WS_DROPOUT_BY_HDIM = {128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 
 
@@ -555,7 +551,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False) -> dict[
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
     with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does), then ``CUPY_FMHA_FWD_WS_TILES``;
     0/1 macros at 0 are left out, so the default instances keep their names."""
-    tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0, KEEP_GEN=0), **FWD_WS_BY_HDIM[hdim],
+    tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
                                                      **FWD_WS_VARIANTS,
                                                      **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {}),
                                                      **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {})})
@@ -563,7 +559,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False) -> dict[
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
-    switches = {"FOLD", "KEEP_GEN", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -586,8 +582,6 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
-    if not dropout or bias_tma or tiles.get("BLOCK_N", 128) % 32:
-        tiles.pop("KEEP_GEN", None)  # (the producer's keep words: dropout builds of 32-key multiples only)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
 

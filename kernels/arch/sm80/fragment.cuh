@@ -142,11 +142,6 @@ struct AccFrag {
         uint32_t all = drop.keep8(i, jg0 + t) << (8 * t);
         all |= shfl_xor_u32(all, 1);
         all |= shfl_xor_u32(all, 2);
-        return keep_bits_of_word(all);
-    }
-    // This thread's bits of a row's word of four n8 tiles' keep bits (byte m: tile m's 8 columns,
-    // bit c column c): bits 2t, 2t + 1 of each byte, as row_keep_bits returns them.
-    __device__ __forceinline__ uint32_t keep_bits_of_word(uint32_t all) const {
         const uint32_t x = all >> (2 * t);  // this thread's two bits of byte m at bits 8m, 8m + 1
         return (x & 0x3u) | ((x >> 6) & 0xcu) | ((x >> 12) & 0x30u) | ((x >> 18) & 0xc0u);
     }
