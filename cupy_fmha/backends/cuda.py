@@ -311,8 +311,8 @@ def _ws_choice(switch_var: str, hdim_q: int, hdim_v: int, unsupported: bool, hdi
 def use_ws(hdim_q: int, hdim_v: int, *, bias: bool = False, dropout: bool = False,
            deterministic: bool = False) -> bool:
     """Whether a Hopper backward runs the warp-specialized kernel (``fmha_bwd_dq_dk_dv_sm90_ws``,
-    which takes dropout (its DROPOUT build), and a bias only through TMA at hdim 64 and not
-    together with dropout: ``bias`` here means one it cannot take, see :func:`bwd_specs`): by
+    which takes dropout (its DROPOUT build), and a bias only through TMA (:data:`BWD_WS_BIAS_HDIMS`)
+    and not together with dropout: ``bias`` here means one it cannot take, see :func:`bwd_specs`): by
     default when both head dims round up (to a multiple of 64) to 64 or both to 128 (deterministic
     mode too, by ordered adds instead of slabs), where it measured 0.76-0.87 (hdim 128) and
     0.84-0.92 (hdim 64) of the time of ``fmha_bwd_dq_dk_dv_sm90`` (bench/NOTES.md step 22), with
