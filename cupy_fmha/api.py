@@ -453,6 +453,35 @@ def _bias_map(plan, spec, bias_arg: tuple) -> np.ndarray:
     return _bias_map_cached("float32" if n == 4 else "uint16", ptr, dims, strides, box)
 
 
+#: BiasArg::ds_kind DS_KIND_TMA (kernels/params.cuh): the ws backward's BIAS build stores dBias from its
+#: dS tile in shared memory with TMA (:func:`_dbias_store`)
+DS_KIND_TMA = 3
+#: whether :func:`_dbias_store` may choose that store (tests and benchmarks turn it off to compare
+#: with the element-by-element store of the same kernel)
+DBIAS_TMA_STORE = True
+
+
+def _dbias_store(plan, spec, bias_arg: tuple, dbias) -> tuple:
+    """(``bias_arg``, the ws backward's 6th tensor map) for a launch of ``spec`` with ``dbias``, the
+    array the kernel stores dS into as dBias itself (:func:`_direct_dbias`; ``bias_arg``'s
+    ``ds_kind`` already its dtype's) or None. When ``spec`` is the ws backward's BIAS build, dbias
+    has the inputs' 16-bit dtype (dS rounded as the kernel rounds its dS tile for GEMM4) and TMA can
+    address its rows (16-byte aligned, seqlen_k * 2 bytes a multiple of 16): ``ds_kind`` becomes
+    :data:`DS_KIND_TMA` and the map is dBias as a 4-D (batch, heads, rows, keys) tensor in
+    128-byte-swizzled boxes of 64 keys x BLOCK_M rows, the layout of the kernel's dS tile. Otherwise
+    ``bias_arg`` unchanged and zeros (the kernel stores its dS elements one by one). With the map the
+    launch passes a null ``dbias_acc`` (the kernel's test for the element-by-element store)."""
+    if (dbias is None or not DBIAS_TMA_STORE or spec.source != "fmha_bwd_dq_dk_dv_sm90_ws" or not spec.macro("BIAS")
+            or bias_arg[6] != {"fp16": 1, "bf16": 2}[spec.dtype] or _ptr(dbias) % 16 or plan.rows_k * 2 % 16
+            or not dbias.size):
+        return bias_arg, _NO_MAP
+    p = plan.problem
+    dims = (p.batch, p.nhead_q, plan.rows_q, plan.rows_k)
+    strides = (2 * p.nhead_q * plan.rows_q * plan.rows_k, 2 * plan.rows_q * plan.rows_k, 2 * plan.rows_k, 2)
+    box = (1, 1, spec.macro("BLOCK_M"), 64)
+    return (*bias_arg[:6], DS_KIND_TMA), _bias_map_cached("uint16", _ptr(dbias), dims, strides, box)
+
+
 def _dropout(plan) -> tuple:
     d = plan.dropout
     return (d.seed, d.offset, d.threshold, 1.0 / (1.0 - d.p))
@@ -786,11 +815,12 @@ def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg,
     else:
         if maps is None:
             maps = _maps(cp, plan.maps, read)
-        if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws":  # the 5th: the bias's (zeros without)
-            maps = (*maps, _by_value(cp, _bias_map(plan, specs.dq_dk_dv, bias_arg)))
+        if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws":  # the 5th: the bias's; the 6th: dBias's (zeros without)
+            bias_arg, dbias_map = _dbias_store(plan, specs.dq_dk_dv, bias_arg, dbias)
+            maps = (*maps, _by_value(cp, _bias_map(plan, specs.dq_dk_dv, bias_arg)), _by_value(cp, dbias_map))
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *read, dk_arg, dv_arg,
-        lse, _ptr(delta), _ptr(dq_acc), _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
+        lse, _ptr(delta), _ptr(dq_acc), 0 if bias_arg[6] == DS_KIND_TMA else _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
         mask, alibi, bias_arg, dropout), maps)
 

@@ -31,8 +31,12 @@
 // broadcast along the rows) into a ring of BIAS_STAGES tiles with `full` mbarriers of its own. MMA
 // thread 0 issues those loads (load_bias: the producer warp, at 24 registers, spilled with them);
 // the MMA warpgroups read the tile element by element in backward_p_ds (SwBiasTile::at_t,
-// arch/sm90/tma_tile.cuh) and, with p.dbias_acc, store dS for dBias as fmha_bwd_dq_dk_dv_sm90
-// does (bwd_store_ds). 64 query rows per step (at 128 the bias tile no longer fits beside the
+// arch/sm90/tma_tile.cuh). dS for dBias (p.dbias_acc): these builds keep the dS tile K-major and
+// swizzled (bwd_p_ds_operands_sw, GEMM4 reads it so), and when dBias is an array in the inputs' 16-bit
+// dtype whose rows TMA can address (p.bias.ds_kind == DS_KIND_TMA; cupy_fmha.api._dbias_store) MMA
+// thread 0 stores that tile into it with two TMA stores per query block (tm_dbias, 64-key boxes),
+// asynchronous, coalesced and clipped at the tensor's edges; otherwise each thread stores its dS
+// elements as fmha_bwd_dq_dk_dv_sm90 does (bwd_store_ds: scattered 2- or 4-byte stores). 64 query rows per step (at 128 the bias tile no longer fits beside the
 // rest); hdim 64 and 128 (at 128 the MMA warpgroups spill 80 bytes and it still runs 3.8x faster than
 // fmha_bwd_dq_dk_dv_sm90: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias tile does not fit there).
 //
@@ -54,10 +58,11 @@
 // their (batch, head), which the grid (key blocks fastest) launches earlier. (No dQ slabs here:
 // dq_split_stride is 0; the launcher asks for DQ_ORDERED's workspace.)
 //
-// Parameters: five tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
+// Parameters: six tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
 // 4-D (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the
-// bias's as the forward's, zeros in builds without BIAS, unread), then BwdParams flattened as
-// fmha_bwd_dq_dk_dv_sm90 takes it.
+// bias's as the forward's, zeros in builds without BIAS, unread; dBias's, 4-D (batch, heads, rows,
+// keys) in swizzled boxes of 64 keys x BLOCK_M rows, zeros unless p.bias.ds_kind == DS_KIND_TMA),
+// then BwdParams flattened as fmha_bwd_dq_dk_dv_sm90 takes it.
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -81,7 +86,7 @@ struct Smem {
     uint16_t v[BLOCK_N * HDIM_V];
     uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked or swizzled
     uint16_t dout[STAGES][BLOCK_M * HDIM_V];
-    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), double-buffered
+    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), or (BIAS) dS swizzled; double-buffered
     float dq[BLOCK_M * HDIM_Q];                // dQ staging: the workspace tile (common.cuh)
     float lse[STAGES][BLOCK_M];
     float d[STAGES][BLOCK_M];
@@ -117,7 +122,8 @@ static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                           const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
-                          const __grid_constant__ TmaMap tm_bias, FMHA_BWD_PARAMS_ARGS) {
+                          const __grid_constant__ TmaMap tm_bias, const __grid_constant__ TmaMap tm_dbias,
+                          FMHA_BWD_PARAMS_ARGS) {
     const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
     constexpr int NQ = BLOCK_M / 8, NDQ = HDIM_Q / 8, NDV = HDIM_V / 8, DQ_HALF = HDIM_Q / 2;
     // GEMM4's split between the warpgroups: at BLOCK_M = 64 each takes half of dQ's columns (all 64
@@ -125,6 +131,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // (an N = 32 SS wgmma runs at 2/3 of the tensor rate, bench/NOTES.md step 34)
     constexpr bool DQ_BY_ROWS = BLOCK_M == 128;
     constexpr int DQ_COLS = DQ_BY_ROWS ? HDIM_Q : DQ_HALF;
+    // the dS tile: BIAS builds keep it K-major and swizzled (the layout of dBias's TMA store), the
+    // others dS^T in the blocked layout (GEMM4 reads it MN-major)
+    constexpr bool DS_KMAJOR = BIAS;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
@@ -249,12 +258,14 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, tile,
                                        k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr,
                                        warp_key0);
-            if (p.dbias_acc) bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias
+            if (p.dbias_acc)  // (null when dBias leaves through TMA, below)
+                bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias, element by element
         } else {
             bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
         }
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
-        bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
+        if constexpr (DS_KMAJOR) bwd_p_ds_operands_sw<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS for GEMM4)
+        else bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 
         // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
         wgmma_fence();
@@ -281,9 +292,10 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_ss<DQ_COLS, 1, 1>(acc_dq, desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
-                                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF),
-                                    kk > 0);
+            wgmma_ss<DQ_COLS, DS_KMAJOR ? 0 : 1, 1>(
+                acc_dq, DS_KMAJOR ? desc_sw_kmajor<BLOCK_M>(sdS, DQ_BY_ROWS ? wg * 64 : 0, kk * 16)
+                                  : desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
+                desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF), kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
         fence_operand<DQ_COLS / 2>(acc_dq);
@@ -299,6 +311,15 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         fence_proxy_async();
         named_barrier_sync(2, MMA_THREADS);
         if (tid == 0) {
+            // BIAS: dBias[q0 .., k0 ..] = the dS tile (sdS is rewritten two blocks on, after the next
+            // block's bulk_wait_read)
+            if (BIAS && p.bias.ds_kind == DS_KIND_TMA) {
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 64; ++c)
+                    if (k0 + 64 * c < blk.seqlen_k)
+                        tma_store_4d(tm_dbias, smem_u32(sdS) + c * (BLOCK_M * 128), k0 + 64 * c, q0, h, b);
+                bulk_commit();
+            }
             float* dst = blk.dq_g + (index_t)q0 * HDIM_Q;
             if (p.dq_sem) {  // deterministic, ordered: the key blocks seeing this tile add it in ascending order
                 int* sem = p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb;

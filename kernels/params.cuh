@@ -49,9 +49,12 @@ struct BiasArg {
     index_t sb, sh, sq, sk;
     int kind;
     // the backward's dS store for dBias (dbias_acc): 0 fp32 (the workspace the host reduces, or dBias
-    // itself for an fp32 bias), 1 fp16 / 2 bf16 (dBias itself, a bias that broadcasts along nothing)
+    // itself for an fp32 bias), 1 fp16 / 2 bf16 (dBias itself, a bias that broadcasts along nothing),
+    // DS_KIND_TMA (dBias itself in the inputs' 16-bit dtype, stored by the ws backward's BIAS build
+    // from its dS tile in shared memory through its 6th tensor map; set only for that build)
     int ds_kind;
 };
+enum : int { DS_KIND_TMA = 3 };
 
 // Philox dropout (philox.cuh): keep iff 16 random bits < keep_threshold; rp_keep = 1 / (1 - p).
 // Read only by DROPOUT=1 instances.
@@ -92,6 +95,7 @@ struct BwdParams {
     const float* delta;        // D, same shape
     float* dq_acc;             // fp32 dQ workspace (see the kernels)
     void* dbias_acc;           // dS for dBias [batch, nhead_q, seqlen_q, seqlen_k] (bias.ds_kind: its type), or null
+                               // (also with ds_kind DS_KIND_TMA: dBias through the ws kernel's tensor map)
     int* dq_sem;               // deterministic dQ by ordered adds: int32 [batch, nhead_q, query tiles], zeros; or null
     index_t dq_split_stride;   // elements between dQ slabs (deterministic mode), 0: atomic adds
     SeqArg seq;

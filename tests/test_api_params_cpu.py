@@ -600,14 +600,20 @@ def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):
     (128, (2, 4, 37, 53), True, np.float16),   # hdim 128 too (BWD_WS_BIAS_HDIMS, step 52)
     (128, (4, 1, 53), True, np.float16),
     (128, (2, 4, 37, 53), False, np.float32),  # an fp32 bias at hdim 128: its tiles do not fit
+    (64, (2, 4, 37, 64), True, np.float16),    # 128-byte rows, dBias in the inputs' dtype: its TMA store
+    (128, (2, 4, 37, 64), True, np.float16),
+    (64, (2, 4, 37, 64), True, np.float32),    # an fp32 dBias: stored element by element
 ])
 def test_backward_ws_bias_routing_and_maps(monkeypatch, d, bias_shape, ws, bias_dtype):
     """The ws backward takes a bias TMA can read at hdim 64 and 128 (its BIAS build, 64 query rows per
-    step, five tensor maps: Q, K, V, dO and the bias's, whose boxes are BLOCK_M rows); other biases
-    (and fp32 ones at hdim 128) run fmha_bwd_dq_dk_dv_sm90 without maps; dBias's workspace is handed
-    over either way."""
+    step, six tensor maps: Q, K, V, dO, the bias's, whose boxes are BLOCK_M rows, and dBias's); other
+    biases (and fp32 ones at hdim 128) run fmha_bwd_dq_dk_dv_sm90 without maps. dBias of a bias that
+    broadcasts along nothing, in the inputs' dtype, with rows of a 16-byte multiple, leaves through
+    the 6th map (ds_kind DS_KIND_TMA, boxes of 64 keys x BLOCK_M rows, a null dbias_acc); otherwise
+    dBias (or its workspace) is handed over as dbias_acc and the 6th map is zeros."""
     rec, encoded = _sm90_recorder(monkeypatch)
-    q, k, v, do = _inputs("bshd", d=d, dv=d)
+    sk = bias_shape[-1] if bias_shape[-1] > 1 else 53
+    q, k, v, do = _inputs("bshd", d=d, dv=d, sk=sk)
     bias = np.random.default_rng(2).standard_normal(bias_shape).astype(bias_dtype)
     o, lse = cupy_fmha.attention_forward(q, k, v, bias=bias)
     encoded.clear()
@@ -615,12 +621,21 @@ def test_backward_ws_bias_routing_and_maps(monkeypatch, d, bias_shape, ws, bias_
     cupy_fmha.attention_backward(do, q, k, v, o, lse, bias=bias, return_dbias=True)
     (m,) = _launches(rec, "fmha_bwd_dq_dk_dv")
     assert (m["spec"].source == "fmha_bwd_dq_dk_dv_sm90_ws") == ws, m["spec"].name
-    assert m["args"]["dbias_acc"].shape == (2, 4, 37, 53)
+    tma_store = ws and sk == 64 and bias_dtype == np.float16
+    if tma_store:
+        assert int(m["args"]["bias_ds_kind"]) == api.DS_KIND_TMA and not m["args"]["dbias_acc"]
+    else:
+        assert m["args"]["dbias_acc"].shape == (2, 4, 37, sk)
+        assert int(m["args"]["bias_ds_kind"]) in (0, 1)
     if ws:
-        assert m["maps"] == 5 and m["spec"].macro("BIAS_TMA") == 2 and m["spec"].macro("BLOCK_M") == 64
-        (bm,) = [a for a in encoded if a.data_type == "uint16"]
-        assert bm.box == (1, 1, 64 if bias_shape[-2] != 1 else 1, 64)
-        assert m["args"]["bias_sk"] == 1 and m["args"]["bias_sq"] in (0, 56)
+        assert m["maps"] == 6 and m["spec"].macro("BIAS_TMA") == np.dtype(bias_dtype).itemsize
+        assert m["spec"].macro("BLOCK_M") == 64
+        maps = [a for a in encoded if a.data_type in ("uint16", "float32")]
+        assert len(maps) == (2 if tma_store else 1)
+        assert maps[0].box == (1, 1, 64 if bias_shape[-2] != 1 else 1, 128 // np.dtype(bias_dtype).itemsize)
+        if tma_store:
+            assert maps[1].shape == (2, 4, 37, 64) and maps[1].box == (1, 1, 64, 64) and maps[1].swizzle == 128
+        assert m["args"]["bias_sk"] == 1 and m["args"]["bias_sq"] in (0, 56, 64)
     else:
         assert m["maps"] == 0
     api._bias_map_cached.cache_clear()

@@ -2,7 +2,8 @@
 (kernels/fmha_fwd_sm90_ws.cu with BIAS: the bias tile loaded by TMA into a ring of its own,
 SwBiasTile in kernels/arch/sm90/tma_tile.cuh) and, at hdim 64, the backward
 (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu with BIAS: the same tiles per query block, read
-element by element in the S^T layout, dS stored for dBias; deterministic mode too).
+element by element in the S^T layout, dS stored for dBias, through TMA where dBias allows it;
+deterministic mode too).
 
 test_gpu_bias.py and test_gpu_varlen.py's bias cases run on it by default at hdim 64/128 on sm_90
 (odd key counts there: the API's padded copy, :func:`cupy_fmha.api._tma_bias`). This file adds
@@ -186,3 +187,59 @@ def test_backward_bias_deterministic_repeats(seen):
         for name in ("dq", "dk", "dv", "dbias"):
             assert bool((getattr(g, name) == getattr(gs[0], name)).all()), name
     check(pb, o, lse, gs[0], {"layout": "bshd", "causal": True}, dbias=True)
+
+
+# --------------------------------------------------------------------------- dBias through TMA
+# (the BIAS build keeps its dS tile K-major and swizzled; for dBias in the inputs' dtype with rows of a
+# 16-byte multiple, api._dbias_store hands it a map of dBias and MMA thread 0 stores each tile with two
+# TMA stores, clipped at the tensor's edges; otherwise the kernel stores its dS elements one by one)
+
+# id: (dtype, bias dtype, b, sq, sk, h, d, mask kwargs, through TMA)
+DBIAS_CASES = {
+    "f16-d64-none-130x200": (F16, F16, 2, 130, 200, 2, 64, {}, True),
+    "bf16-d128-none-77x136": (BF16, BF16, 1, 77, 136, 3, 128, {}, True),
+    "bf16-d64-causal-300x520": (BF16, BF16, 1, 300, 520, 2, 64, {"causal": True}, True),
+    "f16-d120-t:40,8-200x264": (F16, F16, 2, 200, 264, 2, 120, {"mask": "t:40,8"}, True),
+    "bf16-d128-b-129x72": (BF16, BF16, 1, 129, 72, 2, 128, {"mask": "b"}, True),
+    "bf16-d128-none-100x129": (BF16, BF16, 1, 100, 129, 2, 128, {}, False),  # rows of 258 bytes
+    "f16-bbf-d64-none-100x128": (F16, BF16, 1, 100, 128, 2, 64, {}, False),  # dBias not in the inputs' dtype
+}
+
+
+@pytest.mark.parametrize("case", list(DBIAS_CASES))
+def test_backward_dbias_tma_store(case, monkeypatch, seen):
+    """dBias of a bias that broadcasts along nothing: the NumPy reference's, every element written
+    (without a mask dBias starts NaN-poisoned here; with one the blocks the mask skips must stay 0),
+    and bit for bit what the same kernel's element-by-element store gives (api.DBIAS_TMA_STORE off),
+    as dK and dV are."""
+    dtype, bdt, b, sq, sk, h, d, mkw, tma = DBIAS_CASES[case]
+    pb = BiasInputs(dtype, bdt, "bshd", b, sq, sk, h, h, d, d, (b, h, sq, sk), seed_for("wsbb-tma", case))
+    kinds, real_store, real_direct = [], api._dbias_store, api._direct_dbias
+
+    def store(plan, spec, bias_arg, dbias):
+        out = real_store(plan, spec, bias_arg, dbias)
+        kinds.append(int(out[0][6]))
+        return out
+
+    def poisoned(cp_, plan, bias_dev):
+        out = real_direct(cp_, plan, bias_dev)
+        if out is not None and not mkw:  # (no mask: every element is stored)
+            out.view(cp.uint16).fill(0x7FC0)  # NaN in fp16 and bf16
+        return out
+
+    monkeypatch.setattr(api, "_dbias_store", store)
+    monkeypatch.setattr(api, "_direct_dbias", poisoned)
+    kw = dict(mkw, layout="bshd")
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=True)
+    main = [s for s in seen if s.source.startswith("fmha_bwd_dq_dk_dv")]
+    assert [s.source for s in main] == ["fmha_bwd_dq_dk_dv_sm90_ws"] and main[0].macro("BIAS") == 1
+    assert kinds == [api.DS_KIND_TMA if tma else {F16: 1, BF16: 2}[np.dtype(bdt)]]
+    check(pb, o, lse, g, kw, dbias=True)
+    monkeypatch.setattr(api, "DBIAS_TMA_STORE", False)
+    q, k, v, do = (pb.dev[n] for n in ("q", "k", "v", "do"))
+    g2 = cupy_fmha.attention_backward(do, q, k, v, o, lse, **pb.api_kw(kw), dtype=pb.dtype_arg, bias=pb.dev_bias,
+                                      return_dbias=True)
+    assert kinds[-1] != api.DS_KIND_TMA
+    for name in ("dk", "dv", "dbias"):
+        a, c = getattr(g, name), getattr(g2, name)
+        assert bool((a.view(cp.uint16) == c.view(cp.uint16)).all()), name

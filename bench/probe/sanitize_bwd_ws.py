@@ -5,10 +5,10 @@ deterministic (the ordered dQ adds), and group mode with sequences that end insi
 block (the zeroed tail rows). Lengths are one past a block (65 query rows, 129 keys). The forward
 runs on the ws forward by default, its bias build included (16-bit and fp32 bias, padded copies and
 in-place rows, a bias broadcast along the rows, group mode; some with the backward, whose bias
-build runs at hdim 64, with dBias and in deterministic mode), and dropout (the backward's DROPOUT
+build runs at hdim 64 and 128, with dBias, through its TMA store too, and in deterministic mode), and dropout (the backward's DROPOUT
 build: batch mode causal and deterministic, group mode).
 
-    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims]
+    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims] [dbias]
 """
 
 import os
@@ -71,6 +71,11 @@ hdims = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "64,120,128").sp
 print(cuda.bwd_specs("bf16", 128, 128, 90).dq_dk_dv.name, flush=True)
 for dtype in (cp.float16, ml_dtypes.bfloat16):
     for d in hdims:
+        if sys.argv[2:] == ["dbias"]:  # only the dBias calls of the bias build (a shorter sanitizer run)
+            run_bias(d, dtype, (1, 2, 65, 136), dtype, sk=136, backward=True)
+            run_bias(d, dtype, (1, 2, 200, 264), dtype, sq=200, sk=264, backward=True, causal=True)
+            run_bias(d, dtype, (1, 2, 65, 129), cp.float32, backward=True, causal=True)
+            continue
         run(d, dtype)
         run(d, dtype, causal=True)
         run(d, dtype, hk=1, sq=200, sk=300)
@@ -84,6 +89,9 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run_bias(d, dtype, (1, 2, 65, 129), cp.float32, backward=True, causal=True)
         run_bias(d, dtype, (2, 1, 256), cp.float16, sq=130, sk=256, backward=True)
         run_bias(d, dtype, (3, 2, 130, 200), cp.float16, group=True, backward=True, mask="b")
+        # dBias in the inputs' dtype with 16-byte rows: the TMA store of the dS tile (clipped rows and keys)
+        run_bias(d, dtype, (1, 2, 65, 136), dtype, sk=136, backward=True)
+        run_bias(d, dtype, (1, 2, 200, 264), dtype, sq=200, sk=264, backward=True, causal=True)
         # dropout: under CUPY_FMHA_BWD_WS=1 (set above) the backward's DROPOUT build (step 49)
         run(d, dtype, dropout_p=0.2, seed=7, causal=True)
         run(d, dtype, dropout_p=0.3, seed=2**33 + 1, offset=5, deterministic=True, sq=200, sk=300)

@@ -87,6 +87,15 @@ __device__ __forceinline__ void tma_load_5d(unsigned dst, const TmaMap& m, unsig
         :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
 
+// ---- TMA store: the box of the map at element coordinates (c0 innermost, ...) from shared memory at
+// `src` (laid out as a load of that box would write it; written before a fence_proxy_async() by its
+// writers); elements outside the tensor are not written. A bulk group of the issuing thread
+// (bulk_commit; bulk_wait_read before `src` is rewritten, async.cuh).
+__device__ __forceinline__ void tma_store_4d(const TmaMap& m, unsigned src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(tma_map_addr(m)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
 // ---- Register rebalancing between warpgroups of different roles (needs __launch_bounds__(n, 1));
 // N a multiple of 8 in [24, 256], the same for every warp of the warpgroup.
 template <int N>

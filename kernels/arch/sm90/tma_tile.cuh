@@ -166,4 +166,34 @@ __device__ __forceinline__ void tma_load_bias(const unsigned char* dst, const Tm
         tma_load_4d(smem_u32(dst) + c * (BM * 128), m, bar, k0 + c * (128 / E), q0, head, batch);
 }
 
+// stmatrix .x4 .trans (PTX ISA, sm_90): four 8x8 matrices of 16-bit elements held as mma fragments
+// (register r[i] of lane l: row l / 4, columns 2 (l % 4) and +1 of matrix i) stored transposed: column
+// j of matrix i becomes the 16 contiguous bytes at the address lane 8 i + j passes.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const uint32_t* r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
+// Backward (the ws kernel's BIAS build): as bwd_p_ds_operands (tile.cuh), but dS goes into sdS
+// untransposed, as a K-major 128-byte-swizzled tile of M query rows by the block's keys
+// ([keys / 64][M][64], desc_sw_kmajor<M>): the layout GEMM4 reads as a K-major A and a TMA store of
+// 64-key boxes (swizzle 128B) writes to dBias. One stmatrix.x4.trans per k16 slice: the four 8x8
+// blocks of dsa[kk] (keys key0 + {0, 8} x queries 16 kk + {0, 8}) land as rows of 8 keys (16 bytes)
+// of one query each; lane 8 i + c addresses query 16 kk + 8 (i >> 1) + c, keys key0 + 8 (i & 1) ..
+// + 7, whose chunk (key % 64) / 8 the swizzle XORs with the query row % 8 = c, so the eight rows of
+// each block hit eight different 16-byte bank groups. key0 a multiple of 16.
+template <int M>
+__device__ __forceinline__ void bwd_p_ds_operands_sw(const float* s, const float* dp, uint32_t (*pa)[4],
+                                                     uint32_t (*dsa)[4], uint16_t* sdS, int key0, const AccFrag& f) {
+    const int lane = 4 * f.g + f.t, i = lane >> 3, c = lane & 7;
+    const unsigned at = smem_u32(sdS) + (key0 >> 6) * (M * 128) + (8 * (i >> 1) + c) * 128 +
+                        (((((key0 & 63) >> 3) + (i & 1)) ^ c) << 4);
+#pragma unroll
+    for (int kk = 0; kk < M / 16; ++kk) {
+        c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+        stmatrix_x4_trans(at + kk * (16 * 128), dsa[kk]);
+    }
+}
+
 }  // namespace fmha
