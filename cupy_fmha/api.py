@@ -461,19 +461,26 @@ DS_KIND_TMA = 3
 DBIAS_TMA_STORE = True
 
 
+def _dbias_tma(plan, spec, dbias) -> bool:
+    """Whether ``spec`` stores ``dbias`` (the array :func:`_direct_dbias` makes, or None) from its dS
+    tile with TMA (:func:`_dbias_store`): the ws backward's BIAS build, dBias in the inputs' 16-bit
+    dtype (dS rounded as the kernel rounds its dS tile for GEMM4), rows TMA can address (16-byte
+    aligned, seqlen_k * 2 bytes a multiple of 16), and :data:`DBIAS_TMA_STORE`."""
+    return (dbias is not None and DBIAS_TMA_STORE and spec.source == "fmha_bwd_dq_dk_dv_sm90_ws"
+            and bool(spec.macro("BIAS")) and _DS_KIND.get(np.dtype(dbias.dtype)) == {"fp16": 1, "bf16": 2}[spec.dtype]
+            and plan.rows_k * 2 % 16 == 0 and dbias.size > 0 and _ptr(dbias) % 16 == 0)
+
+
 def _dbias_store(plan, spec, bias_arg: tuple, dbias) -> tuple:
     """(``bias_arg``, the ws backward's 6th tensor map) for a launch of ``spec`` with ``dbias``, the
     array the kernel stores dS into as dBias itself (:func:`_direct_dbias`; ``bias_arg``'s
-    ``ds_kind`` already its dtype's) or None. When ``spec`` is the ws backward's BIAS build, dbias
-    has the inputs' 16-bit dtype (dS rounded as the kernel rounds its dS tile for GEMM4) and TMA can
-    address its rows (16-byte aligned, seqlen_k * 2 bytes a multiple of 16): ``ds_kind`` becomes
+    ``ds_kind`` already its dtype's) or None. When :func:`_dbias_tma`: ``ds_kind`` becomes
     :data:`DS_KIND_TMA` and the map is dBias as a 4-D (batch, heads, rows, keys) tensor in
-    128-byte-swizzled boxes of 64 keys x BLOCK_M rows, the layout of the kernel's dS tile. Otherwise
-    ``bias_arg`` unchanged and zeros (the kernel stores its dS elements one by one). With the map the
-    launch passes a null ``dbias_acc`` (the kernel's test for the element-by-element store)."""
-    if (dbias is None or not DBIAS_TMA_STORE or spec.source != "fmha_bwd_dq_dk_dv_sm90_ws" or not spec.macro("BIAS")
-            or bias_arg[6] != {"fp16": 1, "bf16": 2}[spec.dtype] or _ptr(dbias) % 16 or plan.rows_k * 2 % 16
-            or not dbias.size):
+    128-byte-swizzled boxes of 64 keys x BLOCK_M rows, the layout of the kernel's dS tile; the
+    kernel then also writes the zeros of the blocks the mask skips. Otherwise ``bias_arg`` unchanged
+    and zeros (the kernel stores its dS elements one by one). With the map the launch passes a null
+    ``dbias_acc`` (the kernel's test for the element-by-element store)."""
+    if not _dbias_tma(plan, spec, dbias):
         return bias_arg, _NO_MAP
     p = plan.problem
     dims = (p.batch, p.nhead_q, plan.rows_q, plan.rows_k)
@@ -767,14 +774,19 @@ def _direct_dbias(cp, plan, bias_dev):
     """The dBias array the dq_dk_dv kernel writes itself (dS in the bias's dtype, with no fp32
     workspace and no reduction) when ``plan.want_dbias`` and the bias broadcasts along nothing: its
     shape, padded to 4-D, is [batch, nhead_q, seqlen_q, seqlen_k] (batch mode). Zeroed only where the
-    mask may skip blocks (their dS is never stored); without a mask every element is stored. None
-    otherwise (group mode, a broadcast bias: the workspace and :func:`cupy_fmha.dbias.reduce_dbias`)."""
+    mask may skip blocks and the kernel stores dS element by element (the skipped blocks' dS is never
+    stored; its TMA store, :func:`_dbias_tma`, writes their zeros itself); without a mask every element
+    is stored. None otherwise (group mode, a broadcast bias: the workspace and
+    :func:`cupy_fmha.dbias.reduce_dbias`)."""
     p = plan.problem
     if not plan.want_dbias or bias_dev is None or not dbias_stored_directly(
             bias_dev.shape, (p.batch, p.nhead_q, plan.rows_q, plan.rows_k), plan.group_mode):
         return None
+    out = cp.empty(bias_dev.shape, dtype=bias_dev.dtype)
     full = plan.window[0] >= L.WINDOW_INF and plan.window[1] >= L.WINDOW_INF
-    return (cp.empty if full else cp.zeros)(bias_dev.shape, dtype=bias_dev.dtype)
+    if not full and not _dbias_tma(plan, plan.specs.dq_dk_dv, out):
+        out.fill(0)
+    return out
 
 
 def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None, dbias=None):

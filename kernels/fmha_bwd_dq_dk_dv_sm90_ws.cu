@@ -35,7 +35,8 @@
 // swizzled (bwd_p_ds_operands_sw, GEMM4 reads it so), and when dBias is an array in the inputs' 16-bit
 // dtype whose rows TMA can address (p.bias.ds_kind == DS_KIND_TMA; cupy_fmha.api._dbias_store) MMA
 // thread 0 stores that tile into it with two TMA stores per query block (tm_dbias, 64-key boxes),
-// asynchronous, coalesced and clipped at the tensor's edges; otherwise each thread stores its dS
+// asynchronous, coalesced and clipped at the tensor's edges, and after its last block writes zeros
+// into the query blocks it does not see (so dBias needs no zero fill); otherwise each thread stores its dS
 // elements as fmha_bwd_dq_dk_dv_sm90 does (bwd_store_ds: scattered 2- or 4-byte stores). 64 query rows per step (at 128 the bias tile no longer fits beside the
 // rest); hdim 64 and 128 (at 128 the MMA warpgroups spill 80 bytes and it still runs 3.8x faster than
 // fmha_bwd_dq_dk_dv_sm90: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias tile does not fit there).
@@ -202,6 +203,30 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     };
     if (BIAS && tid == 0)
         for (int i = 0; i < BIAS_STAGES && blk.qb_begin + i < blk.qb_end; ++i) load_bias(i);
+
+    // BIAS, dBias through TMA: zeros into the query blocks this key block does not see (the mask's), so
+    // that dBias needs no zero fill before the launch (cupy_fmha.api._direct_dbias); from dS buffer 1,
+    // zeroed, which the loop's first block does not use and its second rewrites only after the first
+    // block's bulk_wait_read (here, not after the loop: there the MMA warpgroups spilled 72 bytes more)
+    if constexpr (BIAS) {
+        const int nqb = (blk.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+        if (p.bias.ds_kind == DS_KIND_TMA && (blk.qb_begin > 0 || blk.qb_end < nqb)) {  // (uniform over the CTA)
+            for (int u = tid; u < BLOCK_N * BLOCK_M / 8; u += MMA_THREADS)
+                reinterpret_cast<uint4*>(sm.ds[1])[u] = make_uint4(0u, 0u, 0u, 0u);
+            fence_proxy_async();
+            named_barrier_sync(1, MMA_THREADS);
+            if (tid == 0) {
+                for (int qb = 0; qb < nqb; ++qb)
+                    if (qb < blk.qb_begin || qb >= blk.qb_end)
+#pragma unroll
+                        for (int c = 0; c < BLOCK_N / 64; ++c)
+                            if (k0 + 64 * c < blk.seqlen_k)
+                                tma_store_4d(tm_dbias, smem_u32(sm.ds[1]) + c * (BLOCK_M * 128), k0 + 64 * c,
+                                             qb * BLOCK_M, h, b);
+                bulk_commit();
+            }
+        }
+    }
 
     int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
     // DROPOUT: this warp's keep bits (keep_bits_t). KEEP_AHEAD (hdim 64): those of the query block

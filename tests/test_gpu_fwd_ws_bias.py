@@ -209,7 +209,8 @@ DBIAS_CASES = {
 @pytest.mark.parametrize("case", list(DBIAS_CASES))
 def test_backward_dbias_tma_store(case, monkeypatch, seen):
     """dBias of a bias that broadcasts along nothing: the NumPy reference's, every element written
-    (without a mask dBias starts NaN-poisoned here; with one the blocks the mask skips must stay 0),
+    (dBias starts NaN-poisoned here without a mask and on the TMA store, which writes the zeros of the
+    blocks the mask skips itself; the element-by-element store with a mask gets a zeroed dBias),
     and bit for bit what the same kernel's element-by-element store gives (api.DBIAS_TMA_STORE off),
     as dK and dV are."""
     dtype, bdt, b, sq, sk, h, d, mkw, tma = DBIAS_CASES[case]
@@ -223,7 +224,8 @@ def test_backward_dbias_tma_store(case, monkeypatch, seen):
 
     def poisoned(cp_, plan, bias_dev):
         out = real_direct(cp_, plan, bias_dev)
-        if out is not None and not mkw:  # (no mask: every element is stored)
+        # every element is stored without a mask, and by the TMA store (the skipped blocks' zeros too)
+        if out is not None and (not mkw or api._dbias_tma(plan, plan.specs.dq_dk_dv, out)):
             out.view(cp.uint16).fill(0x7FC0)  # NaN in fp16 and bf16
         return out
 
@@ -243,3 +245,28 @@ def test_backward_dbias_tma_store(case, monkeypatch, seen):
     for name in ("dk", "dv", "dbias"):
         a, c = getattr(g, name), getattr(g2, name)
         assert bool((a.view(cp.uint16) == c.view(cp.uint16)).all()), name
+
+
+def test_backward_dbias_tma_store_deterministic(monkeypatch, seen):
+    """Deterministic mode (ordered dQ adds) with dBias through TMA and a causal mask: three runs bit for
+    bit the same, dBias also equal to the default mode's, and the reference's."""
+    pb = BiasInputs(BF16, BF16, "bshd", 1, 330, 264, 2, 2, 128, 128, (1, 2, 330, 264), seed_for("wsbb-tma-det"))
+    q, k, v, do = (pb.dev[n] for n in ("q", "k", "v", "do"))
+    kw = dict(pb.api_kw({"layout": "bshd", "causal": True}), dtype=pb.dtype_arg, bias=pb.dev_bias)
+    kinds, real_store = [], api._dbias_store
+
+    def store(plan, spec, bias_arg, dbias):
+        out = real_store(plan, spec, bias_arg, dbias)
+        kinds.append(int(out[0][6]))
+        return out
+
+    monkeypatch.setattr(api, "_dbias_store", store)
+    o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
+    gs = [cupy_fmha.attention_backward(do, q, k, v, o, lse, **kw, deterministic=det, return_dbias=True)
+          for det in (True, True, True, False)]
+    assert kinds == [api.DS_KIND_TMA] * 4
+    for g in gs[1:3]:
+        for name in ("dq", "dk", "dv", "dbias"):
+            assert bool((getattr(g, name).view(cp.uint16) == getattr(gs[0], name).view(cp.uint16)).all()), name
+    assert bool((gs[3].dbias.view(cp.uint16) == gs[0].dbias.view(cp.uint16)).all())
+    check(pb, o, lse, gs[0], {"layout": "bshd", "causal": True}, dbias=True)
