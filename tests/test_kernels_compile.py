@@ -48,8 +48,9 @@ SPILL_ALLOWED = {"fmha_bwd_dq_dk_dv_sm90": 64}
 WS_DROPOUT_SPILL = 128
 
 #: The warp-specialized backward's bias build at hdim 128 (bench/NOTES.md step 52): its MMA
-#: warpgroups spill 80 bytes (the bias tile's addressing beside dK, dV at 240 registers) and it
-#: still runs 3.8x faster than the spill-free fmha_bwd_dq_dk_dv_sm90 it replaced.
+#: warpgroups spill 76 bytes (80 before step 53's swizzled dS tile; the bias tile's addressing beside
+#: dK, dV at 240 registers) and it still runs 3.8x faster than the spill-free fmha_bwd_dq_dk_dv_sm90
+#: it replaced.
 WS_BIAS128_SPILL = 80
 
 
