@@ -770,19 +770,21 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
 _DS_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2, np.dtype(np.uint16): 2}
 
 
-def _direct_dbias(cp, plan, bias_dev):
+def _direct_dbias(cp, plan, bias_dev, into=None):
     """The dBias array the dq_dk_dv kernel writes itself (dS in the bias's dtype, with no fp32
     workspace and no reduction) when ``plan.want_dbias`` and the bias broadcasts along nothing: its
     shape, padded to 4-D, is [batch, nhead_q, seqlen_q, seqlen_k] (batch mode). Zeroed only where the
     mask may skip blocks and the kernel stores dS element by element (the skipped blocks' dS is never
     stored; its TMA store, :func:`_dbias_tma`, writes their zeros itself); without a mask every element
     is stored. None otherwise (group mode, a broadcast bias: the workspace and
-    :func:`cupy_fmha.dbias.reduce_dbias`)."""
+    :func:`cupy_fmha.dbias.reduce_dbias`). ``bias_dev`` needs only ``shape`` and ``dtype``; ``into``:
+    the array to use instead of a fresh one (contiguous, the bias's shape, its dtype or for bf16 its
+    uint16 bits: :mod:`cupy_fmha.jax`'s view of XLA's dBias buffer)."""
     p = plan.problem
     if not plan.want_dbias or bias_dev is None or not dbias_stored_directly(
             bias_dev.shape, (p.batch, p.nhead_q, plan.rows_q, plan.rows_k), plan.group_mode):
         return None
-    out = cp.empty(bias_dev.shape, dtype=bias_dev.dtype)
+    out = cp.empty(bias_dev.shape, dtype=bias_dev.dtype) if into is None else into
     full = plan.window[0] >= L.WINDOW_INF and plan.window[1] >= L.WINDOW_INF
     if not full and not _dbias_tma(plan, plan.specs.dq_dk_dv, out):
         out.fill(0)

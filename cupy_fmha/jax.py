@@ -48,10 +48,11 @@ Features and what they cost:
 * Elementwise ``bias`` (fp16/bf16/fp32, any shape broadcastable to [batch, nhead_q, seqlen_q,
   seqlen_k]; group mode: to [batch, nhead_q, max_seqlen_q, max_seqlen_k]): its cotangent is
   dBias in the bias's shape and dtype (:func:`cupy_fmha.attention_backward` with
-  ``return_dbias=True``, copied into XLA's buffer). dBias costs an fp32 dS workspace of
-  batch * nhead_q * seqlen_q * seqlen_k floats, so it is computed only when JAX differentiates
-  with respect to the bias (``custom_vjp``'s symbolic zeros tell): a constant bias or one
-  outside ``argnums`` runs the plain backward.
+  ``return_dbias=True``). For a bias that broadcasts along nothing (batch mode) the kernel stores
+  dS into XLA's dBias buffer itself; any other costs an fp32 dS workspace of
+  batch * nhead_q * seqlen_q * seqlen_k floats, reduced and copied into XLA's buffer. So dBias is
+  computed only when JAX differentiates with respect to the bias (``custom_vjp``'s symbolic zeros
+  tell): a constant bias or one outside ``argnums`` runs the plain backward.
 * Dropout: either static Python ints ``seed`` / ``offset`` (fixed at trace time: new values
   retrace), or ``dropout_key``, a JAX PRNG key (typed ``jax.random.key`` or raw uint32
   ``jax.random.PRNGKey``): four uint32 words ``jax.random.bits(key, (4,), uint32)`` are drawn
@@ -396,11 +397,26 @@ class _Callback:
                 api._launch_forward(cp, plan, tensors, lse, seq, alibi, bias_arg, dropout,
                                     self._maps(cp, b, tensors, plan.launch))
                 return None
+            dbias = self._direct_dbias(cp, plan, out[3]) if self.want_dbias else None
+            if dbias is not None:  # (the kernel stores dS straight into XLA's buffer, as dBias)
+                bias_arg = (*bias_arg[:6], api._DS_KIND[np.dtype(dbias.dtype)])
             ds = api._launch_backward(cp, plan, tensors, self._addr(a, "lse"), seq, alibi, bias_arg, dropout,
-                                      self._maps(cp, b, tensors, plan.launches["dq_dk_dv"]))
-            if self.want_dbias:
+                                      self._maps(cp, b, tensors, plan.launches["dq_dk_dv"]), dbias=dbias)
+            if self.want_dbias and dbias is None:
                 self._write_dbias(cp, reduce_dbias(cp, ds, self.avals["bias"]), out[3])
         return None
+
+    def _direct_dbias(self, cp, plan, buffer):
+        """XLA's dBias ``buffer`` as the array the backward kernel stores dS into as dBias itself
+        (:func:`cupy_fmha.api._direct_dbias`: a bias that broadcasts along nothing, batch mode; then
+        no fp32 workspace, no reduction and no copy), viewed as float16 / uint16 (bf16 bits) /
+        float32; None otherwise, or for an empty or misaligned buffer."""
+        dt = np.dtype(self.outs[3].dtype)
+        if not self.outs[3].size or _address(buffer) % 16:
+            return None
+        bits = np.dtype(np.uint16) if dt.itemsize == 2 and dt != np.float16 else dt  # (bf16 as its bits)
+        view = _device_view(cp, buffer, self.outs[3].shape, bits)
+        return api._direct_dbias(cp, plan, self.avals["bias"], into=view)
 
     def _write_dbias(self, cp, dbias, buffer) -> None:
         """dBias (fresh and contiguous, in the bias's shape and dtype) into XLA's buffer."""

@@ -241,10 +241,14 @@ def test_group_mode_matches_per_sequence_reference(with_bias):
 # --------------------------------------------------------------------------- bias and dBias
 
 BIAS_CASES = {
-    # id: (bias shape, bias dtype) on q [2, 150, 4, 64], k/v [2, 190, 2, 64], bshd, fp16
+    # id: (bias shape, bias dtype) on q [2, 150, 4, 64], k/v [2, seqlen_k = the bias's last dim, 2, 64], bshd, fp16
     "f32-1hqk": ((1, 4, 150, 190), jnp.float32),
     "bf16-qk": ((150, 190), jnp.bfloat16),
     "f16-b1qk": ((2, 1, 150, 190), jnp.float16),
+    # broadcast along nothing: dS straight into XLA's dBias buffer, element by element (190 keys) or,
+    # with rows of a 16-byte multiple, by the ws kernel's TMA store
+    "f16-bhqk": ((2, 4, 150, 190), jnp.float16),
+    "f16-bhqk-192": ((2, 4, 150, 192), jnp.float16),
 }
 
 
@@ -252,7 +256,8 @@ BIAS_CASES = {
 def test_bias_and_dbias_match_reference(case):
     shape, bdt = BIAS_CASES[case]
     rng = np.random.default_rng(seed_for(f"jax-bias-{case}"))
-    q, k, v = (_rand(rng, sh, jnp.float16) for sh in ((2, 150, 4, 64), (2, 190, 2, 64), (2, 190, 2, 64)))
+    sk = shape[-1]
+    q, k, v = (_rand(rng, sh, jnp.float16) for sh in ((2, 150, 4, 64), (2, sk, 2, 64), (2, sk, 2, 64)))
     w = _rand(rng, (2, 150, 4, 64), jnp.float32)
     bias = _rand(rng, shape, bdt, scale=2.0)
     kw = dict(causal=True, layout="bshd")

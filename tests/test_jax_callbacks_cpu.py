@@ -141,6 +141,9 @@ CASES = {
                               dict(layout="bhsd", window_size=(8, 4)), (0, 1, 2)),
     "bias-dbias": (dict(q=_spec((2, 30, 2, 64)), k=_spec((2, 30, 2, 64)), v=_spec((2, 30, 2, 64)),
                         bias=_spec((2, 1, 30, 30), jnp.float32)), dict(causal=True), (0, 1, 2, 3)),
+    # a bias that broadcasts along nothing: dS goes straight into XLA's dBias buffer (no workspace)
+    "full-bias-dbias": (dict(q=_spec((2, 30, 2, 64)), k=_spec((2, 32, 2, 64)), v=_spec((2, 32, 2, 64)),
+                             bias=_spec((2, 2, 30, 32))), dict(causal=True), (0, 1, 2, 3)),
     "bias-not-differentiated": (dict(q=_spec((1, 30, 2, 64)), k=_spec((1, 30, 2, 64)), v=_spec((1, 30, 2, 64)),
                                      bias=_spec((30, 30), jnp.bfloat16)), dict(), (0, 1, 2)),
     "dropout-key-deterministic": (dict(q=_spec((1, 64, 2, 128)), k=_spec((1, 64, 2, 128)), v=_spec((1, 64, 2, 128))),
@@ -243,13 +246,16 @@ def _normal(launches, arrays) -> list:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_cached_plan_launches_what_a_fresh_plan_launches(env, case):
+def test_cached_plan_launches_what_a_fresh_plan_launches(env, case, monkeypatch):
     cbs = _trace(case)
     fwd, bwd = cbs
     arrays = _arrays(cbs)
     _KNOWN.clear()
     _KNOWN.update({x.__array_interface__["data"][0]: n for n, x in arrays.items() if x.size})
     rec = env["rec"]
+    reduce_calls = []
+    real_reduce = fj.reduce_dbias
+    monkeypatch.setattr(fj, "reduce_dbias", lambda *a: (reduce_calls.append(1), real_reduce(*a))[1])
     for _ in range(2):  # the first call plans, the second uses the cached plan and maps
         rec.launches.clear()
         _call(fwd, arrays, ("o", "lse"))
@@ -258,12 +264,23 @@ def test_cached_plan_launches_what_a_fresh_plan_launches(env, case):
         dbias = np.array(arrays["dbias"]) if bwd.want_dbias else None
     assert env["counts"] == {"fwd": 1, "bwd": 1} and fwd.plans == 1 and bwd.plans == 1
     rec.launches.clear()
+    direct = case == "full-bias-dbias"
+    if direct:  # the general path stores dBias into a fresh array: here into XLA's buffer, as the callback does
+        real = api._direct_dbias
+        monkeypatch.setattr(api, "_direct_dbias", lambda cp, plan, bias: real(cp, plan, bias, into=arrays["dbias"]))
     g = _fresh(env, cbs, arrays)
     want = _normal(rec.launches, arrays)
     assert len(got) == len(want) >= 4
     for x, y in zip(got, want):
         assert x == y
-    if bwd.want_dbias:  # reduced from the same dS and copied into XLA's buffer
+    (main,) = [la for la in got if la[0].source.startswith("fmha_bwd_dq_dk_dv")]
+    if direct:  # dBias is XLA's buffer itself: its address, or (the ws kernel's TMA store) its map
+        assert g.dbias is arrays["dbias"] and len(reduce_calls) == 0
+        if env["cc"] == 90:  # the ws backward's BIAS build: dBias through its 6th map
+            assert main[-1]["bias_ds_kind"] == api.DS_KIND_TMA and main[-1]["dbias_acc"] == 0
+        else:
+            assert main[-1]["dbias_acc"] == "dbias" and main[-1]["bias_ds_kind"] == 2
+    elif bwd.want_dbias:  # reduced from the same dS and copied into XLA's buffer
         assert np.array_equal(dbias, np.asarray(g.dbias)) and np.abs(dbias).sum() > 0
     if "dropout_words" in fwd.names:  # the words became the seed and offset of both passes
         assert got[0][-1]["dropout_seed"] == 0x22_00000011 and got[0][-1]["dropout_offset"] == 0x44_00000033
