@@ -829,12 +829,13 @@ def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg,
     else:
         if maps is None:
             maps = _maps(cp, plan.maps, read)
-        if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws":  # the 5th: the bias's; the 6th: dBias's (zeros without)
+        if specs.dq_dk_dv.source == "fmha_bwd_dq_dk_dv_sm90_ws":  # the 5th: the bias's, the 6th dBias's (or zeros)
             bias_arg, dbias_map = _dbias_store(plan, specs.dq_dk_dv, bias_arg, dbias)
             maps = (*maps, _by_value(cp, _bias_map(plan, specs.dq_dk_dv, bias_arg)), _by_value(cp, dbias_map))
     _launch(cp, specs.dq_dk_dv, launches["dq_dk_dv"], P.BWD, (
         *read, dk_arg, dv_arg,
-        lse, _ptr(delta), _ptr(dq_acc), 0 if bias_arg[6] == DS_KIND_TMA else _ptr(ds_acc), _ptr(dq_sem), plan.dq_ws.split_stride, seq,
+        lse, _ptr(delta), _ptr(dq_acc), 0 if bias_arg[6] == DS_KIND_TMA else _ptr(ds_acc), _ptr(dq_sem),
+        plan.dq_ws.split_stride, seq,
         p.hdim_q, p.hdim_v, p.group, 1 if plan.dkdv_ws else 0, p.softmax_scale * LOG2E, p.softmax_scale,
         mask, alibi, bias_arg, dropout), maps)
 

@@ -35,11 +35,13 @@
 // swizzled (bwd_p_ds_operands_sw, GEMM4 reads it so), and when dBias is an array in the inputs' 16-bit
 // dtype whose rows TMA can address (p.bias.ds_kind == DS_KIND_TMA; cupy_fmha.api._dbias_store) MMA
 // thread 0 stores that tile into it with two TMA stores per query block (tm_dbias, 64-key boxes),
-// asynchronous, coalesced and clipped at the tensor's edges, and after its last block writes zeros
-// into the query blocks it does not see (so dBias needs no zero fill); otherwise each thread stores its dS
-// elements as fmha_bwd_dq_dk_dv_sm90 does (bwd_store_ds: scattered 2- or 4-byte stores). 64 query rows per step (at 128 the bias tile no longer fits beside the
-// rest); hdim 64 and 128 (at 128 the MMA warpgroups spill 80 bytes and it still runs 3.8x faster than
-// fmha_bwd_dq_dk_dv_sm90: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias tile does not fit there).
+// asynchronous, coalesced and clipped at the tensor's edges, and before the main loop writes zeros
+// into the query blocks the key block does not see (so dBias needs no zero fill; bench/NOTES.md step
+// 53); otherwise each thread stores its dS elements as fmha_bwd_dq_dk_dv_sm90 does (bwd_store_ds:
+// scattered 2- or 4-byte stores). 64 query rows per step (at 128 the bias tile no longer fits beside
+// the rest); hdim 64 and 128 (at 128 the MMA warpgroups spill 76 bytes and it still runs 3.8x faster
+// than fmha_bwd_dq_dk_dv_sm90: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias tile does not
+// fit there).
 //
 // DROPOUT=1 (not with BIAS): each warp makes the keep bits of its 16 keys x BLOCK_M query rows while
 // its GEMMs run (at hdim 64 a block ahead, under GEMM1/3; at 128 under GEMM0/2: KEEP_AHEAD), one
@@ -87,7 +89,7 @@ struct Smem {
     uint16_t v[BLOCK_N * HDIM_V];
     uint16_t q[STAGES][BLOCK_M * HDIM_Q];      // column-blocked or swizzled
     uint16_t dout[STAGES][BLOCK_M * HDIM_V];
-    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T, blocked (tile.cuh), or (BIAS) dS swizzled; double-buffered
+    uint16_t ds[2][BLOCK_N * BLOCK_M];         // dS^T blocked (tile.cuh) or (BIAS) dS swizzled; 2 buffers
     float dq[BLOCK_M * HDIM_Q];                // dQ staging: the workspace tile (common.cuh)
     float lse[STAGES][BLOCK_M];
     float d[STAGES][BLOCK_M];
@@ -289,8 +291,10 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
         }
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
-        if constexpr (DS_KMAJOR) bwd_p_ds_operands_sw<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS for GEMM4)
-        else bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
+        if constexpr (DS_KMAJOR)
+            bwd_p_ds_operands_sw<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS for GEMM4)
+        else
+            bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
 
         // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
         wgmma_fence();
