@@ -20,9 +20,18 @@
 // swizzled (the ws kernels' SWIZZLE layout, boxes of 64 columns), so each warpgroup's half of the
 // columns starts on a slab (HDIM_Q and HDIM_V multiples of 128).
 //
-// dQ leaves by per-thread fp32 atomics (red.global.add.v2) into the untiled workspace: a 64 x 256
-// fp32 staging tile (64 KB) does not fit beside the rest; deterministic mode stores the block's
-// rows into its own slab (dq_split_stride, plain stores) as fmha_bwd_dq_dk_dv_sm90.cu does.
+// dQ (DQ_TILED, where HDIM_Q <= HDIM_V): a 64 x HDIM_Q fp32 tile (64 KB at 256) does not fit beside
+// the rest, but the block's own Q and dO buffers do hold it once GEMM1/3/4 have read them: rows 0-31
+// of the tile go into the Q buffer, rows 32-63 into the dO buffer (the layout of the tiled workspace,
+// dq_tile_chunk), and MMA thread 0 adds them with two bulk reduce-adds (the TMA engine) instead of
+// 32 red.global.add.v2 per thread per block (those throttled the load/store unit: lg_throttle was
+// the first stall reason, bench/NOTES.md step 48; 1.18-1.28x faster, step 56). The buffer goes back
+// to the producer when the bulk copies have read it: the other MMA threads arrive on `empty` after
+// staging, thread 0 one block later, after issuing the next block's GEMM0/2 (every reader of the
+// buffer arrives itself, which is what racecheck follows). Deterministic mode adds in order as the ws kernel does
+// (DQ_ORDERED: per-tile semaphores, no slabs). With HDIM_Q > HDIM_V (256 / 128) the dO buffer is
+// too small: dQ leaves by per-thread fp32 atomics into the untiled workspace, and deterministic mode
+// stores the block's rows into its own slab (dq_split_stride) as fmha_bwd_dq_dk_dv_sm90.cu does.
 //
 // Not here: dropout, the elementwise bias (the library routes those to fmha_bwd_dq_dk_dv.cu).
 // Group mode: rows past a sequence's end are zeroed in the edge tiles, as in the ws kernel.
@@ -41,7 +50,9 @@ using namespace fmha;
 static_assert(NWG == 2 && BLOCK_N == 64 && BLOCK_M == 64 && NTHREADS == 128 * (NWG + 1),
               "fmha_bwd_dq_dk_dv_sm90_ws_wide: a producer and two MMA warpgroups, 64 keys, 64 query rows per step");
 static_assert(HDIM_Q % 128 == 0 && HDIM_V % 128 == 0, "fmha_bwd_dq_dk_dv_sm90_ws_wide: each warpgroup's half of the columns is whole slabs");
-static_assert(!DQ_TILED && !DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws_wide: untiled dQ workspace; no dropout or bias");
+static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws_wide: no dropout or bias");
+static_assert((!DQ_TILED || HDIM_Q <= HDIM_V) && DQ_ORDERED == DQ_TILED,
+              "fmha_bwd_dq_dk_dv_sm90_ws_wide: dQ staged in the Q and dO buffers exactly where they hold it (backends/cuda.py)");
 static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
 
 constexpr int MMA_THREADS = 128 * NWG;
@@ -116,18 +127,18 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     if (packed && k0 + BLOCK_N > blk.seqlen_k)  // the next sequence's keys: zeros (uniform over the CTA)
         bwd_ws_zero_tails<SWIZZLE, BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS>(sm.k, sm.v, blk.seqlen_k - k0, tid, 3);
 
+    int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
-        const unsigned phase = (i / STAGES) & 1;
         const int q0 = qb * BLOCK_M;
         const int buf = __shfl_sync(0xffffffffu, i & 1, 0);
         uint16_t* sP = sm.pt[buf];
         uint16_t* sdS = sm.ds[buf];
-        mbarrier_wait(smem_u32(&sm.full[s]), phase);
-        if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
-            bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
+        mbarrier_wait(smem_u32(&sm.full[s]), (i / STAGES) & 1);
+        if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
+            bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
 
         // GEMM0 and GEMM2 over this warpgroup's query rows, issued together
         float sacc[NQ * 4], dp[NQ * 4];
@@ -141,6 +152,11 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
             wgmma_ss<ROWS_WG, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, 0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, row_wg, kk * 16), kk > 0);
         wgmma_commit();
+        // DQ_TILED: the previous block's dQ tile has left its Q and dO buffers: hand them back
+        if (DQ_TILED && tid == 0 && i > 0 && !p.dq_sem) {
+            bulk_wait_read<0>();
+            mbarrier_arrive(smem_u32(&sm.empty[(i + STAGES - 1) % STAGES]));
+        }
         wgmma_wait0();
         fence_operand<NQ * 4>(sacc);
         fence_operand<NQ * 4>(dp);
@@ -173,26 +189,62 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         fence_operand<DK_HALF / 2>(acc_dq);
         fence_operand<NDV * 4>(acc_dv);
         fence_operand<NDK * 4>(acc_dk);
-        mbarrier_arrive(smem_u32(&sm.empty[s]));  // this stage's Q and dO are read
-
-        // dQ rows q0 + wi * 16 + f.row(..), this warpgroup's columns: atomics, or (deterministic) the slab
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = q0 + wi * 16 + frag.row(2 * r);
-            if (row < blk.seqlen_q) {
-                float* dst = blk.dq_g + (index_t)row * p.hdim_q + wg * DK_HALF + frag.col(0, 0);
-                const int ncol = p.hdim_q - wg * DK_HALF - frag.col(0, 0);
-#pragma unroll
-                for (int n = 0; n < NDK; ++n)
-                    if (n * 8 < ncol) {
-                        if (p.dq_split_stride)
-                            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
-                        else
-                            red_add_f32x2(dst + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+        if constexpr (DQ_TILED) {
+            // the tile into this block's Q (rows 0-31) and dO (rows 32-63) buffers once both warpgroups'
+            // GEMM1/3 have read them; then thread 0 adds it (the other warps go on at once)
+            named_barrier_sync(2, MMA_THREADS);
+            float* sdQ = reinterpret_cast<float*>(wi < 2 ? sm.q[s] : sm.dout[s]);
+            stage_dq_tile<NDK, HDIM_Q, true>(sdQ, acc_dq, (wi & 1) * 16, wg * DK_HALF, frag);
+            fence_proxy_async();
+            if (warp == 0) {
+                named_barrier_sync(4, MMA_THREADS);  // (3 is bwd_ws_zero_tails')
+                if (tid == 0) {
+                    constexpr unsigned HALF = 4u * (BLOCK_M / 2) * HDIM_Q;
+                    float* dst = blk.dq_g + (index_t)q0 * HDIM_Q;
+                    if (p.dq_sem) {  // deterministic, ordered (as the ws kernel)
+                        int* sem = p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb;
+                        kb_first = first_key_block(blk.win, qb, kb_first, qb == blk.qb_begin, BLOCK_N, BLOCK_M,
+                                                   blk.seqlen_q, blk.seqlen_k);
+                        sem_wait(sem, kb - kb_first);
                     }
+                    bulk_reduce_add_f32(dst, smem_u32(sm.q[s]), HALF);
+                    bulk_reduce_add_f32(dst + (BLOCK_M / 2) * HDIM_Q, smem_u32(sm.dout[s]), HALF);
+                    bulk_commit();
+                    if (p.dq_sem) {
+                        bulk_wait<0>();  // complete in global memory before the next key block is admitted
+                        sem_release(p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb);
+                        mbarrier_arrive(smem_u32(&sm.empty[s]));
+                    }
+                }
+            } else {
+                named_barrier_arrive(4, MMA_THREADS);
+            }
+            // every thread but 0 has read this block's LSE, D, Q and dO rows and written its dQ rows;
+            // thread 0 arrives once the bulk copies have read the buffers
+            if (tid != 0) mbarrier_arrive(smem_u32(&sm.empty[s]));
+        } else {
+            mbarrier_arrive(smem_u32(&sm.empty[s]));  // this stage's Q and dO are read
+            // dQ rows q0 + wi * 16 + f.row(..), this warpgroup's columns: atomics, or (deterministic) the slab
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = q0 + wi * 16 + frag.row(2 * r);
+                if (row < blk.seqlen_q) {
+                    float* dst = blk.dq_g + (index_t)row * p.hdim_q + wg * DK_HALF + frag.col(0, 0);
+                    const int ncol = p.hdim_q - wg * DK_HALF - frag.col(0, 0);
+#pragma unroll
+                    for (int n = 0; n < NDK; ++n)
+                        if (n * 8 < ncol) {
+                            if (p.dq_split_stride)
+                                *reinterpret_cast<float2*>(dst + n * 8) =
+                                    make_float2(acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                            else
+                                red_add_f32x2(dst + n * 8, acc_dq[4 * n + 2 * r], acc_dq[4 * n + 2 * r + 1]);
+                        }
+                }
             }
         }
     }
+    if (DQ_TILED && tid == 0) bulk_wait<0>();  // (the last tile's adds)
 
     bwd_store_dk_dv<NDK, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, wg * DK_HALF, wg * DV_HALF);
 }

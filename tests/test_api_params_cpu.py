@@ -647,7 +647,8 @@ def test_backward_wide_ws_maps(monkeypatch, d):
     """Head dims above 128 run the wide ws backward (rounded up to 256): four tensor maps (Q, K, V, dO)
     of the plain tensors in 128-byte-swizzled boxes of 64 rows x 64 columns, as its tiles are laid
     out (a map of the column-blocked view here is an illegal instruction on the GPU), the true head
-    dim as the map's extent (TMA zero-fills the rest); the untiled dQ workspace."""
+    dim as the map's extent (TMA zero-fills the rest); the tiled dQ workspace (rows of the padded head
+    dim, whole 64-row tiles: the kernel stages dQ in its Q and dO buffers and adds whole tiles)."""
     rec, encoded = _sm90_recorder(monkeypatch)
     q, k, v, do = _inputs("bshd", d=d, dv=d)
     o, lse = cupy_fmha.attention_forward(q, k, v)
@@ -657,5 +658,6 @@ def test_backward_wide_ws_maps(monkeypatch, d):
     (m,) = _launches(rec, "fmha_bwd_dq_dk_dv")
     assert m["spec"].source == "fmha_bwd_dq_dk_dv_sm90_ws_wide" and m["maps"] == 4
     assert len(encoded) == 4 and all(a.swizzle == 128 and a.box == (1, 64, 1, 64) and a.shape[-1] == d for a in encoded)
-    assert m["args"]["dq_acc"].shape[-1] == d  # (rows of the true head dim: not tiled)
+    assert m["args"]["dq_acc"].shape[-1] == 256 and m["args"]["dq_acc"].shape[-2] % 64 == 0
+    assert m["spec"].macro("DQ_TILED") == 1 and int(m["args"]["dq_sem"]) == 0  # (no semaphores outside deterministic mode)
     api._tile_map.cache_clear()

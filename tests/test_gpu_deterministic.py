@@ -2,9 +2,9 @@
 runs, and correct against the float64 reference (:func:`cupy_fmha.verify.compare`).
 
 Every test is marked ``gpu`` and skipped without CuPy or a device (see conftest.py). Cases cover
-the Hopper warp-specialized kernel (hdim 64, 128 on compute capability 9.0: ordered adds into
-one workspace, admitted by a semaphore per query tile) and the mma.sync kernel (slabs; hdim
-32, 96, 256; the last with its two-CTA column split), causal / no mask / sliding windows, GQA
+the Hopper warp-specialized kernels (hdim 64, 128, and 256 on the wide build, on compute capability
+9.0: ordered adds into one workspace, admitted by a semaphore per query tile) and the mma.sync
+kernel (slabs; hdim 32, 96, and 256 off Hopper, with its two-CTA column split), causal / no mask / sliding windows, GQA
 groups of 1 and 4, sequence lengths 1, 253 and 1000 (never tile multiples), sq != sk, fp16 and
 bf16.
 
@@ -88,7 +88,7 @@ CASES = {
     "bf16-d96-none-253x1000": (BF16, "bshd", 1, 253, 1000, 4, 4, 96, {}),
     "f16-d96-causal-1000-gqa4": (F16, "bshd", 1, 1000, 1000, 4, 1, 96, {"causal": True}),
     "bf16-d96-causal-1x253": (BF16, "bshd", 3, 1, 253, 2, 2, 96, {"causal": True}),
-    # hdim 256 (NSPLIT = 2 column split)
+    # hdim 256 (the wide ws build on cc 9.0, ordered adds; elsewhere mma.sync with its NSPLIT = 2 column split)
     "f16-d256-none-253": (F16, "bshd", 1, 253, 253, 2, 2, 256, {}),
     "bf16-d256-causal-1000x253-gqa4": (BF16, "bshd", 1, 1000, 253, 4, 1, 256, {"causal": True}),
     "f16-d256-window128,16-1000": (F16, "bhsd", 1, 1000, 1000, 2, 2, 256, {"window_size": (128, 16)}),
@@ -106,8 +106,8 @@ def test_deterministic_is_bit_identical_and_correct(case):
     c = Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
     cc = device_key()
     spec = bwd_specs("bf16" if dtype == BF16 else "fp16", d, d, cc).dq_dk_dv
-    if cc == 90 and d in (64, 128):
-        assert spec.target == "sm90a"  # the wgmma kernel is the one under test here
+    if cc == 90 and d in (64, 128, 256):
+        assert spec.target == "sm90a" and spec.macro("DQ_ORDERED") == 1  # the ws kernels' ordered adds here
     first = c.backward()
     bits = [_bits(x) for x in first]
     for run in range(1, RUNS):
@@ -121,6 +121,19 @@ def test_deterministic_is_bit_identical_and_correct(case):
     ref = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **kw)
     low = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **kw)
     assert_close(c, {n: (c.to_float(x), r, lo) for n, x, r, lo in zip(("dq", "dk", "dv"), first, ref, low)})
+
+
+@pytest.mark.parametrize("case", ["f16-d64-causal-1000-gqa4", "bf16-d128-causal-253x1000-gqa4",
+                                  "bf16-d256-causal-1000x253-gqa4"])
+def test_deterministic_twenty_runs(case):
+    """Issue 10's count: 20 deterministic backwards at hdim 64, 128 and 256, every one bit-identical."""
+    dtype, layout, b, sq, sk, hq, hk, d, mkw = CASES[case]
+    c = Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
+    bits = [_bits(x) for x in c.backward()]
+    for run in range(1, 20):
+        for name, ref_bits, x in zip(("dq", "dk", "dv"), bits, c.backward()):
+            same = ref_bits == _bits(x)
+            assert same.all(), f"{name} differs on run {run} at {int((~same).sum())} elements"
 
 
 @pytest.mark.parametrize("case", ["f16-d64-causal-1000-gqa4", "bf16-d96-none-253x1000",

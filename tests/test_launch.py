@@ -100,11 +100,14 @@ def test_ws_backward_routing(monkeypatch):
     # wider ones round up to 256 on the wide build (64-key blocks), not with dropout or a bias
     for d in (136, 192, 256):
         s = bwd_specs("bf16", d, d, 90).dq_dk_dv
-        assert (s.source, s.macro("HDIM_Q"), s.macro("BLOCK_N"), s.macro("DQ_TILED")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 64, 0)
+        assert (s.source, s.macro("HDIM_Q"), s.macro("BLOCK_N"), s.macro("DQ_TILED")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 64, 1)
+        assert s.macro("DQ_ORDERED") == 1  # dQ staged in the Q / dO buffers: tiled, ordered deterministic adds
         assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and src(d, d, alibi=True, deterministic=True) == s.source
         assert src(d, d, dropout=True) == src(d, d, bias=True) == "fmha_bwd_dq_dk_dv"
     s = bwd_specs("bf16", 192, 128, 90).dq_dk_dv  # (unequal with one above 128: the alternative is mma.sync)
     assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 128)
+    assert s.macro("DQ_TILED") == s.macro("DQ_ORDERED") == 0  # (the dO buffer is too small for the dQ tile's half)
+    assert bwd_specs("bf16", 128, 192, 90).dq_dk_dv.macro("DQ_TILED") == 1
     assert src(192, 128, dropout=True) == "fmha_bwd_dq_dk_dv"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"

@@ -8,7 +8,9 @@ in-place rows, a bias broadcast along the rows, group mode; some with the backwa
 build runs at hdim 64 and 128, with dBias, through its TMA store too, and in deterministic mode), and dropout (the backward's DROPOUT
 build: batch mode causal and deterministic, group mode).
 
-    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims] [dbias]
+    CUPY_FMHA_BWD_WS_TILES=SWIZZLE=1 compute-sanitizer --tool memcheck python3 bench/probe/sanitize_bwd_ws.py [hdims] [dbias|plain]
+
+(`plain`: the calls without a bias or dropout, plus unequal head dims above 128: the wide build's.)
 """
 
 import os
@@ -29,9 +31,10 @@ def randn(shape, dtype):
     return rng.standard_normal(shape, dtype=cp.float32).astype(dtype)
 
 
-def run(d, dtype, sq=65, sk=129, hq=2, hk=2, **kw):
-    q, do = randn((1, sq, hq, d), dtype), randn((1, sq, hq, d), dtype)
-    k, v = randn((1, sk, hk, d), dtype), randn((1, sk, hk, d), dtype)
+def run(d, dtype, sq=65, sk=129, hq=2, hk=2, dv=None, **kw):
+    dv = dv or d
+    q, do = randn((1, sq, hq, d), dtype), randn((1, sq, hq, dv), dtype)
+    k, v = randn((1, sk, hk, d), dtype), randn((1, sk, hk, dv), dtype)
     det = kw.pop("deterministic", False)
     o, lse = cupy_fmha.attention_forward(q, k, v, **kw)
     cupy_fmha.attention_backward(do, q, k, v, o, lse, deterministic=det, **kw)
@@ -43,9 +46,10 @@ def run_group(d, dtype, lq=(65, 3, 130), lk=(129, 200, 1), h=2, **kw):
     cu_k = cp.asarray(np.cumsum([0, *lk]), dtype=cp.int32)
     q, do = randn((sum(lq), h, d), dtype), randn((sum(lq), h, d), dtype)
     k, v = randn((sum(lk), h, d), dtype), randn((sum(lk), h, d), dtype)
+    det = kw.pop("deterministic", False)
     g = dict(layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
     o, lse = cupy_fmha.attention_forward(q, k, v, **g)
-    cupy_fmha.attention_backward(do, q, k, v, o, lse, **g)
+    cupy_fmha.attention_backward(do, q, k, v, o, lse, deterministic=det, **g)
     cp.cuda.Device().synchronize()
 
 
@@ -82,6 +86,13 @@ for dtype in (cp.float16, ml_dtypes.bfloat16):
         run(d, dtype, causal=True, deterministic=True, sq=200, sk=300)
         run(d, dtype, alibi_slopes=cp.asarray([0.5, 0.25], dtype=cp.float32))
         run_group(d, dtype, mask="b")
+        run_group(d, dtype, mask="b", deterministic=True)
+        if sys.argv[2:] == ["plain"]:  # (the wide build: no bias or dropout there; unequal head dims)
+            if d > 128:
+                run(d, dtype, dv=128, causal=True, deterministic=True, sq=200, sk=300)
+                run(128, dtype, dv=d, sq=200, sk=300)
+                run(128, dtype, dv=d, deterministic=True, sq=200, sk=300)
+            continue
         run_bias(d, dtype, (1, 2, 65, 129), cp.float16)
         run_bias(d, dtype, (2, 200, 256), cp.float32, sq=200, sk=256, causal=True)
         run_bias(d, dtype, (2, 1, 256), cp.float32, sq=130, sk=256)

@@ -91,7 +91,11 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_bwd_dq_dk_dv_sm90_ws_wide":  # K, V; Q, dO x STAGES; P^T, dS^T x 2; LSE, D x STAGES; mbarriers
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         smem = 2 * bn * (dq + dv) + 2 * st * bm * (dq + dv) + 2 * 2 * 2 * bn * bm + 4 * 2 * st * bm + 8 * (2 * st + 1)
-        return dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=0, DQ_ORDERED=0, SMEM_BYTES=smem + 1024)
+        # dQ staged in a block's Q and dO buffers (tiled workspace, ordered deterministic adds) where
+        # the dO buffer holds half the fp32 tile, i.e. HDIM_Q <= HDIM_V; else (or DQ_STAGE=0 in
+        # CUPY_FMHA_BWD_WS_WIDE_TILES, for comparisons) atomics and slabs
+        staged = 1 if dq <= dv and m.get("DQ_STAGE", 1) else 0
+        return dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=staged, DQ_ORDERED=staged, SMEM_BYTES=smem + 1024)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
@@ -486,10 +490,11 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
     rounded up to a multiple of 128 (at most 256; :func:`bwd_specs` takes it only when one of them is
-    above 128); no dropout or bias."""
+    above 128); no dropout or bias. ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (e.g.
+    ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons."""
+    tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES", dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1))
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
-               HDIM_V=pad_hdim(hdim_v, 128), NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1,
-               **feature_macros(alibi, False, False))
+               HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
