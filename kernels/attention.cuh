@@ -317,7 +317,9 @@ __device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int
 // LOG2_LSE: `lse` holds lse_log2 of each row (log2 units, -inf as +inf), converted once per block by
 // whoever filled it, instead of natural-log LSEs converted here per column (the warp-specialized
 // backward's LSE2 build: its producer converts, bench/NOTES.md step 36).
-template <int NQ, int EDGE = 2, bool LOG2_LSE = false, class Bias, class Keep>
+// P_ONLY (no dropout): only P^T in place of S^T; dP^T is left for backward_ds_from_p (the ws backward's
+// SPLIT_PDS build forms P while the dP GEMM still runs).
+template <int NQ, int EDGE = 2, bool LOG2_LSE = false, bool P_ONLY = false, class Bias, class Keep>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const Bias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
@@ -348,9 +350,20 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
             } else {
                 s[4 * n + e] = p;
-                dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
+                if constexpr (!P_ONLY) dp[4 * n + e] = p * (dp[4 * n + e] - d[c]);
             }
         }
+}
+
+// Backward, second half of backward_p_ds<..., P_ONLY = true> (no dropout): dS^T = P^T (dP^T - D) in
+// place of dP^T, from the P^T that call left in `p`.
+template <int NQ>
+__device__ __forceinline__ void backward_ds_from_p(const float* p, float* dp, const float* d, const AccFrag& f) {
+    static_assert(!DROPOUT, "backward_ds_from_p: dropout's dS needs P before the keep scaling");
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - d[f.col(n, e)]);
 }
 
 // Backward with dBias: dS^T (fp32, layout as in backward_p_ds) into ds_g, the row-major

@@ -25,6 +25,7 @@
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 //   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
+//   SPLIT_PDS    fmha_bwd_dq_dk_dv_sm90_ws (no dropout or bias): P while GEMM2 runs, dS while GEMM1 runs
 //   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
@@ -115,6 +116,9 @@
 #ifndef FOLD
 #define FOLD 0
 #endif
+#ifndef SPLIT_PDS
+#define SPLIT_PDS 0
+#endif
 #ifndef BIAS_TMA
 #define BIAS_TMA 0
 #endif
@@ -135,7 +139,8 @@ inline constexpr int bf16 = FMHA_BF16, hdim_q = HDIM_Q, hdim_v = HDIM_V, block_m
 inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes = SMEM_BYTES, min_blocks = MIN_BLOCKS;
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
-inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD;
+inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
+                     split_pds = SPLIT_PDS;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 }  // namespace config_detail
 }  // namespace fmha
@@ -167,6 +172,7 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 #undef DQ_SPLIT
 #undef LSE2
 #undef FOLD
+#undef SPLIT_PDS
 #undef BIAS_TMA
 #undef BIAS_STAGES
 
@@ -198,6 +204,7 @@ inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
+inline constexpr bool SPLIT_PDS = config_detail::split_pds != 0;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 }  // namespace fmha

@@ -137,6 +137,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // the dS tile: BIAS builds keep it K-major and swizzled (the layout of dBias's TMA store), the
     // others dS^T in the blocked layout (GEMM4 reads it MN-major)
     constexpr bool DS_KMAJOR = BIAS;
+    // SPLIT_PDS (no dropout or bias): GEMM0 and GEMM2 in separate groups; P is formed while GEMM2 runs
+    // and GEMM1 (dV) issued behind it, then dS once GEMM2 is done, then GEMM3 (bench/NOTES.md step 57)
+    constexpr bool SPLIT = SPLIT_PDS && !DROPOUT && !BIAS;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
@@ -253,13 +256,14 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
 
-        // GEMM0 and GEMM2, issued together
+        // GEMM0 and GEMM2, issued together (SPLIT: committed apart, so that P is formed while GEMM2 runs)
         float sacc[NQ * 4], dp[NQ * 4];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HDIM_Q / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.k, key_row0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQb, 0, kk * 16), kk > 0);
+        if constexpr (SPLIT) wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
@@ -269,9 +273,14 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0, keep.w);
             fence_operand<NQ / 2>(keep.w);
         }
-        wgmma_wait0();
-        fence_operand<NQ * 4>(sacc);
-        fence_operand<NQ * 4>(dp);
+        if constexpr (SPLIT) {
+            wgmma_wait<1>();  // GEMM0
+            fence_operand<NQ * 4>(sacc);
+        } else {
+            wgmma_wait0();
+            fence_operand<NQ * 4>(sacc);
+            fence_operand<NQ * 4>(dp);
+        }
 
         // P^T and dS^T
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
@@ -287,23 +296,43 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                                        warp_key0);
             if (p.dbias_acc)  // (null when dBias leaves through TMA, below)
                 bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias, element by element
-        } else {
+        } else if constexpr (!SPLIT) {
             bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
         }
         uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
-        if constexpr (DS_KMAJOR)
-            bwd_p_ds_operands_sw<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS for GEMM4)
-        else
-            bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
-
-        // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
-        wgmma_fence();
+        if constexpr (SPLIT) {
+            // P (GEMM2 still running), then GEMM1 behind GEMM2; dS once GEMM2 is done, then GEMM3
+            bwd_ws_p_ds<NQ, LSE2, true>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
+            bwd_p_operands<BLOCK_M>(sacc, pa);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
-            wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // GEMM2 (the groups complete in order)
+            fence_operand<NQ * 4>(dp);
+            backward_ds_from_p<NQ>(sacc, dp, sm.d[s], frag);
+            bwd_ds_operands<BLOCK_M>(dp, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
+            wgmma_commit();
+        } else {
+            if constexpr (DS_KMAJOR)
+                bwd_p_ds_operands_sw<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS for GEMM4)
+            else
+                bwd_p_ds_operands<BLOCK_M>(sacc, dp, pa, dsa, sdS, warp_key0, frag);  // (+ dS^T for GEMM4)
+
+            // GEMM1 and GEMM3 (A from registers; B = dO, Q MN-major)
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
+                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
+            }
+            wgmma_commit();
         }
-        wgmma_commit();
         if constexpr (DROPOUT && KEEP_AHEAD)
             if (qb + 1 < blk.qb_end) {
                 frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0 + BLOCK_M, keep.w);

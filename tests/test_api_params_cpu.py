@@ -522,14 +522,16 @@ def test_ws_backward_variant_switch(monkeypatch):
     sw = cuda.bwd_ws_spec("bf16", 128, 128)
     assert sw.macro("SWIZZLE") == 1 and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=1)
     plain_name = "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
-    assert sw.name == plain_name + "_SWIZZLE1"
+    assert sw.name == plain_name + "_SPLIT_PDS1_SWIZZLE1"  # (SPLIT_PDS at hdim 128: BWD_WS_BY_HDIM, step 57)
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SPLIT_PDS=0")
+    assert cuda.bwd_ws_spec("bf16", 128, 128).name == plain_name + "_SWIZZLE1"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == sw.name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
     base = cuda.bwd_ws_spec("bf16", 128, 128)
-    assert base.macro("SWIZZLE") is None and base.name == plain_name
-    assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == plain_name
+    assert base.macro("SWIZZLE") is None and base.name == plain_name + "_SPLIT_PDS1"
+    assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == base.name
     # K, V 2 x 32 KB; Q, dO 2 stages x 2 x 16 KB; dS^T 2 x 16 KB; dQ 32 KB; LSE, D 1 KB; 5 mbarriers
     assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 115752

@@ -418,8 +418,10 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: N = 64 (1.09-1.24x the 64-row build, bench/NOTES.md step 35); 64 at hdim 128, where 128 rows would
 #: need 320 KB of shared memory (bwd_ws_spec keeps 64 there, and in the column-blocked build, whatever
 #: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
-#: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36).
-BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64)}
+#: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36). SPLIT_PDS (P formed while the dP GEMM
+#: runs, the dV GEMM issued before dS exists; plain and ALiBi builds) at hdim 128: 1.02-1.03x (step
+#: 57); at hdim 64 (128 rows) it spills 48 bytes.
+BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64, SPLIT_PDS=1)}
 #: ... and with dropout (the DROPOUT build, whose warps make their own keep bits): nothing differs.
 #: At hdim 64 the 128-row build spills 64-128 bytes (the 64-row one none) and still measured
 #: 1.05-1.06x faster (bf16 b4 h16 s4096: 2.76 against 2.90 ms, causal 1.57 against 1.64;
@@ -443,7 +445,7 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
-    switches = {"LSE2", *BWD_WS_VARIANTS}
+    switches = {"LSE2", "SPLIT_PDS", *BWD_WS_VARIANTS}
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
@@ -471,6 +473,8 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         if dropout:
             raise ValueError("fmha_bwd_dq_dk_dv_sm90_ws: no build with both the bias and dropout")
         tiles["BLOCK_M"] = 64  # (at 128 rows the bias tile does not fit beside the rest)
+    if bias_tma or dropout:
+        tiles.pop("SPLIT_PDS", None)  # (those builds form P and dS together: the same code, one name)
     if tiles.get("BLOCK_M", 64) not in (64, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):

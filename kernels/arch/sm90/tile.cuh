@@ -90,6 +90,25 @@ __device__ __forceinline__ void bwd_p_ds_operands(const float* s, const float* d
     }
 }
 
+// The two halves of bwd_p_ds_operands, for a caller that issues the dV GEMM before dS exists
+// (the ws backward's SPLIT_PDS build): P^T's A fragments; dS^T's A fragments and its tile sdS.
+template <int M>
+__device__ __forceinline__ void bwd_p_operands(const float* s, uint32_t (*pa)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < M / 16; ++kk) c_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+}
+template <int M>
+__device__ __forceinline__ void bwd_ds_operands(const float* dp, uint32_t (*dsa)[4], uint16_t* sdS, int key0, const AccFrag& f) {
+#pragma unroll
+    for (int kk = 0; kk < M / 16; ++kk) {
+        c_to_a(dsa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(0), kk * 16 + f.col(0, 0), M)) = dsa[kk][0];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(2), kk * 16 + f.col(0, 0), M)) = dsa[kk][1];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(0), kk * 16 + f.col(1, 0), M)) = dsa[kk][2];
+        *reinterpret_cast<uint32_t*>(sdS + blk_offset(key0 + f.row(2), kk * 16 + f.col(1, 0), M)) = dsa[kk][3];
+    }
+}
+
 // Backward, the wide-head-dim ws kernel (fmha_bwd_dq_dk_dv_sm90_ws_wide.cu): a warp's P^T and dS^T
 // (rows key0 + f.row(e), NQ n8 tiles of query columns from col0, a multiple of 16) rounded to 16 bits
 // into the blocked [keys][M] tiles sP and sdS, where both warpgroups' GEMMs read them from shared
