@@ -22,6 +22,10 @@
 //               swizzle atom (desc_sw_mnmajor); with BLOCK_M = 128 it reads all columns
 // dS^T is written by the MMA warps in the blocked layout of tile.cuh (both builds), double-buffered
 // so that one barrier per query block suffices.
+// SPLIT_PDS=1 (plain and ALiBi builds; on at hdim 128, cupy_fmha.backends.cuda.BWD_WS_BY_HDIM):
+// GEMM0 and GEMM2 are committed as two groups; P is formed after the first wait, while GEMM2 runs,
+// and GEMM1 (dV) issued behind GEMM2; dS after the second wait, then GEMM3 (1.02-1.03x at hdim 128;
+// at 64, with 128 rows, it spills; bench/NOTES.md step 57).
 // LSE2=1: the producer stores each row's LSE in log2 units (lse_log2) and backward_p_ds<..., LOG2_LSE>
 // uses it as is; on at hdim 64 only (cupy_fmha.backends.cuda.BWD_WS_BY_HDIM: 1.01-1.03x there,
 // 0.96-1.0x at 128, bench/NOTES.md step 36).

@@ -4,6 +4,7 @@
 # Tests of the wide build and the deterministic file, the three sanitizers at hdim 256 (plain calls,
 # unequal head dims), A/B of the variants, then the hdim-256 backward sweep against the peers.
 #   OUT=/tmp/out bash bench/probe/wide56_gpu.sh
+# (WIDE_AHEAD was removed after this run, measured slower: its A/B lines now time the default twice.)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
