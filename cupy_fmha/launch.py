@@ -224,7 +224,8 @@ def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seql
     ``dq_tile_chunk`` in kernels/common.cuh says (convert_dq undoes it).
 
     Deterministic on instances with ``DQ_ORDERED`` (fmha_bwd_dq_dk_dv_sm90_ws, and the wide ws
-    backward where hdim_q <= hdim_v; at 256 / 128 it stores slabs like the older kernels): no
+    backward where hdim_q <= hdim_v once both are rounded up to a multiple of 128; at 256 / 128 it
+    stores slabs like the older kernels): no
     slabs; the one workspace (zero-filled, as in atomic mode) plus an int32 semaphore per
     (batch, head, query tile), zeroed, which admits the key blocks' adds of a tile in ascending
     order (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu)."""

@@ -77,7 +77,8 @@ def _mk(source: str, dtype: str, target: str = "sm80", **macros: int) -> KernelS
 #: memoize specs key them by these values (:func:`tuning_key`).
 TUNING_VARS = ("CUPY_FMHA_FWD_TILES", "CUPY_FMHA_BWD_TILES", "CUPY_FMHA_FWD_SM90_TILES",
                "CUPY_FMHA_BWD_SM90_TILES", "CUPY_FMHA_DISABLE_WGMMA", "CUPY_FMHA_BWD_WS",
-               "CUPY_FMHA_FWD_WS", "CUPY_FMHA_FWD_WS_TILES", "CUPY_FMHA_BWD_WS_TILES")
+               "CUPY_FMHA_FWD_WS", "CUPY_FMHA_FWD_WS_TILES", "CUPY_FMHA_BWD_WS_TILES",
+               "CUPY_FMHA_BWD_WS_WIDE_TILES")
 
 
 def tuning_key() -> tuple[str, ...]:

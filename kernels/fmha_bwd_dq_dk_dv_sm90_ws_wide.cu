@@ -28,8 +28,9 @@
 // the first stall reason, bench/NOTES.md step 48; 1.18-1.28x faster, step 56). The buffer goes back
 // to the producer when the bulk copies have read it: the other MMA threads arrive on `empty` after
 // staging, thread 0 one block later, after issuing the next block's GEMM0/2 (every reader of the
-// buffer arrives itself, which is what racecheck follows). Deterministic mode adds in order as the ws kernel does
-// (DQ_ORDERED: per-tile semaphores, no slabs). With HDIM_Q > HDIM_V (256 / 128) the dO buffer is
+// buffer arrives itself, which is what racecheck follows; so STAGES >= 2). Deterministic mode adds in
+// order as the ws kernel does (DQ_ORDERED: per-tile semaphores, no slabs; thread 0 waits for its adds
+// to complete anyway and arrives at once). With HDIM_Q > HDIM_V (the padded head dims, e.g. 256 / 128) the dO buffer is
 // too small: dQ leaves by per-thread fp32 atomics into the untiled workspace, and deterministic mode
 // stores the block's rows into its own slab (dq_split_stride) as fmha_bwd_dq_dk_dv_sm90.cu does.
 //
@@ -53,6 +54,8 @@ static_assert(HDIM_Q % 128 == 0 && HDIM_V % 128 == 0, "fmha_bwd_dq_dk_dv_sm90_ws
 static_assert(!DROPOUT && !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws_wide: no dropout or bias");
 static_assert((!DQ_TILED || HDIM_Q <= HDIM_V) && DQ_ORDERED == DQ_TILED,
               "fmha_bwd_dq_dk_dv_sm90_ws_wide: dQ staged in the Q and dO buffers exactly where they hold it (backends/cuda.py)");
+static_assert(!DQ_TILED || STAGES >= 2,
+              "fmha_bwd_dq_dk_dv_sm90_ws_wide: a stage goes back a block late, so the producer needs a second one");
 static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
 
 constexpr int MMA_THREADS = 128 * NWG;

@@ -7,8 +7,9 @@ lengths include zero-length query and key sequences in the middle of the batch; 
 tolerance rule, rows of sequences without keys must be exactly o = 0, lse = -inf, dq = 0, and
 keys of sequences without queries exactly dk = dv = 0.
 
-Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 32, 96, 240 and
-256 always run the mma.sync kernels (240: the forward's 16-key blocks). Every test is marked ``gpu`` (skipped without a device).
+Head dims 64 and 128 run the wgmma kernels on an H100/H200 (mma.sync elsewhere); 96 rounds up to the
+128 warp-specialized kernels there; 240 and 256 run the warp-specialized forward and the wide
+warp-specialized backward (deterministic: ordered adds) on the H100/H200; 32 runs mma.sync everywhere. Every test is marked ``gpu`` (skipped without a device).
 
 The elementwise bias in group mode (the ``test_varlen_bias_*`` tests): a bias broadcastable to
 [batch, nhead_q, max_seqlen_q, max_seqlen_k] ([1, 1, ..], [1, h, ..], [b, h, ..], [sq, sk],
@@ -166,12 +167,15 @@ def test_varlen_bad_out_buffers_rejected():
                                     cu_seqlens_k=inp.ck)
 
 
-# deterministic dQ in group mode: slabs pitched by max_seqlen_q, per-sequence key blocks
+# deterministic dQ in group mode: slabs (or the ws kernels' ordered adds) pitched by max_seqlen_q, per-sequence key blocks
 DETERMINISTIC = {
     "f16-d64-b-gqa2": (F16, LQ, LK, 4, 2, 64, {"mask": "b"}),
     "bf16-d128-t:30,0": (BF16, LQ2, LK2, 2, 2, 128, {"mask": "t:30,0"}),
     "f16-d96-none": (F16, LQ3, LK3, 2, 1, 96, {}),
     "bf16-d64-long-causal": (BF16, [700, 5, 0], [300, 9, 40], 2, 1, 64, {"causal": True}),
+    # the wide backward's ordered adds (hdim 256 on the H100/H200; bench/NOTES.md step 56)
+    "f16-d256-causal-gqa2": (F16, [200, 77, 5, 0], [200, 77, 64, 9], 4, 2, 256, {"causal": True}),
+    "bf16-d200-b": (BF16, [300, 1, 129], [129, 300, 64], 2, 2, 200, {"mask": "b"}),
 }
 
 

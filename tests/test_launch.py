@@ -108,6 +108,14 @@ def test_ws_backward_routing(monkeypatch):
     assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V")) == ("fmha_bwd_dq_dk_dv_sm90_ws_wide", 256, 128)
     assert s.macro("DQ_TILED") == s.macro("DQ_ORDERED") == 0  # (the dO buffer is too small for the dQ tile's half)
     assert bwd_specs("bf16", 128, 192, 90).dq_dk_dv.macro("DQ_TILED") == 1
+    # its tuning variable takes only its own entries, and at least two stages (a stage goes back a block late)
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_STAGE=0")
+    assert bwd_specs("bf16", 256, 256, 90).dq_dk_dv.macro("DQ_TILED") == 0
+    for bad, what in (("SPLIT_PDS=1", "unknown"), ("STAGES=1", "STAGES")):
+        monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", bad)
+        with pytest.raises(ValueError, match=what):
+            bwd_specs("bf16", 256, 256, 90)
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_WIDE_TILES")
     assert src(192, 128, dropout=True) == "fmha_bwd_dq_dk_dv"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS", "1")
     assert src(32, 32) == src(96, 64) == "fmha_bwd_dq_dk_dv_sm90_ws"

@@ -497,6 +497,11 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     above 128); no dropout or bias. ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (e.g.
     ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons."""
     tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES", dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1))
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE"}
+    if unknown:
+        raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
+    if tiles.get("STAGES", 2) < 2:
+        raise ValueError("CUPY_FMHA_BWD_WS_WIDE_TILES: STAGES must be at least 2 (a stage goes back a block late)")
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
                HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
