@@ -1,6 +1,6 @@
 // Pieces shared by the two warp-specialized Hopper backward kernels (fmha_bwd_dq_dk_dv_sm90_ws.cu
 // and fmha_bwd_dq_dk_dv_sm90_ws_wide.cu): the producer warp, and the zeroing of the rows a TMA box
-// brings from the next sequence (group mode). Both kernels' shared-memory structs have the members
+// brings from the next sequence (group mode), the dK/dV epilogue. Both kernels' shared-memory structs have the members
 // used here: k, v (the key block's tiles), q[STAGES], dout[STAGES], lse[STAGES], d[STAGES] (the
 // query blocks' ring) and the mbarriers full[STAGES], empty[STAGES], kv.
 #pragma once
@@ -88,6 +88,47 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
     zero_tile_rows<SW, R, C2, THREADS>(b, valid, tid);
     fence_proxy_async();
     named_barrier_sync(bar, THREADS);
+}
+
+// Epilogue: dK (scaled) and dV of the CTA's BLOCK_N keys from k0 (this thread's accumulators: rows
+// warp_key0 + frag.row(e), NDK / NDV n8 tiles from columns dk_col0 / dv_col0). 16-bit outputs whose
+// rows start 16-byte aligned are written into shared memory `stage` (rows of HDIM + 8 elements: the
+// 4-byte writes of a warp fall in distinct banks) and leave with one bulk copy per key row, issued by
+// MMA threads 0 .. 2 * BLOCK_N - 1 (a bulk group each; the caller's bulk_wait_read<0>() before the
+// CTA exits). The 4-byte stores straight from the accumulators cost 5.8 us per CTA at hdim 128 (8
+// rows of 16 bytes per warp store, each a separate line), the staged rows 2.3 (bench/NOTES.md step
+// 60). GQA's fp32 workspaces (rows twice as long: the stage would not fit) and unaligned outputs
+// take those stores. `stage` must hold 2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) bytes that no one reads
+// or writes any more (the caller's K/V/Q/dO buffers after the last block); `bar`: a free named barrier.
+template <int BLOCK_N, int HDIM_Q, int HDIM_V, int MMA_THREADS, int NDK, int NDV>
+__device__ __forceinline__ void bwd_ws_store_dk_dv(const BwdParams& p, const BwdBlock& blk, int b, int h, int k0,
+                                                   const float* acc_dk, const float* acc_dv, int warp_key0,
+                                                   const AccFrag& frag, int dk_col0, int dv_col0, uint16_t* stage,
+                                                   int tid, int bar) {
+    static_assert(MMA_THREADS >= 2 * BLOCK_N, "bwd_ws_store_dk_dv: one thread per row of dK and of dV");
+    constexpr int PK = HDIM_Q + 8, PV = HDIM_V + 8;
+    const unsigned long long bits = reinterpret_cast<unsigned long long>(blk.dk) | reinterpret_cast<unsigned long long>(blk.dv) |
+                                    static_cast<unsigned long long>(2 * (p.dk.sb | p.dk.sh | p.dk.ss | p.dv.sb | p.dv.sh |
+                                                                         p.dv.ss | p.hdim_q | p.hdim_v));
+    if (p.dkdv_fp32 || (bits & 15)) {  // (uniform)
+        bwd_store_dk_dv<NDK, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, dk_col0, dv_col0);
+        return;
+    }
+    uint16_t* sdk = stage;
+    uint16_t* sdv = stage + BLOCK_N * PK;
+    store_dk_dv<NDK, NDV>(acc_dk, acc_dv, p.scale, warp_key0, frag, blk.seqlen_k - k0, p.hdim_q, p.hdim_v, dk_col0,
+                          dv_col0, false, sdk, sdv, 0, 0, 0, 0, PK, 0, 0, PV);
+    fence_proxy_async();
+    named_barrier_sync(bar, MMA_THREADS);
+    const int row = tid % BLOCK_N, j = k0 + row;
+    if (tid < 2 * BLOCK_N && j < blk.seqlen_k) {
+        const bool is_v = tid >= BLOCK_N;
+        const index_t at = is_v ? b * p.dv.sb + blk.hk * p.dv.sh + (index_t)j * p.dv.ss
+                                : b * p.dk.sb + blk.hk * p.dk.sh + (index_t)j * p.dk.ss;
+        bulk_store(static_cast<uint16_t*>(is_v ? blk.dv : blk.dk) + at, smem_u32(is_v ? sdv + row * PV : sdk + row * PK),
+                   2u * (is_v ? p.hdim_v : p.hdim_q));
+        bulk_commit();
+    }
 }
 
 }  // namespace fmha

@@ -126,12 +126,25 @@ static_assert(sizeof(SmemAll) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
+#if defined(TIMING) && TIMING
+__device__ unsigned long long fmha_timeline[1 << 15][16];
+#endif
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                           const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
                           const __grid_constant__ TmaMap tm_bias, const __grid_constant__ TmaMap tm_dbias,
                           FMHA_BWD_PARAMS_ARGS) {
     const BwdParams p = FMHA_BWD_PARAMS_STRUCT;
+#if defined(TIMING) && TIMING  // (bench/probe/timeline58.py: MMA thread 0's times, per CTA)
+    __shared__ unsigned long long tl_[16];
+    auto stamp = [&](int n) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        tl_[n] = t;
+        tl_[8 + n] = clock64();
+    };
+    if (threadIdx.x == 128) stamp(0);
+#endif
     constexpr int NQ = BLOCK_M / 8, NDQ = HDIM_Q / 8, NDV = HDIM_V / 8, DQ_HALF = HDIM_Q / 2;
     // GEMM4's split between the warpgroups: at BLOCK_M = 64 each takes half of dQ's columns (all 64
     // rows); at BLOCK_M = 128 each its 64 query rows (all columns), so that N stays 64 at hdim 64
@@ -193,6 +206,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     mbarrier_wait(smem_u32(&sm.kv), 0);
+#if defined(TIMING) && TIMING
+    if (threadIdx.x == 128) stamp(1);
+#endif
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     if (packed && k0 + BLOCK_N > blk.seqlen_k)  // the next sequence's keys: zeros (uniform over the CTA)
         bwd_ws_zero_tails<SWIZZLE, BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS>(sm.k, sm.v, blk.seqlen_k - k0, tid, 3);
@@ -397,8 +413,46 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                 bulk_commit();
             }
         }
+#if defined(TIMING) && TIMING
+        if (i == 0 && threadIdx.x == 128) stamp(2);
+#endif
     }
+#if defined(TIMING) && TIMING
+    if (threadIdx.x == 128) stamp(3);
+#endif
 
-    bulk_wait<0>();
-    bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
+    // dK and dV, staged through the K/V/Q/dO buffers (bwd_ws_store_dk_dv; free now: both warpgroups
+    // passed the last block's barrier 2 after their last wgmma), then a wait until this thread's last
+    // bulk copies (dQ adds, dK/dV rows) have read shared memory before the CTA frees it; their global
+    // writes complete with the grid (CUTLASS's TMA-store epilogues end the same way), and the last
+    // block's dQ add overlaps the stores. DROPOUT, BIAS and column-blocked builds wait for the copies
+    // (dBias's TMA stores too) first and store from the accumulators: the staging spilled them
+    // (dropout hdim 128: 144 bytes instead of 48; bias hdim 128: 244 and 168 instead of 76 and 96;
+    // column-blocked hdim 128: 4 instead of 0), as did the .read wait after the stores (bias: 84
+    // instead of 76). bench/NOTES.md steps 59-60.
+    static_assert(2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) <= sizeof(Smem::k) + sizeof(Smem::v) + sizeof(Smem::q) + sizeof(Smem::dout),
+                  "the dK/dV stage fits the K/V/Q/dO buffers (Smem's first members)");
+    if constexpr (DROPOUT || BIAS || !SWIZZLE) {
+        bulk_wait<0>();
+        bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);
+    } else {
+        bwd_ws_store_dk_dv<BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS, NDQ, NDV>(p, blk, b, h, k0, acc_dk, acc_dv, warp_key0,
+                                                                          frag, 0, 0, sm.k, tid, 3);
+#if defined(TIMING) && TIMING
+        if (threadIdx.x == 128) stamp(4);
+#endif
+        bulk_wait_read<0>();
+    }
+#if defined(TIMING) && TIMING
+    if (tid == 0) {
+        stamp(5);
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        unsigned long long* o = fmha_timeline[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)];
+        for (int n = 0; n < 6; ++n) o[n] = tl_[n];
+        for (int n = 0; n < 6; ++n) o[8 + n] = tl_[8 + n];
+        o[6] = smid;
+        o[7] = blk.qb_end - blk.qb_begin;
+    }
+#endif
 }

@@ -248,7 +248,13 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
             }
         }
     }
-    if (DQ_TILED && tid == 0) bulk_wait<0>();  // (the last tile's adds)
-
-    bwd_store_dk_dv<NDK, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, wg * DK_HALF, wg * DV_HALF);
+    // dK and dV staged through the K/V/Q/dO buffers (bwd_ws_store_dk_dv): once the last dQ tile's adds
+    // have read it out of the Q/dO buffers and both warpgroups' last wgmma are done
+    static_assert(2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) <= sizeof(Smem::k) + sizeof(Smem::v) + sizeof(Smem::q) + sizeof(Smem::dout),
+                  "the dK/dV stage fits the K/V/Q/dO buffers (Smem's first members)");
+    if (DQ_TILED && tid == 0) bulk_wait_read<0>();
+    named_barrier_sync(3, MMA_THREADS);
+    bwd_ws_store_dk_dv<BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS, NDK, NDV>(p, blk, b, h, k0, acc_dk, acc_dv, warp_key0, frag,
+                                                                      wg * DK_HALF, wg * DV_HALF, sm.k, tid, 3);
+    bulk_wait_read<0>();  // (the rows' copies have read the stage; their writes complete with the grid)
 }

@@ -25,9 +25,14 @@ def _ops(sass: list[str]) -> list[str]:
 def test_descriptors_uniform_and_mask_unswitched(dtype, d):
     spec = cuda.bwd_ws_spec(dtype, d, d)
     ops = _ops(C.sass_instructions(spec))
-    hgmma, r2ur, bssy = ops.count("HGMMA"), ops.count("R2UR"), ops.count("BSSY")
+    hgmma, bssy = ops.count("HGMMA"), ops.count("BSSY")
     assert hgmma == 32  # (hdim 64 with 128 query rows per step: 8 + 16 + 8; hdim 128: 16 + 8 + 8)
-    # 15 after the fix (setup outside the loop) at both head dims, 92 / 124 before it (about 4 per HGMMA)
-    assert r2ur <= 24, f"{spec.name}: {r2ur} R2UR for {hgmma} HGMMA: descriptors left the uniform registers"
-    # 23 after the fix, 53 before it (one per element of S^T: NQ * 4 = 32)
+    # R2UR from the first HGMMA to the last (the loop's GEMMs): 1-2 since the fix, about 4 per HGMMA
+    # before it (92 / 124 in the whole kernel). Counted on that span, not the whole kernel, because the
+    # dK/dV epilogue's bulk row copies (step 60) take their addresses in uniform registers too.
+    first = ops.index("HGMMA")
+    last = len(ops) - 1 - ops[::-1].index("HGMMA")
+    r2ur = ops[first:last + 1].count("R2UR")
+    assert r2ur <= 6, f"{spec.name}: {r2ur} R2UR among {hgmma} HGMMA: descriptors left the uniform registers"
+    # 23 after the fix (26 with the step-60 epilogue), 53 before it (one per element of S^T: NQ * 4 = 32)
     assert bssy < 32, f"{spec.name}: {bssy} BSSY: the mask test is back to a branch per element"

@@ -446,7 +446,7 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
     switches = {"LSE2", "SPLIT_PDS", *BWD_WS_VARIANTS}
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", *switches}
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
     return {k: v for k, v in tiles.items() if v or k not in switches}
