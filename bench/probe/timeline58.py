@@ -1,0 +1,77 @@
+"""Per-CTA timeline of the ws backward (the TIMING build: MMA thread 0 stamps %globaltimer and
+clock64 at entry, K/V landed, first query block done, loop done, dK/dV stores issued, the last bulk
+reads done, into the module's `fmha_timeline`), FlashAttention's grid, bf16, bshd. Prints the phases' medians (us, from clock64
+at the SM clock ``--mhz``) and the gaps between consecutive CTAs on one SM (globaltimer, ns).
+
+    python3 bench/probe/timeline58.py HDIM SEQLEN [causal] [TILES]   (TILES: more CUPY_FMHA_BWD_WS_TILES entries)
+"""
+import os
+import sys
+
+extra = [a for a in sys.argv[3:] if "=" in a]
+os.environ["CUPY_FMHA_BWD_WS_TILES"] = ",".join(["TIMING=1", *extra])
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+import cupy_fmha
+from cupy_fmha import compile as C
+from cupy_fmha.spec import backend_for
+
+d, s = int(sys.argv[1]), int(sys.argv[2])
+causal = "causal" in sys.argv[3:]
+b, h = 16384 // s, 2048 // d
+rng = np.random.default_rng(0)
+q, k, v, do = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(4))
+o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
+call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal)
+call()
+dev = cp.cuda.Device()
+key = next(kk for kk in C._functions if kk[0].source == "fmha_bwd_dq_dk_dv_sm90_ws")
+spec = key[0]
+opts = C.nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
+mod = cp.RawModule(code=C.load_source(spec.source), options=opts)
+C._functions[key] = mod.get_function(spec.entry)
+for _ in range(5):
+    call()
+tl = mod.get_global("fmha_timeline")
+arr = cp.ndarray((1 << 15, 16), cp.uint64, memptr=tl)
+arr.fill(0)
+cp.cuda.runtime.deviceSynchronize()
+call()
+cp.cuda.runtime.deviceSynchronize()
+a = cp.asnumpy(arr)
+a = a[a[:, 0] > 0].astype(np.int64)
+try:
+    clk = int(dev.attributes["ClockRate"]) / 1e3  # MHz (the attribute is kHz)
+except Exception:  # noqa: BLE001
+    clk = 1980.0
+g0, g4, smid, nblk = a[:, 0], a[:, 5], a[:, 6], a[:, 7]
+c = a[:, 8:14] - a[:, 8:9]
+us = c / clk
+print(f"{spec.name} {extra}: {len(a)} CTAs, clock {clk:.0f} MHz (attribute), d{d} s{s} {'causal' if causal else 'nc'}")
+print("phase medians (us): to K/V %.2f, first block %.2f, per later block %.3f, after loop %.2f (stores issued %.2f, bulk reads %.2f), whole CTA %.2f" % (
+    np.median(us[:, 1]), np.median(us[:, 2] - us[:, 1]),
+    np.median((us[:, 3] - us[:, 2])[nblk > 1] / (nblk[nblk > 1] - 1)), np.median(us[:, 5] - us[:, 3]),
+    np.median(us[:, 4] - us[:, 3]), np.median(us[:, 5] - us[:, 4]), np.median(us[:, 5])))
+gt = (a[:, 0:6] - a[:, 0:1]) / 1e3
+print("globaltimer phase medians (us): to K/V %.2f, first block %.2f, after loop %.2f, whole CTA %.2f; distinct values of the K/V stamp: %d" % (
+    np.median(gt[:, 1]), np.median(gt[:, 2] - gt[:, 1]), np.median(gt[:, 5] - gt[:, 3]), np.median(gt[:, 5]),
+    len(np.unique(a[:, 1] % 1000))))
+print("globaltimer whole CTA median (us): %.2f; kernel span (us): %.1f" % (np.median(g4 - g0) / 1e3, (g4.max() - g0.min()) / 1e3))
+gaps = []
+for sm in np.unique(smid):
+    sel = np.argsort(g0[smid == sm])
+    s0, s4 = g0[smid == sm][sel], g4[smid == sm][sel]
+    gaps += list(s0[1:] - s4[:-1])
+gaps = np.array(gaps)
+print("gap between CTAs on an SM (ns): median %d, p10 %d, p90 %d, n %d" % (np.median(gaps), np.percentile(gaps, 10), np.percentile(gaps, 90), len(gaps)))
+first = g0.min()
+print("first CTA start to last CTA end per SM (us): median %.1f, max %.1f; last-wave idle: SMs done by (us) p10 %.1f" % (
+    np.median([g4[smid == sm].max() - first for sm in np.unique(smid)]) / 1e3,
+    max(g4[smid == sm].max() - first for sm in np.unique(smid)) / 1e3,
+    np.percentile([g4[smid == sm].max() - first for sm in np.unique(smid)], 10) / 1e3))
+for nb in sorted(set(nblk.tolist()))[:3] + sorted(set(nblk.tolist()))[-2:]:
+    m = nblk == nb
+    print(f"  {nb:3d} blocks: {m.sum():5d} CTAs, whole CTA median {np.median(us[m, 5]):.2f} us, to K/V {np.median(us[m, 1]):.2f}, "
+          f"first block {np.median(us[m, 2] - us[m, 1]):.2f}, after loop {np.median(us[m, 5] - us[m, 3]):.2f}")
