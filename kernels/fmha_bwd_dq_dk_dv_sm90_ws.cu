@@ -138,9 +138,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #if defined(TIMING) && TIMING  // (bench/probe/timeline58.py: MMA thread 0's times, per CTA)
     __shared__ unsigned long long tl_[16];
     auto stamp = [&](int n) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        tl_[n] = t;
+        tl_[n] = global_timer_ns();
         tl_[8 + n] = clock64();
     };
     if (threadIdx.x == 128) stamp(0);
@@ -446,8 +444,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #if defined(TIMING) && TIMING
     if (tid == 0) {
         stamp(5);
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        const unsigned smid = sm_index();
         unsigned long long* o = fmha_timeline[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)];
         for (int n = 0; n < 6; ++n) o[n] = tl_[n];
         for (int n = 0; n < 6; ++n) o[8 + n] = tl_[8 + n];

@@ -47,4 +47,16 @@ __device__ __forceinline__ void sem_release(int* sem) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" :: "l"(sem) : "memory");
 }
 
+// Diagnostics (the ws backward's TIMING build): the global nanosecond timer and this SM's index.
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned sm_index() {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
+
 }  // namespace fmha
