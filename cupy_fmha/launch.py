@@ -13,7 +13,8 @@ from __future__ import annotations
 from .backends.cuda import SMEM_LIMIT, fwd_ws_persist, smem_pitch  # noqa: F401 - re-exported (tests, bench read L.SMEM_LIMIT)
 from .spec import KernelSpec, dropout_mask_spec
 
-__all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dot_do_o_launch", "convert_launch", "Launch",
+__all__ = ["smem_pitch", "fwd_launch", "dq_dk_dv_launch", "dq_dk_dv_key_blocks",
+           "dot_do_o_launch", "convert_launch", "Launch",
            "WINDOW_INF", "kernel_window", "dq_dk_dv_blocks", "query_block_range", "first_key_block", "DqWorkspace", "dq_workspace",
            "kernel_window_spec", "sequence_window", "empty_grid", "dropout_mask_launch", "tma_boxes"]
 
@@ -124,9 +125,19 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
 
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:
-    """fmha_bwd_dq_dk_dv(_sm90): NSPLIT blocks per BLOCK_N keys; sizes from the spec's macros."""
+    """fmha_bwd_dq_dk_dv(_sm90): NSPLIT blocks per BLOCK_N keys; sizes from the spec's macros.
+    With ``HEADS_X=1`` (the ws kernels under causal masks, :func:`backends.cuda.bwd_specs`) the grid is
+    (nhead_q, key blocks, batch): the GPU starts CTAs x-fastest, so the heavy key blocks of every head
+    start first (kernels/bwd_ws.cuh bwd_ws_tile)."""
     bn, ns = spec.macro("BLOCK_N"), spec.macro("NSPLIT", 1)
-    return Launch((cdiv(seqlen_k, bn) * ns, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
+    nkb = cdiv(seqlen_k, bn) * ns
+    grid = (nhead_q, nkb, batch) if spec.macro("HEADS_X", 0) else (nkb, nhead_q, batch)
+    return Launch(grid, (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
+
+
+def dq_dk_dv_key_blocks(spec: KernelSpec, launch: Launch) -> int:
+    """The number of key blocks (times NSPLIT) in a :func:`dq_dk_dv_launch` grid."""
+    return launch.grid[1] if spec.macro("HEADS_X", 0) else launch.grid[0]
 
 
 #: threads per block of the keep-mask kernel (its NTHREADS macro)

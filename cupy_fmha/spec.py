@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["KernelSpec", "BwdSpecs", "pad_hdim", "fwd_spec", "bwd_specs", "dropout_mask_spec",
+__all__ = ["KernelSpec", "BwdSpecs", "pad_hdim", "fwd_spec", "bwd_specs", "use_heads_x", "dropout_mask_spec",
            "default_dispatch_table", "backend_for", "use_wg_skip", "feature_macros", "tuning_key", "DTYPES"]
 
 DTYPES = ("fp16", "bf16")
@@ -135,12 +135,20 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
+              heads_x: bool = False) -> BwdSpecs:
     """The backward's kernel instances (dot_do_o, dq_dk_dv, convert_dq and its slab-summing
     build) on a device of compute capability ``cc`` (see the backend's ``bwd_specs``;
-    ``bias_tma`` as in :func:`fwd_spec`)."""
+    ``bias_tma`` as in :func:`fwd_spec`; ``heads_x`` from :func:`use_heads_x`)."""
     return backend_for(cc).bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                                     deterministic=deterministic, bias_tma=bias_tma)
+                                     deterministic=deterministic, bias_tma=bias_tma, heads_x=heads_x)
+
+
+def use_heads_x(causal: bool, seqlen_k: int, cc: int = 90) -> bool:
+    """Whether the backward of a causal mask (``causal``) at ``seqlen_k`` keys should start the heavy
+    key blocks of every head first (the backend's tuning decision; see
+    :func:`cupy_fmha.backends.cuda.use_heads_x`)."""
+    return backend_for(cc).use_heads_x(causal, seqlen_k)
 
 
 def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

@@ -134,8 +134,9 @@ struct BwdBlock {
 
 // False when the CTA has nothing to do (group mode: its keys lie past its sequence).
 template <int M, int N>
-__device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h, int kb, int k0, BwdBlock& s) {
-    const int hk = h / p.group, nhead_q = gridDim.y;
+__device__ __forceinline__ bool bwd_block_state(const BwdParams& p, int b, int h, int nhead_q, int kb, int k0,
+                                                BwdBlock& s) {
+    const int hk = h / p.group;
     const uint16_t* q = static_cast<const uint16_t*>(p.q.ptr);
     const uint16_t* dout = static_cast<const uint16_t*>(p.dout.ptr);
     const uint16_t* k = static_cast<const uint16_t*>(p.k.ptr);

@@ -1,8 +1,9 @@
 // Pieces shared by the two warp-specialized Hopper backward kernels (fmha_bwd_dq_dk_dv_sm90_ws.cu
-// and fmha_bwd_dq_dk_dv_sm90_ws_wide.cu): the producer warp, and the zeroing of the rows a TMA box
-// brings from the next sequence (group mode), the dK/dV epilogue. Both kernels' shared-memory structs have the members
-// used here: k, v (the key block's tiles), q[STAGES], dout[STAGES], lse[STAGES], d[STAGES] (the
-// query blocks' ring) and the mbarriers full[STAGES], empty[STAGES], kv.
+// and fmha_bwd_dq_dk_dv_sm90_ws_wide.cu): the producer warp, the zeroing of the rows a TMA box
+// brings from the next sequence (group mode), the CTA order and the dK/dV epilogue. Both kernels'
+// shared-memory structs have the members used here: k, v (the key block's tiles), q[STAGES],
+// dout[STAGES], lse[STAGES], d[STAGES] (the query blocks' ring) and the mbarriers full[STAGES],
+// empty[STAGES], kv.
 #pragma once
 #include "common.cuh"
 #include "arch/arch.cuh"
@@ -88,6 +89,20 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
     zero_tile_rows<SW, R, C2, THREADS>(b, valid, tid);
     fence_proxy_async();
     named_barrier_sync(bar, THREADS);
+}
+
+// This CTA's (key block, head, batch). The grid is (key blocks, nhead_q, batch), or with HEADS_X
+// (nhead_q, key blocks, batch) (launch.dq_dk_dv_launch). The GPU starts CTAs x-fastest, so HEADS_X
+// starts a batch entry's key block 0 of every head first, then key block 1, ...: under a causal mask
+// key block kb sees the query rows from about its first key on, so the heaviest CTAs start first and
+// the last ones are the lightest (the longest-processing-time order), while the CTAs running together
+// still share one batch entry's Q and dO in L2. The plan takes it for causal masks up to 4096 keys,
+// where it measured 1-4.5% faster (bench/NOTES.md step 61). Plain reads of blockIdx, fixed at compile
+// time: the compiler re-reads them where needed instead of holding them in registers (computing them
+// from a linear index at run time spilled).
+template <bool HEADS_FIRST>
+__device__ __forceinline__ void bwd_ws_tile(int& kb, int& h, int& b) {
+    kb = HEADS_FIRST ? blockIdx.y : blockIdx.x, h = HEADS_FIRST ? blockIdx.x : blockIdx.y, b = blockIdx.z;
 }
 
 // Epilogue: dK (scaled) and dV of the CTA's BLOCK_N keys from k0 (this thread's accumulators: rows

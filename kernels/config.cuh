@@ -26,6 +26,8 @@
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 //   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
 //   SPLIT_PDS    fmha_bwd_dq_dk_dv_sm90_ws (no dropout or bias): P while GEMM2 runs, dS while GEMM1 runs
+//   HEADS_X      the ws backwards: the grid is (nhead_q, key blocks, batch), not (key blocks, nhead_q,
+//                batch) (bwd_ws_tile in bwd_ws.cuh; launch.dq_dk_dv_launch follows the spec's macro)
 //   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
@@ -119,6 +121,9 @@
 #ifndef SPLIT_PDS
 #define SPLIT_PDS 0
 #endif
+#ifndef HEADS_X
+#define HEADS_X 0
+#endif
 #ifndef BIAS_TMA
 #define BIAS_TMA 0
 #endif
@@ -140,7 +145,7 @@ inline constexpr int nwarps = NWARPS, nwg = NWG, nthreads = NTHREADS, smem_bytes
 inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = Q_IN_REGS, wg_skip = WG_SKIP;
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
-                     split_pds = SPLIT_PDS;
+                     split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 }  // namespace config_detail
 }  // namespace fmha
@@ -173,6 +178,7 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 #undef LSE2
 #undef FOLD
 #undef SPLIT_PDS
+#undef HEADS_X
 #undef BIAS_TMA
 #undef BIAS_STAGES
 
@@ -205,6 +211,7 @@ inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
 inline constexpr bool SPLIT_PDS = config_detail::split_pds != 0;
+inline constexpr bool HEADS_X = config_detail::heads_x != 0;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 }  // namespace fmha

@@ -97,7 +97,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
     const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
-    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, kb, k0, blk)) return;
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, gridDim.y, kb, k0, blk)) return;
 
     load_blocked_async<BLOCK_N, HDIM_Q, NTHREADS>(sK, blk.kg, p.k.ss, k0, blk.seqlen_k, p.hdim_q, tid);
     load_blocked_async<BLOCK_N, HDIM_V, NTHREADS>(sV, blk.vg, p.v.ss, k0, blk.seqlen_k, p.hdim_v, tid);

@@ -123,3 +123,35 @@ def test_every_subpackage_is_in_the_wheel():
              for p in (root / "cupy_fmha").glob("*/**/__init__.py")}
     assert found, "no subpackages found"
     assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_causal_backward_starts_heavy_key_blocks_first(d):
+    # the ws backwards under a causal mask up to BWD_WS_HEADS_X_SEQLEN_K keys: the HEADS_X build and
+    # its grid (nhead_q, key blocks, batch); otherwise, and off Hopper, (key blocks, nhead_q, batch)
+    import inspect
+
+    from cupy_fmha import launch as L
+    from cupy_fmha import plan
+    from cupy_fmha.backends.cuda import BWD_WS_HEADS_X_SEQLEN_K
+
+    kw = {k: p.default for k, p in inspect.signature(api.attention_backward).parameters.items()
+          if p.default is not inspect.Parameter.empty and k not in ("bias", "alibi_slopes", "out")}
+
+    def resolve(s, cc=90, **over):
+        q = np.zeros((2, s, 3, d), np.float16)
+        lse = np.zeros((2, 3, s), np.float32)
+        bp = plan.plan_backward(q, q, q, q, q, lse, cc=lambda: cc, **{**kw, **over})
+        spec = bp.specs.dq_dk_dv
+        return spec, bp.launches["dq_dk_dv"], -(-s // spec.macro("BLOCK_N"))
+
+    for s in (1000, BWD_WS_HEADS_X_SEQLEN_K):
+        spec, launch, nkb = resolve(s, causal=True)
+        assert spec.macro("HEADS_X") == 1 and launch.grid == (3, nkb, 2), (s, spec.name, launch.grid)
+        assert L.dq_dk_dv_key_blocks(spec, launch) == nkb
+    for s, over in ((BWD_WS_HEADS_X_SEQLEN_K + 8, dict(causal=True)), (1000, dict(causal=False)),
+                    (1000, dict(window_size=(100, 0)))):
+        spec, launch, nkb = resolve(s, **over)
+        assert not spec.macro("HEADS_X", 0) and launch.grid == (nkb, 3, 2), (s, over, spec.name, launch.grid)
+    spec, launch, nkb = resolve(1000, cc=80, causal=True)
+    assert not spec.macro("HEADS_X", 0) and launch.grid[1:] == (3, 2)

@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -234,6 +234,14 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     return bool(diagonal) and 0 < seqlen_q <= WG_SKIP_MAX_SEQLEN
 
 
+def use_heads_x(causal: bool, seqlen_k: int) -> bool:
+    """Whether the warp-specialized backwards should start the heavy key blocks of every head first
+    (their ``HEADS_X=1`` build, :data:`BWD_WS_HEADS_X_SEQLEN_K`): with a causal mask (``causal``:
+    the window's left side reaches every query row, its right side is limited) and seqlen_k (the
+    max in group mode) up to that length."""
+    return bool(causal) and 0 < seqlen_k <= BWD_WS_HEADS_X_SEQLEN_K
+
+
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
              bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
@@ -340,14 +348,17 @@ def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0) -> BwdSpecs:
+              bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
+              heads_x: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
     ``dropout=True``: the ``-D DROPOUT=1`` build of dq_dk_dv (the other two kernels do not change);
     ``deterministic=True``: the instance for the dQ-slab mode (on the Hopper kernel at hdim 128,
     the build without the bulk dQ path; elsewhere the same instance). ``bias_tma``: as in
-    :func:`fwd_spec` (a bias TMA can load: the warp-specialized backward takes it)."""
+    :func:`fwd_spec` (a bias TMA can load: the warp-specialized backward takes it). ``heads_x``: the
+    warp-specialized builds with the grid (nhead_q, key blocks, batch) (``-D HEADS_X=1``, for causal
+    masks: :data:`BWD_WS_HEADS_X_SEQLEN_K`); the other kernels ignore it."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
@@ -379,7 +390,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     d = max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64))
     if (_wgmma_allowed(cc) and not (bias or dropout) and d > 128
             and _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, False, BWD_WS_WIDE_HDIMS, pad=128)):
-        wide = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi)
+        wide = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi, heads_x=heads_x)
         if wide.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (231,464 B at 256 / 256)
             main = wide
     if tma_bias and d not in BWD_WS_BIAS_HDIMS:
@@ -388,7 +399,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout), dropout=dropout,
                                       deterministic=deterministic)
             and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
-        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout)
+        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, heads_x=heads_x)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
             main = ws
     return BwdSpecs(
@@ -453,14 +464,16 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
+                heads_x: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
     128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
     own keep bits (``-D DROPOUT=1``; not with a bias). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
-    ``tiles``: the table entries (default :func:`bwd_ws_tiles`).
+    ``tiles``: the table entries (default :func:`bwd_ws_tiles`). ``heads_x``: the ``-D HEADS_X=1``
+    build (grid (nhead_q, key blocks, batch), :func:`bwd_specs`).
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, a bias
@@ -481,7 +494,18 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
         # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
+    if heads_x:
+        tiles["HEADS_X"] = 1
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+
+
+#: Longest seqlen_k (the max in group mode) for which the ws backwards under a causal mask take
+#: the ``HEADS_X=1`` build (grid (nhead_q, key blocks, batch): the heavy key blocks of every head
+#: start first). Measured on the H200 (bench/NOTES.md step 61, bf16, FlashAttention's grid, time
+#: against the key-blocks-first grid): causal 0.96-0.98 at 2048-4096 at every head dim, 0.97 at 1024
+#: at hdim 256; 0.99-1.05 at 8192 and 1.01-1.04 at 16384 (fewer heads share L2), and slower
+#: without a mask from 4096 (1.02-1.06), so only causal masks up to this length.
+BWD_WS_HEADS_X_SEQLEN_K = 4096
 
 
 #: head dims (each rounded up to a multiple of 128) the wide ws backward is built for
@@ -489,19 +513,23 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
 BWD_WS_WIDE_HDIMS = (128, 256)
 
 
-def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False) -> KernelSpec:
+def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
+                     heads_x: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
     rounded up to a multiple of 128 (at most 256; :func:`bwd_specs` takes it only when one of them is
     above 128); no dropout or bias. ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (e.g.
-    ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons."""
+    ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons.
+    ``heads_x``: as in :func:`bwd_ws_spec`."""
     tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES", dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1))
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE"}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
     if tiles.get("STAGES", 2) < 2:
         raise ValueError("CUPY_FMHA_BWD_WS_WIDE_TILES: STAGES must be at least 2 (a stage goes back a block late)")
+    if heads_x:
+        tiles["HEADS_X"] = 1
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
                HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
@@ -640,7 +668,8 @@ def dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the pairs (192, 128), (256, 128), (128, 256)), both dtypes, on
     sm_80-class and sm_90 devices, for every feature set, in atomic and deterministic dQ mode,
-    plus the keep-mask kernel."""
+    with and without the heads-first grid of causal backwards (:func:`use_heads_x`), plus the
+    keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (256, 128), (128, 256)]
     for feats in FEATURE_SETS:
@@ -654,7 +683,9 @@ def dispatch_table() -> list[KernelSpec]:
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
                                  *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det).dq_dk_dv
                                    for n in tma for det in (False, True)),
-                                 bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv):
+                                 bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv,
+                                 *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det,
+                                             heads_x=True).dq_dk_dv for n in (0, *tma) for det in (False, True))):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)

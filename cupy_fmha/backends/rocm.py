@@ -313,6 +313,11 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     return False
 
 
+def use_heads_x(causal: bool, seqlen_k: int) -> bool:
+    """The heads-first grid is the warp-specialized Hopper backward's: never on gfx9."""
+    return False
+
+
 def dropout_mask_spec():
     """The keep-mask kernel (no matrix instructions: the CUDA instance's macros, 256 threads)."""
     from . import cuda
@@ -321,11 +326,11 @@ def dropout_mask_spec():
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0):
+              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0, heads_x: bool = False):
     """The backward's gfx9 instances on ``target``: dot_do_o (one 64-lane wavefront per row, 8
     rows), the main kernel (:func:`bwd_spec`; deterministic mode is its run-time dQ-slab path, as
     on CUDA's mma.sync kernel), convert_dq and its slab-summing build (``bias_tma``, a Hopper
-    kernel's option, is ignored)."""
+    kernel's option, is ignored, as is ``heads_x``)."""
     from ..spec import BwdSpecs, _mk
 
     dot = _mk("fmha_bwd_dot_do_o", dtype, ROWS=8)
