@@ -91,7 +91,7 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
     named_barrier_sync(bar, THREADS);
 }
 
-// This CTA's (key block, head, batch). The grid is (key blocks, nhead_q, batch), or with HEADS_X
+// This CTA's (key block, head, batch), and nhead_q (the grid's head dimension). The grid is (key blocks, nhead_q, batch), or with HEADS_X
 // (nhead_q, key blocks, batch) (launch.dq_dk_dv_launch). The GPU starts CTAs x-fastest, so HEADS_X
 // starts a batch entry's key block 0 of every head first, then key block 1, ...: under a causal mask
 // key block kb sees the query rows from about its first key on, so the heaviest CTAs start first and
@@ -101,8 +101,9 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
 // time: the compiler re-reads them where needed instead of holding them in registers (computing them
 // from a linear index at run time spilled).
 template <bool HEADS_FIRST>
-__device__ __forceinline__ void bwd_ws_tile(int& kb, int& h, int& b) {
+__device__ __forceinline__ void bwd_ws_tile(int& kb, int& h, int& b, int& nhead_q) {
     kb = HEADS_FIRST ? blockIdx.y : blockIdx.x, h = HEADS_FIRST ? blockIdx.x : blockIdx.y, b = blockIdx.z;
+    nhead_q = HEADS_FIRST ? gridDim.x : gridDim.y;
 }
 
 // Epilogue: dK (scaled) and dV of the CTA's BLOCK_N keys from k0 (this thread's accumulators: rows

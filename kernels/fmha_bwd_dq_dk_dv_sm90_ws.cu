@@ -160,11 +160,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
-    int kb, h, b;
-    bwd_ws_tile<HEADS_X>(kb, h, b);  // (kb: the key block; heavy ones first under causal masks)
+    int kb, h, b, nhead_q;
+    bwd_ws_tile<HEADS_X>(kb, h, b, nhead_q);  // (kb: the key block; heavy ones first under causal masks)
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
-    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, HEADS_X ? gridDim.x : gridDim.y, kb, k0, blk)) return;  // uniform over the CTA
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, nhead_q, kb, k0, blk)) return;  // uniform over the CTA
 
     // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
     const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;

@@ -89,11 +89,11 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
-    int kb, h, b;
-    bwd_ws_tile<HEADS_X>(kb, h, b);  // (kb: the key block; heavy ones first under causal masks)
+    int kb, h, b, nhead_q;
+    bwd_ws_tile<HEADS_X>(kb, h, b, nhead_q);  // (kb: the key block; heavy ones first under causal masks)
     const int k0 = kb * BLOCK_N;
     BwdBlock blk;
-    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, HEADS_X ? gridDim.x : gridDim.y, kb, k0, blk)) return;  // uniform over the CTA
+    if (!bwd_block_state<BLOCK_M, BLOCK_N>(p, b, h, nhead_q, kb, k0, blk)) return;  // uniform over the CTA
 
     const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
     const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
