@@ -32,6 +32,9 @@
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
 //   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
+//   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
+//                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
+//                keeps the register stores, for comparisons)
 //   (PERSIST, fmha_fwd_sm90_ws's row blocks per CTA, is the launcher's alone: launch.fwd_launch sets
 //   the grid from it and the kernel strides over whatever grid it gets; not read here)
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
@@ -130,6 +133,12 @@
 #ifndef BIAS_STAGES
 #define BIAS_STAGES 2
 #endif
+#ifndef O_STAGE
+#define O_STAGE 0
+#endif
+#ifndef O_REG
+#define O_REG 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -146,7 +155,7 @@ inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = 
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
-inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
+inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -181,6 +190,8 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES;
 #undef HEADS_X
 #undef BIAS_TMA
 #undef BIAS_STAGES
+#undef O_STAGE
+#undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
 inline constexpr bool FMHA_BF16 = config_detail::bf16 != 0;
@@ -214,4 +225,5 @@ inline constexpr bool SPLIT_PDS = config_detail::split_pds != 0;
 inline constexpr bool HEADS_X = config_detail::heads_x != 0;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
+inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 }  // namespace fmha

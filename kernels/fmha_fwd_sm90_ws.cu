@@ -99,7 +99,12 @@ struct SmemBias : Smem {
 template <bool B> struct SmemOf { using type = Smem; };
 template <> struct SmemOf<true> { using type = SmemBias; };
 using SmemAll = SmemOf<BIAS>::type;
-static_assert(sizeof(SmemAll) + SMEM_ALIGN == SMEM_BYTES, "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
+// O_STAGE: O's stage after the layout, from the next 16-byte boundary: BLOCK_M rows of HDIM_V + 8
+// elements (a warp's 4-byte stores of 8 rows x 4 column pairs fall on 32 different banks), MMA
+// warpgroup w's 64 rows from row 64 w (fwd_ws_store_o)
+enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16 };
+static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + SMEM_ALIGN == SMEM_BYTES,
+              "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
 static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 &&
@@ -130,6 +135,50 @@ __device__ __forceinline__ KeepBits<BLOCK_N / 8> keep_bits(const FwdBlock& blk, 
         fence_operand<sizeof(kb) / 4>(&kb.w[0][0]);
     }
     return kb;
+}
+
+// O_STAGE epilogue of one warp's 16 rows from row0 (wi: the warp in its warpgroup, whose rows of
+// the stage are wi * 16 ..): O scaled by 1/l and rounded into the stage, then lane 0 sends the rows
+// to global memory with one cp.async.bulk each (rows past the sequence skipped), instead of every
+// thread storing 4-byte pieces of 8 rows per warp instruction (fwd_store_rows, which stays for
+// outputs whose rows are not 16-byte aligned; the API's outputs always are). A warp writes and sends
+// only its own rows, so a __syncwarp orders them, and lane 0 read-waits its copies of the previous
+// row block (PERSIST) before the warp writes the stage again. The backward's dK/dV epilogue does the
+// same per key row (bwd_ws_store_dk_dv; bench/NOTES.md steps 60 and 63).
+template <int NO>
+__device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
+                                               const float* acc_o, const float row_max[2], const float row_sum[2],
+                                               const AccFrag& f, uint16_t* stage) {
+    uint16_t* og = fwd_out_rows(p, b, h);
+    if (((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) != 0) {
+        fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
+        return;
+    }
+    const bool lead = lane_of(threadIdx.x) == 0;
+    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
+    float inv[2], row_lse[2];
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
+    stage += wi * 16 * O_PITCH;
+    row0 += wi * 16;
+    if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int rl = f.row(2 * r);
+        if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+            *reinterpret_cast<uint32_t*>(stage + rl * O_PITCH + f.col(n, 0)) =
+                pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lead) {
+        const int rows = min(16, blk.seqlen_q - row0);
+        for (int r = 0; r < rows; ++r)
+            bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
+        bulk_commit();
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -409,8 +458,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             }
         }
 
-        fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        if constexpr (O_STAGE)
+            fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
+                               reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
+        else
+            fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
         it += n;
         ++j;
     }
+    if constexpr (O_STAGE)
+        if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
 }

@@ -362,7 +362,7 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, **cu)
     (spec, args, smem), = raw
     assert spec.source == "fmha_fwd_sm90_ws" and spec.macro("SWIZZLE") == 1 and spec.macro("PV_OVERLAP") == 1
-    plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, PV_OVERLAP=1))
+    plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, PV_OVERLAP=1, O_REG=1 - spec.macro("O_STAGE")))
     assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
     for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (128, 128, 128), (q, k, v)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
@@ -471,6 +471,30 @@ def test_ws_switches_by_head_dim(monkeypatch):
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128  # (the other entries stay)
     src = (Path(__file__).parents[1] / "kernels" / "fmha_fwd_sm90_ws.cu").read_text()
     assert "FOLD && !ALIBI" in src
+
+
+def test_forward_o_stage_by_head_dim(monkeypatch):
+    """The ws forward's O leaves through the shared-memory stage (derived macro O_STAGE, bench/NOTES.md
+    step 63) at hdim 128 (its dropout and ALiBi builds too), not at 64 (O_REG=1, measured slower
+    there), nor where the stage does not fit (192, 256, the bias builds at 128, an fp32 bias at 64);
+    the variable's O_REG switches it for A/B runs, and the stage's bytes are in SMEM_BYTES."""
+    from cupy_fmha.backends import cuda
+
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    staged = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert staged.macro("O_STAGE") == 1 and "O_REG" not in staged.name
+    assert cuda.fwd_ws_spec("fp16", 120, 120, dropout=True).macro("O_STAGE") == 1
+    assert cuda.fwd_ws_spec("bf16", 128, 128, alibi=True).macro("O_STAGE") == 1
+    for spec in (cuda.fwd_ws_spec("bf16", 64, 64), cuda.fwd_ws_spec("bf16", 192, 192), cuda.fwd_ws_spec("bf16", 256, 256),
+                 cuda.fwd_ws_spec("bf16", 128, 128, bias_tma=2), cuda.fwd_ws_spec("bf16", 64, 64, bias_tma=4)):
+        assert spec.macro("O_STAGE") == 0, spec.name
+        assert spec.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=1")
+    plain = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert plain.macro("O_STAGE") == 0 and plain.name != staged.name
+    assert staged.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 2 * 128 * (128 + 8)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=0")
+    assert cuda.fwd_ws_spec("bf16", 64, 64).macro("O_STAGE") == 1
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])

@@ -65,7 +65,11 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
-        return dict(out, SMEM_BYTES=smem + align)
+        # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
+        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
+        staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
+        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
+        return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -551,10 +555,14 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
-#: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37).
+#: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
+#: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
+#: measured 0.5-8% slower there (the copies are issued one row at a time, about 0.6 us per row block)
+#: and 0.5-5% faster at 128 (step 63); at 192/256 the stage does not fit (derived_macros).
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
-FWD_WS_BY_HDIM = {64: dict(FOLD=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
+#: 128 keys at 128: 144-192 measured 2-13% slower (step 62).
+FWD_WS_BY_HDIM = {64: dict(FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
@@ -601,7 +609,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False) -> dict[
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
-    switches = {"FOLD", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
