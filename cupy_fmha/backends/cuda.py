@@ -558,7 +558,9 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
 #: measured 0.5-8% slower there (the copies are issued one row at a time, about 0.6 us per row block)
-#: and 0.5-5% faster at 128 (step 63); at 192/256 the stage does not fit (derived_macros).
+#: and 0.5-5% faster at 128 (step 63); at 192/256 (equal head dims) the stage does not fit
+#: (derived_macros), while the unequal pairs (192, 128), (256, 128) and (128, 256) take it (tested,
+#: not timed).
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
 #: 128 keys at 128: 144-192 measured 2-13% slower (step 62).
