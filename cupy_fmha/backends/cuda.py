@@ -557,8 +557,8 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
-#: measured 0.5-8% slower there (the copies are issued one row at a time, about 0.6 us per row block)
-#: and 0.5-5% faster at 128 (step 63); at 192/256 (equal head dims) the stage does not fit
+#: measured 0.5-8% slower there (about 0.6 us per row block; not the lanes' serialized issue, which a
+#: second version ruled out; the cause is not pinned down) and 0.5-5% faster at 128 (step 63); at 192/256 (equal head dims) the stage does not fit
 #: (derived_macros), while the unequal pairs (192, 128), (256, 128) and (128, 256) take it (tested,
 #: not timed).
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
