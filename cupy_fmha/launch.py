@@ -126,12 +126,15 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:
     """fmha_bwd_dq_dk_dv(_sm90): NSPLIT blocks per BLOCK_N keys; sizes from the spec's macros.
-    With ``HEADS_X=1`` (the ws kernels under causal masks, :func:`backends.cuda.bwd_specs`) the grid is
-    (nhead_q, key blocks, batch): the GPU starts CTAs x-fastest, so the heavy key blocks of every head
-    start first (kernels/bwd_ws.cuh bwd_ws_tile)."""
-    bn, ns = spec.macro("BLOCK_N"), spec.macro("NSPLIT", 1)
+    With ``HEADS_X`` >= 1 (the ws kernels under causal masks, :func:`backends.cuda.use_heads_x`) the grid
+    is (nhead_q, key blocks, batch): the GPU starts CTAs x-fastest, so the heavy key blocks of every
+    head (or, HEADS_X = n >= 2, of every group of n heads) start first (kernels/bwd_ws.cuh bwd_ws_tile)."""
+    bn, ns, hx = spec.macro("BLOCK_N"), spec.macro("NSPLIT", 1), spec.macro("HEADS_X", 0)
+    if hx > 1 and nhead_q % hx:
+        raise ValueError(f"{spec.name}: HEADS_X={hx} takes groups of {hx} heads, and nhead_q={nhead_q} is no multiple "
+                         "(CUPY_FMHA_BWD_WS_TILES?)")
     nkb = cdiv(seqlen_k, bn) * ns
-    grid = (nhead_q, nkb, batch) if spec.macro("HEADS_X", 0) else (nkb, nhead_q, batch)
+    grid = (nhead_q, nkb, batch) if hx else (nkb, nhead_q, batch)
     return Launch(grid, (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
 
 

@@ -278,7 +278,7 @@ def _backward_kernels(checked, cc) -> BwdPlan:
     p = base.problem
     # causal-like: the window's left side reaches every query row, its right side is limited
     causal = base.window[0] >= base.rows_q and base.window[1] < L.WINDOW_INF
-    heads_x = use_heads_x(causal, base.rows_k, cc)
+    heads_x = use_heads_x(causal, base.rows_k, cc, p.nhead_q, max(p.hdim_q, p.hdim_v))
     specs = _bwd_specs(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
                        base.dropout.enabled, deterministic, base.bias_tma, heads_x, tuning_key())
     b, hq, hk = p.batch, p.nhead_q, p.nhead_k

@@ -136,7 +136,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
               bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
-              heads_x: bool = False) -> BwdSpecs:
+              heads_x: int = 0) -> BwdSpecs:
     """The backward's kernel instances (dot_do_o, dq_dk_dv, convert_dq and its slab-summing
     build) on a device of compute capability ``cc`` (see the backend's ``bwd_specs``;
     ``bias_tma`` as in :func:`fwd_spec`; ``heads_x`` from :func:`use_heads_x`)."""
@@ -144,11 +144,12 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
                                      deterministic=deterministic, bias_tma=bias_tma, heads_x=heads_x)
 
 
-def use_heads_x(causal: bool, seqlen_k: int, cc: int = 90) -> bool:
-    """Whether the backward of a causal mask (``causal``) at ``seqlen_k`` keys should start the heavy
-    key blocks of every head first (the backend's tuning decision; see
-    :func:`cupy_fmha.backends.cuda.use_heads_x`)."""
-    return backend_for(cc).use_heads_x(causal, seqlen_k)
+def use_heads_x(causal: bool, seqlen_k: int, cc: int = 90, nhead_q: int = 1, hdim: int = 128) -> int:
+    """The order in which the backward of a causal mask (``causal``) at ``seqlen_k`` keys, ``nhead_q``
+    query heads and head dim ``hdim`` (the larger) starts its CTAs: 0 key blocks first, 1 the heavy
+    key blocks of every head first, n >= 2 within groups of n heads (the backend's tuning decision;
+    see :func:`cupy_fmha.backends.cuda.use_heads_x`)."""
+    return backend_for(cc).use_heads_x(causal, seqlen_k, nhead_q, hdim)
 
 
 def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

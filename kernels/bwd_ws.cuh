@@ -91,19 +91,35 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
     named_barrier_sync(bar, THREADS);
 }
 
-// This CTA's (key block, head, batch), and nhead_q (the grid's head dimension). The grid is (key blocks, nhead_q, batch), or with HEADS_X
-// (nhead_q, key blocks, batch) (launch.dq_dk_dv_launch). The GPU starts CTAs x-fastest, so HEADS_X
-// starts a batch entry's key block 0 of every head first, then key block 1, ...: under a causal mask
-// key block kb sees the query rows from about its first key on, so the heaviest CTAs start first and
-// the last ones are the lightest (the longest-processing-time order), while the CTAs running together
-// still share one batch entry's Q and dO in L2. The plan takes it for causal masks up to 4096 keys,
-// where it measured 1-4.5% faster (bench/NOTES.md step 61). Plain reads of blockIdx, fixed at compile
-// time: the compiler re-reads them where needed instead of holding them in registers (computing them
-// from a linear index at run time spilled).
-template <bool HEADS_FIRST>
+// This CTA's (key block, head, batch), and nhead_q (the number of heads the grid covers). HEADS_X 0:
+// the grid is (key blocks, nhead_q, batch). HEADS_X >= 1: (nhead_q, key blocks, batch)
+// (launch.dq_dk_dv_launch). The GPU starts CTAs x-fastest, so HEADS_X = 1 starts a batch entry's key
+// block 0 of every head first, then key block 1, ...: under a causal mask key block kb sees the query
+// rows from about its first key on, so the heaviest CTAs start first and the last ones are the
+// lightest (the longest-processing-time order). The plan takes it for causal masks up to 4096 keys,
+// where it measured 1-4.5% faster; from 8192 keys it lost as much again, because the CTAs running
+// together then belong to every head and share less of Q and dO in L2 (bench/NOTES.md step 61).
+// HEADS_X = G >= 2 keeps both: the i-th CTA to start (i = x + nhead_q y within a batch entry) is taken
+// as CTA r of head group g (G heads; a last group of the heads left over), key block r / G of head
+// g G + r % G, so a group's key blocks 0 start first while the CTAs running together stay within a
+// few heads (bench/NOTES.md step 65). Plain reads of blockIdx where the grid gives the coordinates:
+// the compiler re-reads them where needed instead of holding them in registers (computing them from
+// a linear index at run time spilled in step 61's first build; the G >= 2 builds are checked by the
+// compile test).
+template <int HX>
 __device__ __forceinline__ void bwd_ws_tile(int& kb, int& h, int& b, int& nhead_q) {
-    kb = HEADS_FIRST ? blockIdx.y : blockIdx.x, h = HEADS_FIRST ? blockIdx.x : blockIdx.y, b = blockIdx.z;
-    nhead_q = HEADS_FIRST ? gridDim.x : gridDim.y;
+    b = blockIdx.z;
+    if constexpr (HX == 0) {
+        kb = blockIdx.x, h = blockIdx.y, nhead_q = gridDim.y;
+    } else if constexpr (HX == 1) {
+        kb = blockIdx.y, h = blockIdx.x, nhead_q = gridDim.x;
+    } else {
+        static_assert((HX & (HX - 1)) == 0, "bwd_ws_tile: groups of a power of two heads");
+        nhead_q = gridDim.x;  // (a multiple of HX: use_heads_x)
+        const unsigned i = blockIdx.x + gridDim.x * blockIdx.y, per_group = HX * gridDim.y;
+        const unsigned g = i / per_group, r = i - g * per_group;
+        kb = r / HX, h = g * HX + r % HX;
+    }
 }
 
 // Epilogue: dK (scaled) and dV of the CTA's BLOCK_N keys from k0 (this thread's accumulators: rows

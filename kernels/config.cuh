@@ -26,8 +26,10 @@
 //   DQ_SPLIT     fmha_bwd_convert_dq: sum the deterministic dQ slabs
 //   LSE2         fmha_bwd_dq_dk_dv_sm90_ws: the producer stores the LSE in log2 units (lse_log2)
 //   SPLIT_PDS    fmha_bwd_dq_dk_dv_sm90_ws (no dropout or bias): P while GEMM2 runs, dS while GEMM1 runs
-//   HEADS_X      the ws backwards: the grid is (nhead_q, key blocks, batch), not (key blocks, nhead_q,
-//                batch) (bwd_ws_tile in bwd_ws.cuh; launch.dq_dk_dv_launch follows the spec's macro)
+//   HEADS_X      the ws backwards: 0 the grid is (key blocks, nhead_q, batch); 1 it is (nhead_q, key
+//                blocks, batch), so every head's key block 0 starts first; G >= 2 the same grid, its
+//                CTAs taken as groups of G heads, key block 0 of a group's heads first (bwd_ws_tile in
+//                bwd_ws.cuh; launch.dq_dk_dv_launch follows the spec's macro)
 //   FOLD         fmha_fwd_sm90_ws (no ALiBi): the softmax scale folded into one FFMA per exponent
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
@@ -222,7 +224,7 @@ inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
 inline constexpr bool SPLIT_PDS = config_detail::split_pds != 0;
-inline constexpr bool HEADS_X = config_detail::heads_x != 0;
+inline constexpr int HEADS_X = config_detail::heads_x;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;

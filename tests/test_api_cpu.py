@@ -155,3 +155,42 @@ def test_causal_backward_starts_heavy_key_blocks_first(d):
         assert not spec.macro("HEADS_X", 0) and launch.grid == (nkb, 3, 2), (s, over, spec.name, launch.grid)
     spec, launch, nkb = resolve(1000, cc=80, causal=True)
     assert not spec.macro("HEADS_X", 0) and launch.grid[1:] == (3, 2)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_causal_backward_groups_heads_up_to_8192_keys(d, monkeypatch):
+    # from BWD_WS_HEADS_X_SEQLEN_K to BWD_WS_HEADS_GROUP_SEQLEN_K keys under a causal mask, with
+    # nhead_q a multiple of BWD_WS_HEADS_GROUP, the ws backward (hdim <= 128) takes the grouped start
+    # order on the heads-first grid; odd head counts, longer sequences and the wide kernel do not;
+    # forcing it through the tile variable with an odd head count is refused before any launch
+    import inspect
+
+    from cupy_fmha import plan
+    from cupy_fmha.backends.cuda import BWD_WS_HEADS_GROUP, BWD_WS_HEADS_GROUP_SEQLEN_K, BWD_WS_HEADS_X_SEQLEN_K
+
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
+    kw = {k: p.default for k, p in inspect.signature(api.attention_backward).parameters.items()
+          if p.default is not inspect.Parameter.empty and k not in ("bias", "alibi_slopes", "out")}
+
+    def resolve(s, h, **over):
+        q = np.zeros((1, s, h, d), np.float16)
+        lse = np.zeros((1, h, s), np.float32)
+        bp = plan.plan_backward(q, q, q, q, q, lse, cc=lambda: 90, **{**kw, **over})
+        spec = bp.specs.dq_dk_dv
+        return spec, bp.launches["dq_dk_dv"], -(-s // spec.macro("BLOCK_N"))
+
+    for s in (BWD_WS_HEADS_X_SEQLEN_K + 8, BWD_WS_HEADS_GROUP_SEQLEN_K):
+        spec, launch, nkb = resolve(s, 4, causal=True)
+        want = BWD_WS_HEADS_GROUP if d <= 128 else 0
+        assert spec.macro("HEADS_X", 0) == want, (s, spec.name)
+        assert launch.grid == ((4, nkb, 1) if want else (nkb, 4, 1)), (s, launch.grid)
+        spec, launch, nkb = resolve(s, 3, causal=True)
+        assert not spec.macro("HEADS_X", 0) and launch.grid == (nkb, 3, 1)
+    spec, launch, nkb = resolve(BWD_WS_HEADS_GROUP_SEQLEN_K + 8, 4, causal=True)
+    assert not spec.macro("HEADS_X", 0)
+    spec, launch, nkb = resolve(BWD_WS_HEADS_GROUP_SEQLEN_K, 4, causal=True, dropout_p=0.1)
+    assert not spec.macro("HEADS_X", 0)  # (the dropout and bias builds are not grouped: they would spill)
+    if d <= 128:
+        monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", f"HEADS_X={BWD_WS_HEADS_GROUP}")
+        with pytest.raises(ValueError, match="nhead_q=3 is no multiple"):
+            resolve(200, 3)

@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -238,12 +238,21 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     return bool(diagonal) and 0 < seqlen_q <= WG_SKIP_MAX_SEQLEN
 
 
-def use_heads_x(causal: bool, seqlen_k: int) -> bool:
-    """Whether the warp-specialized backwards should start the heavy key blocks of every head first
-    (their ``HEADS_X=1`` build, :data:`BWD_WS_HEADS_X_SEQLEN_K`): with a causal mask (``causal``:
-    the window's left side reaches every query row, its right side is limited) and seqlen_k (the
-    max in group mode) up to that length."""
-    return bool(causal) and 0 < seqlen_k <= BWD_WS_HEADS_X_SEQLEN_K
+def use_heads_x(causal: bool, seqlen_k: int, nhead_q: int = 1, hdim: int = 128) -> int:
+    """The order in which the warp-specialized backwards start their CTAs (their ``HEADS_X`` macro,
+    kernels/bwd_ws.cuh ``bwd_ws_tile``): 0 key blocks first (the plain grid); with a causal mask
+    (``causal``: the window's left side reaches every query row, its right side is limited) the
+    heavy key blocks first: 1, every head's, up to :data:`BWD_WS_HEADS_X_SEQLEN_K` keys (seqlen_k:
+    the max in group mode); :data:`BWD_WS_HEADS_GROUP` (groups of that many of the ``nhead_q``
+    heads, which it must divide) up to :data:`BWD_WS_HEADS_GROUP_SEQLEN_K` keys, for the 128-key
+    CTAs of head dims (``hdim``: the larger of the two) up to 128; else 0."""
+    if not causal or seqlen_k <= 0:
+        return 0
+    if seqlen_k <= BWD_WS_HEADS_X_SEQLEN_K:
+        return 1
+    if seqlen_k <= BWD_WS_HEADS_GROUP_SEQLEN_K and hdim <= 128 and nhead_q % BWD_WS_HEADS_GROUP == 0:
+        return BWD_WS_HEADS_GROUP
+    return 0
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
@@ -353,7 +362,7 @@ def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
               bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
-              heads_x: bool = False) -> BwdSpecs:
+              heads_x: int = 0) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
@@ -361,8 +370,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     ``deterministic=True``: the instance for the dQ-slab mode (on the Hopper kernel at hdim 128,
     the build without the bulk dQ path; elsewhere the same instance). ``bias_tma``: as in
     :func:`fwd_spec` (a bias TMA can load: the warp-specialized backward takes it). ``heads_x``: the
-    warp-specialized builds with the grid (nhead_q, key blocks, batch) (``-D HEADS_X=1``, for causal
-    masks: :data:`BWD_WS_HEADS_X_SEQLEN_K`); the other kernels ignore it."""
+    warp-specialized builds with the grid (nhead_q, key blocks, batch) and that start order
+    (``-D HEADS_X=n``, for causal masks: :func:`use_heads_x`); the other kernels ignore it."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
@@ -461,7 +470,7 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
     switches = {"LSE2", "SPLIT_PDS", *BWD_WS_VARIANTS}
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", *switches}
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", "HEADS_X", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -469,15 +478,16 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
-                heads_x: bool = False) -> KernelSpec:
+                heads_x: int = 0) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
     128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
     own keep bits (``-D DROPOUT=1``; not with a bias). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
-    ``tiles``: the table entries (default :func:`bwd_ws_tiles`). ``heads_x``: the ``-D HEADS_X=1``
-    build (grid (nhead_q, key blocks, batch), :func:`bwd_specs`).
+    ``tiles``: the table entries (default :func:`bwd_ws_tiles`). ``heads_x``: the ``-D HEADS_X=n``
+    build (n >= 1: grid (nhead_q, key blocks, batch), :func:`use_heads_x`), unless the tile variable
+    sets HEADS_X itself (for comparisons).
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, a bias
@@ -498,8 +508,10 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
         # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
         tiles["BLOCK_M"] = 64
-    if heads_x:
-        tiles["HEADS_X"] = 1
+    if (dropout or bias_tma) and heads_x > 1:
+        heads_x = 0  # (the grouped start order's index arithmetic spills in these builds, at their limit)
+    if heads_x and "HEADS_X" not in tiles:
+        tiles["HEADS_X"] = int(heads_x)
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
 
@@ -510,6 +522,13 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
 #: at hdim 256; 0.99-1.05 at 8192 and 1.01-1.04 at 16384 (fewer heads share L2), and slower
 #: without a mask from 4096 (1.02-1.06), so only causal masks up to this length.
 BWD_WS_HEADS_X_SEQLEN_K = 4096
+#: ... and up to this length, the ``HEADS_X`` = :data:`BWD_WS_HEADS_GROUP` build: the heavy key
+#: blocks first within groups of that many heads, so the CTAs running together stay within a few
+#: heads' Q and dO (at 8192 keys a head has 64 CTAs of 128 keys: two heads fill the 132 SMs about
+#: once). A model of the CTAs' list scheduling (2.2 us per 64-row step, 4 us per CTA) gives the same
+#: 5% shorter tail at 8192 keys as every head first, which measured 0.99-1.05 there (bench/NOTES.md
+#: steps 61, 65); at 16384 neither order shortens the tail by more than 0.3% in that model
+BWD_WS_HEADS_GROUP, BWD_WS_HEADS_GROUP_SEQLEN_K = 2, 8192
 
 
 #: head dims (each rounded up to a multiple of 128) the wide ws backward is built for
@@ -518,7 +537,7 @@ BWD_WS_WIDE_HDIMS = (128, 256)
 
 
 def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                     heads_x: bool = False) -> KernelSpec:
+                     heads_x: int = 0) -> KernelSpec:
     """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
@@ -527,13 +546,13 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons.
     ``heads_x``: as in :func:`bwd_ws_spec`."""
     tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES", dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1))
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE"}
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "HEADS_X"}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
     if tiles.get("STAGES", 2) < 2:
         raise ValueError("CUPY_FMHA_BWD_WS_WIDE_TILES: STAGES must be at least 2 (a stage goes back a block late)")
-    if heads_x:
-        tiles["HEADS_X"] = 1
+    if heads_x and "HEADS_X" not in tiles:
+        tiles["HEADS_X"] = int(heads_x)
     return _mk("fmha_bwd_dq_dk_dv_sm90_ws_wide", dtype, "sm90a", HDIM_Q=pad_hdim(hdim_q, 128),
                HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
@@ -695,7 +714,8 @@ def dispatch_table() -> list[KernelSpec]:
                                    for n in tma for det in (False, True)),
                                  bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv,
                                  *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det,
-                                             heads_x=True).dq_dk_dv for n in (0, *tma) for det in (False, True))):
+                                             heads_x=hx).dq_dk_dv for n in (0, *tma) for det in (False, True)
+                                   for hx in ((1, BWD_WS_HEADS_GROUP) if max(hq, hv) <= 128 else (1,)))):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)

@@ -313,9 +313,9 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     return False
 
 
-def use_heads_x(causal: bool, seqlen_k: int) -> bool:
-    """The heads-first grid is the warp-specialized Hopper backward's: never on gfx9."""
-    return False
+def use_heads_x(causal: bool, seqlen_k: int, nhead_q: int = 1, hdim: int = 128) -> int:
+    """The heads-first grid is the warp-specialized Hopper backward's: never on gfx9 (0)."""
+    return 0
 
 
 def dropout_mask_spec():
@@ -326,7 +326,7 @@ def dropout_mask_spec():
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0, heads_x: bool = False):
+              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0, heads_x: int = 0):
     """The backward's gfx9 instances on ``target``: dot_do_o (one 64-lane wavefront per row, 8
     rows), the main kernel (:func:`bwd_spec`; deterministic mode is its run-time dQ-slab path, as
     on CUDA's mma.sync kernel), convert_dq and its slab-summing build (``bias_tma``, a Hopper
