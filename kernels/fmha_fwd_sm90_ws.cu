@@ -55,8 +55,8 @@
 
 using namespace fmha;
 
-static_assert(NWG == 2 && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
-              "fmha_fwd_sm90_ws: a producer and two MMA warpgroups of 64 query rows (spec.py)");
+static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
+              "fmha_fwd_sm90_ws: a producer and two or three MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
@@ -65,8 +65,10 @@ static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
-// turn of MMA warpgroup w (PINGPONG)
-constexpr int BAR_ZERO = 1, BAR_TURN = 2;
+// turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
+constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
+// registers per MMA thread after setmaxnreg (240 with two MMA warpgroups, 160 with three)
+constexpr int MMA_REGS = ws_mma_regs<NWG>;
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
 // swizzle pattern follows address bits 4-9); the launcher passes this much more (SMEM_BYTES)
 constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
@@ -264,7 +266,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<WS_MMA_REGS>();
+    setmaxnreg_inc<MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     // warpgroup (of the two; broadcast from lane 0 so that the compiler sees it warp-uniform and keeps
     // the Q descriptors in uniform registers, as the ws backward: bench/NOTES.md step 31), warp
@@ -358,14 +360,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             // softmax (one block with it) it was hoisted above the exp2s (SASS), serializing them
             // behind P V. The mbarrier wait's loop ends the softmax's block.
             // PINGPONG: warpgroup w waits for its turn (barrier 2 + w) before issuing and passes the
-            // turn on after; warpgroup 1 gives warpgroup 0 the first, and skips passing its last so
-            // every arrival is matched by a wait
+            // turn on after, to w + 1 (round robin over the NWG warpgroups); the last warpgroup gives
+            // warpgroup 0 the first, and skips passing its last so every arrival is matched by a wait
             auto turn_begin = [&]() {
-                if constexpr (PINGPONG) named_barrier_sync(BAR_TURN + wg, MMA_THREADS);
+                if constexpr (PINGPONG) named_barrier_sync(BAR_TURN + wg, TURN_THREADS);
             };
             auto turn_end = [&](bool last) {
                 if constexpr (PINGPONG)
-                    if (!(last && wg == 1)) named_barrier_arrive(BAR_TURN + (wg ^ 1), MMA_THREADS);
+                    if (!(last && wg == NWG - 1)) named_barrier_arrive(BAR_TURN + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG), TURN_THREADS);
             };
             // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
             // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
@@ -416,7 +418,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
             };
             if (n > 0) {
-                if (PINGPONG && wg == 1) named_barrier_arrive(BAR_TURN, MMA_THREADS);
+                if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
                 wait_k(0);  // block 0: S_0 and its softmax
                 turn_begin();
                 wgmma_fence();

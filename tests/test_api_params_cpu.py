@@ -362,9 +362,12 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     cupy_fmha.attention_forward(q, k, v, layout=layout, causal=True, **cu)
     (spec, args, smem), = raw
     assert spec.source == "fmha_fwd_sm90_ws" and spec.macro("SWIZZLE") == 1 and spec.macro("PV_OVERLAP") == 1
-    plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=2, BLOCK_N=128, PV_OVERLAP=1, O_REG=1 - spec.macro("O_STAGE")))
+    plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=spec.macro("NWG"), BLOCK_N=128, PV_OVERLAP=1,
+                                                     O_REG=1 - spec.macro("O_STAGE")))
     assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
-    for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (128, 128, 128), (q, k, v)):
+    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (128, or 192 with three MMA warpgroups at hdim 64)
+    assert bm == spec.macro("BLOCK_M") == (192 if d == 64 else 128)
+    for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (bm, 128, 128), (q, k, v)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
         assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)
         assert m.box_bytes == box_rows * 128 and m.strides[3] == 2

@@ -583,7 +583,7 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
 #: 128 keys at 128: 144-192 measured 2-13% slower (step 62).
-FWD_WS_BY_HDIM = {64: dict(FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
+FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
@@ -592,8 +592,11 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
 #: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
 #: with ALiBi)
-FWD_WS_DROPOUT_BY_HDIM = {128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
+#: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
+#: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
+FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -616,16 +619,18 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
-def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False) -> dict[str, int]:
+def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
-    with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does), then ``CUPY_FMHA_FWD_WS_TILES``;
+    with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias`` (the TMA bias builds)
+    :data:`FWD_WS_BIAS_BY_HDIM`'s), then ``CUPY_FMHA_FWD_WS_TILES``;
     0/1 macros at 0 are left out, so the default instances keep their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
                                                      **FWD_WS_VARIANTS,
                                                      **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {}),
-                                                     **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {})})
+                                                     **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}),
+                                                     **(FWD_WS_BIAS_BY_HDIM.get(hdim, {}) if bias else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
@@ -649,7 +654,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
-    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout) if tiles is None else tiles)
+    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bool(bias_tma)) if tiles is None else tiles)
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)

@@ -22,8 +22,11 @@ namespace fmha {
 
 // Registers per thread of the warp-specialized kernels' roles after setmaxnreg: a producer
 // warpgroup that only issues TMA copies, and MMA warpgroups (one producer and two MMA warpgroups:
-// 128 * (24 + 2 * 240) = 64512 of the SM's 65536).
+// 128 * (24 + 2 * 240) = 64512 of the SM's 65536; with three, ws_mma_regs<3>: 128 * (24 + 3 * 160)).
 inline constexpr int WS_PRODUCER_REGS = 24, WS_MMA_REGS = 240;
+// ... per MMA thread with nwg MMA warpgroups beside the producer: the largest multiple of 8 that fits
+template <int nwg> inline constexpr int ws_mma_regs = (65536 / 128 - WS_PRODUCER_REGS) / nwg / 8 * 8;
+static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160, "ws_mma_regs");
 
 // An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
 struct __align__(64) TmaMap {
