@@ -2,10 +2,10 @@
 // fmha_fwd_sm90.cu (FlashAttention-2's online softmax, both GEMMs on wgmma) with the loads taken
 // off the MMA warps, as the backward's fmha_bwd_dq_dk_dv_sm90_ws.cu does.
 //
-// Three warpgroups. Warpgroup 0 is the producer: its first thread issues TMA tensor loads, Q once
-// (BLOCK_M = 128 rows), then per key block K and V into a ring of STAGES buffers, each with its
-// own `full` mbarrier (K's lets S = Q K^T start before V has landed). Warpgroups 1 and 2 own 64
-// query rows each:
+// NWG + 1 warpgroups. Warpgroup 0 is the producer: its first thread issues TMA tensor loads, Q once
+// (BLOCK_M = 64 * NWG rows), then per key block K and V into a ring of STAGES buffers, each with its
+// own `full` mbarrier (K's lets S = Q K^T start before V has landed). The NWG MMA warpgroups (two,
+// or three at hdim 64 with 160 registers each, as FlashAttention-3 there) own 64 query rows each:
 //   S = Q K^T     wgmma A = Q (smem, K-major),   B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),       B = V (smem, MN-major)
 // and hand a stage back through its `empty` mbarrier once their P V has completed. Registers move
@@ -20,8 +20,9 @@
 //               are issued together, and the softmax of S_j runs while P V still occupies the tensor
 //               cores (wgmma.wait_group 1); O is rescaled after P V completes (softmax_p / rescale_o).
 //               K is handed back as soon as S has been computed (k_empty), V after its P V (empty).
-//   PINGPONG=1  (with PV_OVERLAP) the two MMA warpgroups take turns issuing their GEMMs (named
-//               barriers 2 and 3), so one warpgroup's GEMMs run while the other does its softmax
+//   PINGPONG=1  (with PV_OVERLAP) the MMA warpgroups take turns issuing their GEMMs (named
+//               barriers 2 + w, round robin), so one warpgroup's GEMMs run while the others do their
+//               softmax
 //   FOLD=1      (no ALiBi) softmax_p_folded: the scale folded into one FFMA per exponent; on at hdim
 //               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.93-1.02x at 128,
 //               bench/NOTES.md step 37)

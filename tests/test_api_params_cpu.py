@@ -314,6 +314,54 @@ def test_forward_ws_params_and_maps(rec, monkeypatch):
     assert (f["args"]["q_sb"], f["args"]["q_sh"], f["args"]["q_ss"]) == _strides(q, "bshd")
 
 
+def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
+    """At hdim 64 the ws forward's plain and ALiBi builds take three MMA warpgroups (NWG=3, 192
+    query rows, 512 threads; bench/NOTES.md step 67); the bias and dropout builds two (three spill
+    there), and so does a diagonal mask over at most 2048 query rows (use_wg_skip's decision,
+    FWD_WS_SHORT_BY_HDIM: three measured slower there). Other head dims keep two."""
+    from cupy_fmha.backends import cuda, tma
+
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    nwg = lambda spec: (spec.macro("NWG"), spec.macro("BLOCK_M"), spec.macro("NTHREADS"))  # noqa: E731
+    for spec in (cuda.fwd_spec("bf16", 64, 64, 90), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True),
+                 cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=False)):
+        assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (3, 192, 512), spec.name
+    for spec in (cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True), cuda.fwd_spec("bf16", 64, 64, 90, dropout=True),
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2), cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4),
+                 cuda.fwd_spec("bf16", 64, 64, 90, alibi=True, dropout=True), cuda.fwd_spec("bf16", 128, 128, 90),
+                 cuda.fwd_spec("bf16", 256, 256, 90)):
+        assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384), spec.name
+    # through the API: the plan passes use_wg_skip(diagonal mask, seqlen_q) on
+    monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    monkeypatch.setattr(tma, "encode_tile_map", lambda a: a)
+    api._tile_map.cache_clear()
+    seen = []
+
+    class Rec(Recorder):
+        def __call__(self, spec):
+            seen.append(spec)
+            inner = super().__call__(spec)
+            if spec.source != "fmha_fwd_sm90_ws":
+                return inner
+
+            class Fn:  # (the ws forward's first four arguments are its tensor maps)
+                max_dynamic_shared_size_bytes = 1 << 20
+
+                def __call__(self, grid, block, args, shared_mem=0):
+                    inner(grid, block, args[4:], shared_mem=shared_mem)
+
+            return Fn()
+
+    monkeypatch.setattr(api, "get_function", Rec())
+    for sq, causal, want in ((300, True, 2), (2049, True, 3), (300, False, 3)):
+        q, k, v, _ = _inputs("bshd", b=1, sq=sq, sk=64, hq=2, hk=2)
+        seen.clear()
+        cupy_fmha.attention_forward(q, k, v, causal=causal)
+        assert [s.macro("NWG") for s in seen if s.source == "fmha_fwd_sm90_ws"] == [want], (sq, causal)
+
+
 @pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
 @pytest.mark.parametrize("d", [64, 120])
 def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
@@ -365,8 +413,8 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=spec.macro("NWG"), BLOCK_N=128, PV_OVERLAP=1,
                                                      O_REG=1 - spec.macro("O_STAGE")))
     assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
-    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (128, or 192 with three MMA warpgroups at hdim 64)
-    assert bm == spec.macro("BLOCK_M") == (192 if d == 64 else 128)
+    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (192 at hdim 64 in group mode: three MMA warpgroups)
+    assert bm == spec.macro("BLOCK_M") == (192 if d == 64 and layout == "thd" else 128)
     for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (bm, 128, 128), (q, k, v)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
         assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)

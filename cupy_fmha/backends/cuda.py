@@ -263,8 +263,10 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     per element (2 or 4) of a bias that TMA can load (keys contiguous, not broadcast; the caller
     lays it out so: :func:`cupy_fmha.api._tma_bias`), which the warp-specialized Hopper forward
     takes; 0 for one it cannot (the per-element reading kernels). ``wg_skip`` (the caller's
-    :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
-    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``)."""
+    :func:`use_wg_skip` decision: a diagonal mask over at most 2048 query rows) picks, for the plain
+    3-warpgroup Hopper instance, the build whose warpgroups skip key blocks none of their rows sees
+    (``-D WG_SKIP=1``), and for the warp-specialized forward the entries of
+    :data:`FWD_WS_SHORT_BY_HDIM` (two MMA warpgroups at hdim 64)."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     ws_tiles = fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi) if _wgmma_allowed(cc) else {}
@@ -273,7 +275,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     # (the ws forward takes a bias through TMA only, and not together with dropout: no such build)
     if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout))
             and (not tma_bias or ws_tiles.get("SWIZZLE"))):
-        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout)
+        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, short=wg_skip)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: hdim 192 and 256)
             return ws
     if use_sm90(hdim_q, hdim_v, cc):
@@ -572,7 +574,11 @@ BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
 FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 
 
-#: The ws forward's entries by padded head dim, chosen by measurement on the H200: FOLD (0/1: the
+#: The ws forward's entries by padded head dim, chosen by measurement on the H200: NWG=3 at hdim 64
+#: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
+#: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
+#: step 67; not in the bias, dropout or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_DROPOUT_BY_HDIM,
+#: FWD_WS_SHORT_BY_HDIM); 96-key blocks with three measured 1.0-1.2x. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -591,12 +597,18 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: the overlapped pipeline spills at 128 keys from hdim 128 on (44-196 bytes), so the serial one,
 #: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
 #: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
-#: with ALiBi)
+#: with ALiBi); two MMA warpgroups at 64 (three spill 4 bytes with ALiBi and dropout; not measured)
 FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
 #: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
 FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
+#: ... and under a diagonal mask over at most WG_SKIP_MAX_SEQLEN query rows (use_wg_skip): two MMA
+#: warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
+#: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
+#: on the diagonal), against 0.95-0.98 from causal s4096 and 0.88-0.92 without a mask from s2048
+#: (bench/NOTES.md step 67)
+FWD_WS_SHORT_BY_HDIM = {64: dict(NWG=2)}
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -619,18 +631,21 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
-def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False) -> dict[str, int]:
+def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False,
+                 short: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
     with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias`` (the TMA bias builds)
-    :data:`FWD_WS_BIAS_BY_HDIM`'s), then ``CUPY_FMHA_FWD_WS_TILES``;
+    :data:`FWD_WS_BIAS_BY_HDIM`'s, with ``short`` (:func:`use_wg_skip`'s decision: a diagonal mask
+    over few query rows) :data:`FWD_WS_SHORT_BY_HDIM`'s), then ``CUPY_FMHA_FWD_WS_TILES``;
     0/1 macros at 0 are left out, so the default instances keep their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
                                                      **FWD_WS_VARIANTS,
                                                      **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {}),
                                                      **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}),
-                                                     **(FWD_WS_BIAS_BY_HDIM.get(hdim, {}) if bias else {})})
+                                                     **(FWD_WS_BIAS_BY_HDIM.get(hdim, {}) if bias else {}),
+                                                     **(FWD_WS_SHORT_BY_HDIM.get(hdim, {}) if short else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
@@ -641,7 +656,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
 
 
 def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False) -> KernelSpec:
+                tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
+                short: bool = False) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
     loading with TMA, two MMA warpgroups of 64 query rows) for head dims up to 256, each rounded up
     to a multiple of 64 (:data:`FWD_WS_HDIMS`) (:func:`use_fwd_ws` says when it is dispatched).
@@ -649,12 +665,12 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     :data:`FWD_WS_DROPOUT_BY_HDIM`). ``bias_tma`` 2 or 4: the build with
     an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
-    (default :func:`fwd_ws_tiles`).
+    (default :func:`fwd_ws_tiles`; ``short`` as there).
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
-    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bool(bias_tma)) if tiles is None else tiles)
+    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bool(bias_tma), short) if tiles is None else tiles)
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
