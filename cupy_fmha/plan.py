@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch as L
-from .spec import BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_heads_x, use_wg_skip
+from .spec import BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_fwd_ws_short, use_heads_x, use_wg_skip
 from .validate import (
     _BF16,
     Dropout,
@@ -214,9 +214,9 @@ def _base(p, layout, rows_q, rows_k, window, bias, alibi_slopes, kw) -> _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma, _tuning):
+def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma, short, _tuning):
     return fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, wg_skip=wg_skip,
-                    bias_tma=bias_tma)
+                    bias_tma=bias_tma, short=short)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -237,9 +237,11 @@ def _check_forward(q, k, v, bias, alibi_slopes, **kw) -> tuple[_Plan, bool]:
 def _forward_kernels(checked, cc) -> FwdPlan:
     base, want_keep = checked
     p = base.problem
-    diagonal = not base.group_mode and min(base.window[0], base.window[1]) < L.WINDOW_INF
+    masked = min(base.window[0], base.window[1]) < L.WINDOW_INF  # (a diagonal: causal or a sliding window)
+    diagonal = not base.group_mode and masked
     spec = _fwd_spec(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
-                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), base.bias_tma, tuning_key())
+                     base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), base.bias_tma,
+                     use_fwd_ws_short(masked, base.rows_q, cc), tuning_key())
     o_rows = p.total_q if base.group_mode else base.rows_q
     tk = p.total_k if base.group_mode else base.rows_k
     maps = L.tma_boxes(spec, 1 if base.group_mode else p.batch, p.nhead_q, p.nhead_k, p.hdim_q, p.hdim_v, o_rows, tk)

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 __all__ = ["KernelSpec", "BwdSpecs", "pad_hdim", "fwd_spec", "bwd_specs", "use_heads_x", "dropout_mask_spec",
-           "default_dispatch_table", "backend_for", "use_wg_skip", "feature_macros", "tuning_key", "DTYPES"]
+           "default_dispatch_table", "backend_for", "use_wg_skip", "use_fwd_ws_short", "feature_macros", "tuning_key", "DTYPES"]
 
 DTYPES = ("fp16", "bf16")
 
@@ -126,12 +126,14 @@ def backend_for(cc):
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0,
+             short: bool = False) -> KernelSpec:
     """The forward kernel instance for these head dims and features on a device of compute
     capability ``cc`` (see the backend's ``fwd_spec``; ``bias_tma``, the bytes per element of a
-    bias that TMA can load, only the CUDA backend uses)."""
+    bias that TMA can load, only the CUDA backend uses; ``wg_skip`` from :func:`use_wg_skip`,
+    ``short`` from :func:`use_fwd_ws_short`)."""
     return backend_for(cc).fwd_spec(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                                    wg_skip=wg_skip, bias_tma=bias_tma)
+                                    wg_skip=wg_skip, bias_tma=bias_tma, short=short)
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
@@ -157,6 +159,14 @@ def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:
     take the build whose warpgroups skip key blocks none of their rows sees (the backend's
     tuning decision; see :func:`cupy_fmha.backends.cuda.use_wg_skip`)."""
     return backend_for(cc).use_wg_skip(diagonal, seqlen_q)
+
+
+def use_fwd_ws_short(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:
+    """Whether the forward of a mask with a diagonal (``diagonal``, batch or group mode) over
+    ``seqlen_q`` query rows (the max in group mode) should take the warp-specialized forward's
+    entries for short masks (the backend's tuning decision; see
+    :func:`cupy_fmha.backends.cuda.use_fwd_ws_short`)."""
+    return backend_for(cc).use_fwd_ws_short(diagonal, seqlen_q)
 
 
 def dropout_mask_spec(cc: int = 80) -> KernelSpec:

@@ -19,7 +19,7 @@
 //   SWIZZLE      fmha_fwd_sm90_ws: Q, K, V as 128-byte-swizzled tiles loaded in boxes of 64 columns
 //                (0: column-blocked tiles, one box of 16-byte rows per tile)
 //   PV_OVERLAP   fmha_fwd_sm90_ws: block j's softmax runs while P_{j-1} V_{j-1} is on the tensor cores
-//   PINGPONG     fmha_fwd_sm90_ws (with PV_OVERLAP): the two MMA warpgroups take turns issuing GEMMs
+//   PINGPONG     fmha_fwd_sm90_ws (with PV_OVERLAP): the MMA warpgroups take turns issuing GEMMs
 //   DQ_TILED     the dq_dk_dv kernels writing dQ a query block at a time with one bulk copy: the dQ
 //                workspace is tiled (dq_tile_chunk in common.cuh; set by the launcher, never by hand)
 //   ROWS         fmha_bwd_dot_do_o / fmha_bwd_convert_dq: rows per block

@@ -269,7 +269,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // ------------------------------------------------------------------------- MMA warpgroups
     setmaxnreg_inc<MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
-    // warpgroup (of the two; broadcast from lane 0 so that the compiler sees it warp-uniform and keeps
+    // warpgroup (of the NWG; broadcast from lane 0 so that the compiler sees it warp-uniform and keeps
     // the Q descriptors in uniform registers, as the ws backward: bench/NOTES.md step 31), warp
     // inside it (16 rows each)
     const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
@@ -301,7 +301,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
 
         // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
-        // sequence's keys and values: zeros, before either warpgroup reads them (uniform over the CTA;
+        // sequence's keys and values: zeros, before any MMA warpgroup reads them (uniform over the CTA;
         // only the block that crosses the end).
         auto zero_tail = [&](int s, int k0, unsigned phase) {
             mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
@@ -371,7 +371,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     if (!(last && wg == NWG - 1)) named_barrier_arrive(BAR_TURN + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG), TURN_THREADS);
             };
             // Group mode: rows of the block that crosses the sequence's end are zeroed, K's before
-            // S is issued, V's before its P V (each outside the turns: both warpgroups meet at the
+            // S is issued, V's before its P V (each outside the turns: all MMA warpgroups meet at the
             // barrier)
             auto zero_tail_of = [&](uint16_t* tile, int cols, int i) {
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;

@@ -317,21 +317,24 @@ def test_forward_ws_params_and_maps(rec, monkeypatch):
 def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
     """At hdim 64 the ws forward's plain and ALiBi builds take three MMA warpgroups (NWG=3, 192
     query rows, 512 threads; bench/NOTES.md step 67); the bias and dropout builds two (three spill
-    there), and so does a diagonal mask over at most 2048 query rows (use_wg_skip's decision,
-    FWD_WS_SHORT_BY_HDIM: three measured slower there). Other head dims keep two."""
+    there), and so does a diagonal mask over at most 2048 query rows, in batch and group mode
+    (use_fwd_ws_short's decision, FWD_WS_SHORT_BY_HDIM: three measured slower there). Other head dims
+    keep two."""
     from cupy_fmha.backends import cuda, tma
 
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     nwg = lambda spec: (spec.macro("NWG"), spec.macro("BLOCK_M"), spec.macro("NTHREADS"))  # noqa: E731
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=False)):
+                 cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (3, 192, 512), spec.name
-    for spec in (cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True), cuda.fwd_spec("bf16", 64, 64, 90, dropout=True),
+    for spec in (cuda.fwd_spec("bf16", 64, 64, 90, short=True), cuda.fwd_spec("bf16", 64, 64, 90, dropout=True),
                  cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2), cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4),
                  cuda.fwd_spec("bf16", 64, 64, 90, alibi=True, dropout=True), cuda.fwd_spec("bf16", 128, 128, 90),
                  cuda.fwd_spec("bf16", 256, 256, 90)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384), spec.name
-    # through the API: the plan passes use_wg_skip(diagonal mask, seqlen_q) on
+    assert cuda.use_fwd_ws_short(True, 2048) and not cuda.use_fwd_ws_short(True, 2049)
+    assert not cuda.use_fwd_ws_short(False, 100)
+    # through the API: the plan passes use_fwd_ws_short(diagonal mask, seqlen_q) on, in group mode too
     monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
     monkeypatch.setattr(api, "_CC", {})
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
@@ -360,6 +363,15 @@ def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
         seen.clear()
         cupy_fmha.attention_forward(q, k, v, causal=causal)
         assert [s.macro("NWG") for s in seen if s.source == "fmha_fwd_sm90_ws"] == [want], (sq, causal)
+    for lq, causal, want in (([300, 40], True, 2), ([2049, 40], True, 3), ([300, 40], False, 3)):
+        rng = np.random.default_rng(1)
+        q = rng.standard_normal((sum(lq), 2, 64)).astype(np.float16)
+        k, v = (rng.standard_normal((sum(lq), 2, 64)).astype(np.float16) for _ in range(2))
+        cu = np.cumsum([0] + lq).astype(np.int32)
+        seen.clear()
+        cupy_fmha.attention_forward(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lq),
+                                    max_seqlen_k=max(lq), causal=causal)
+        assert [s.macro("NWG") for s in seen if s.source == "fmha_fwd_sm90_ws"] == [want], (lq, causal)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
@@ -413,8 +425,8 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=spec.macro("NWG"), BLOCK_N=128, PV_OVERLAP=1,
                                                      O_REG=1 - spec.macro("O_STAGE")))
     assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
-    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (192 at hdim 64 in group mode: three MMA warpgroups)
-    assert bm == spec.macro("BLOCK_M") == (192 if d == 64 and layout == "thd" else 128)
+    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (two MMA warpgroups: a causal mask over 37 or 53 rows)
+    assert bm == spec.macro("BLOCK_M") == 128
     for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (bm, 128, 128), (q, k, v)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
         assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)

@@ -126,6 +126,26 @@ def test_batch_mode_extra(case, monkeypatch):
     A.test_forward_backward_matches_reference(case)
 
 
+# Diagonal masks over at most 2048 query rows take two MMA warpgroups at hdim 64 by default
+# (backends/cuda.py FWD_WS_SHORT_BY_HDIM); these run them on three (192-row blocks, forced through
+# CUPY_FMHA_FWD_WS_TILES), so causal, bottom-right, sliding-window and GQA masks still meet the
+# 192-row blocks (several per CTA under the default PERSIST at 700-1100 rows)
+THREE_WG = {
+    "f16-d64-b-257x1025": EXTRA["f16-d64-b-257x1025"],
+    "bf16-d56-t:100,20-300x1100": EXTRA["bf16-d56-t:100,20-300x1100"],
+    "bf16-d64-causal-700-bhsd-gqa2": (BF16, "bhsd", 1, 700, 700, 4, 2, 64, 64, {"causal": True}),
+    "f16-d64-window300,0-1100": (F16, "bshd", 1, 1100, 1100, 2, 1, 64, 64, {"window_size": (300, 0)}),
+}
+
+
+@pytest.mark.parametrize("case", list(THREE_WG))
+def test_three_warpgroups_under_short_diagonal_masks(case, monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "NWG=3")
+    assert cuda.fwd_spec("fp16", 64, 64, 90, short=True).macro("NWG") == 3  # (the variable wins over the table)
+    monkeypatch.setitem(A.CASES, case, THREE_WG[case])
+    A.test_forward_backward_matches_reference(case)
+
+
 # id: (dtype, lengths q, lengths k, hq, hk, d, dv, mask kwargs), as test_gpu_varlen.CASES
 EXTRA_GROUP = {
     "bf16-d120-b-ends-mid-block": (BF16, [129, 300, 7], [385, 129, 1], 2, 1, 120, 120, {"mask": "b"}),
@@ -170,7 +190,7 @@ def test_persist_default_matches_one_row_block_per_cta(monkeypatch, d, causal):
         pytest.skip("sm_90 only")
     from cupy_fmha import launch as L
 
-    b, s, h = 4, 1000, 64  # 8 row blocks of 128; 256 (batch, head) pairs
+    b, s, h = 4, 1000, 64  # 8 row blocks of 128 (6 of 192 at hdim 64 without a mask); 256 (batch, head) pairs
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)  # (the default launch, whatever variant this file runs under)
     spec = cuda.fwd_spec("fp16", d, d, 90)
     assert spec.source == "fmha_fwd_sm90_ws" and L.fwd_launch(spec, b, h, s).grid[0] == 2  # (4 per CTA)

@@ -138,7 +138,8 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
     """The warp-specialized Hopper forward: the default when both head dims round up (to a multiple
     of 64) to the same of 64/128/192/256 (unequal ones under CUPY_FMHA_FWD_WS=1, none under =0),
     never with dropout or a bias it cannot load (one that does not fit beside 192/256-wide tiles
-    either); a producer and two MMA warpgroups over 128 query rows; the key block by head dim."""
+    either); a producer and two MMA warpgroups over 128 query rows (three over 192 at hdim 64, except
+    with a bias, dropout or a short diagonal mask); the key block by head dim."""
     from cupy_fmha.backends.cuda import fwd_spec
     monkeypatch.delenv("CUPY_FMHA_FWD_WS", raising=False)
     assert fwd_spec("bf16", 128, 128, 90).source == fwd_spec("fp16", 56, 64, 90).source == "fmha_fwd_sm90_ws"

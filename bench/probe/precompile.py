@@ -35,7 +35,8 @@ def _specs(variants: list[str], bwd_variants: tuple[str, ...] = ()) -> list:
     for dtype in ("fp16", "bf16"):
         for d in HDIMS:
             for alibi in (False, True):
-                specs = [cuda.fwd_spec(dtype, d, d, cc, alibi=alibi), *vars(cuda.bwd_specs(dtype, d, d, cc, alibi=alibi)).values()]
+                specs = [cuda.fwd_spec(dtype, d, d, cc, alibi=alibi), cuda.fwd_spec(dtype, d, d, cc, alibi=alibi, short=True),
+                         *vars(cuda.bwd_specs(dtype, d, d, cc, alibi=alibi)).values()]
                 if cuda.use_sm90(d, d, cc):
                     for v in variants:
                         os.environ["CUPY_FMHA_FWD_WS_TILES"] = v

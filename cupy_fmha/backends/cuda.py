@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -238,6 +238,14 @@ def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     return bool(diagonal) and 0 < seqlen_q <= WG_SKIP_MAX_SEQLEN
 
 
+def use_fwd_ws_short(diagonal: bool, seqlen_q: int) -> bool:
+    """Whether the warp-specialized forward should take its entries for short diagonal masks
+    (:data:`FWD_WS_SHORT_BY_HDIM`): a mask with a diagonal (``diagonal``: causal or a sliding window,
+    in batch or group mode) over at most :data:`FWD_WS_SHORT_SEQLEN` query rows (``seqlen_q``: the max
+    in group mode)."""
+    return bool(diagonal) and 0 < seqlen_q <= FWD_WS_SHORT_SEQLEN
+
+
 def use_heads_x(causal: bool, seqlen_k: int, nhead_q: int = 1, hdim: int = 128) -> int:
     """The order in which the warp-specialized backwards start their CTAs (their ``HEADS_X`` macro,
     kernels/bwd_ws.cuh ``bwd_ws_tile``): 0 key blocks first (the plain grid); with a causal mask
@@ -256,17 +264,18 @@ def use_heads_x(causal: bool, seqlen_k: int, nhead_q: int = 1, hdim: int = 128) 
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
-             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0) -> KernelSpec:
+             bias: bool = False, dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0,
+             short: bool = False) -> KernelSpec:
     """Forward kernel instance for these head dims on a device of compute capability ``cc``
     (``alibi``: the instance that adds ALiBi; ``bias``: an elementwise bias, ``-D BIAS=1``;
     ``dropout``: the Philox keep test, ``-D DROPOUT=1``). ``bias_tma``: with ``bias``, the bytes
     per element (2 or 4) of a bias that TMA can load (keys contiguous, not broadcast; the caller
     lays it out so: :func:`cupy_fmha.api._tma_bias`), which the warp-specialized Hopper forward
     takes; 0 for one it cannot (the per-element reading kernels). ``wg_skip`` (the caller's
-    :func:`use_wg_skip` decision: a diagonal mask over at most 2048 query rows) picks, for the plain
-    3-warpgroup Hopper instance, the build whose warpgroups skip key blocks none of their rows sees
-    (``-D WG_SKIP=1``), and for the warp-specialized forward the entries of
-    :data:`FWD_WS_SHORT_BY_HDIM` (two MMA warpgroups at hdim 64)."""
+    :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
+    warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``). ``short`` (the caller's
+    :func:`use_fwd_ws_short` decision: a diagonal mask over few query rows) picks, for the
+    warp-specialized forward, the entries of :data:`FWD_WS_SHORT_BY_HDIM` (two MMA warpgroups at hdim 64)."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     ws_tiles = fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi) if _wgmma_allowed(cc) else {}
@@ -275,7 +284,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     # (the ws forward takes a bias through TMA only, and not together with dropout: no such build)
     if (_wgmma_allowed(cc) and use_fwd_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout))
             and (not tma_bias or ws_tiles.get("SWIZZLE"))):
-        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, short=wg_skip)
+        ws = fwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, short=short)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: hdim 192 and 256)
             return ws
     if use_sm90(hdim_q, hdim_v, cc):
@@ -566,7 +575,7 @@ BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
 #: step), each a 0/1 macro: SWIZZLE (128-byte-swizzled tiles in boxes of 64 columns instead of
 #: column-blocked tiles of 16-byte rows), PV_OVERLAP (softmax of block j under P_{j-1} V_{j-1}),
-#: PINGPONG (the two MMA warpgroups take turns on the tensor cores; needs PV_OVERLAP). All three
+#: PINGPONG (the MMA warpgroups take turns on the tensor cores; needs PV_OVERLAP). All three
 #: on by default: the fastest of the variants at every point measured on the H200 (bench/NOTES.md
 #: step 27: 1.08-1.11x the column-blocked build at hdim 64, 1.43-1.51x at hdim 128).
 #: ``CUPY_FMHA_FWD_WS_TILES`` (e.g. ``SWIZZLE=1,PV_OVERLAP=0,PINGPONG=0``; all three at 0 is the
@@ -578,7 +587,7 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
 #: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
 #: step 67; not in the bias, dropout or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_DROPOUT_BY_HDIM,
-#: FWD_WS_SHORT_BY_HDIM); 96-key blocks with three measured 1.0-1.2x. FOLD (0/1: the
+#: FWD_WS_SHORT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -603,12 +612,12 @@ FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 
 #: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
 #: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
 FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
-#: ... and under a diagonal mask over at most WG_SKIP_MAX_SEQLEN query rows (use_wg_skip): two MMA
-#: warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
+#: ... and under a diagonal mask over at most FWD_WS_SHORT_SEQLEN query rows (use_fwd_ws_short): two
+#: MMA warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
 #: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
-#: on the diagonal), against 0.95-0.98 from causal s4096 and 0.88-0.92 without a mask from s2048
-#: (bench/NOTES.md step 67)
-FWD_WS_SHORT_BY_HDIM = {64: dict(NWG=2)}
+#: on the diagonal), against 0.99-1.00 at causal s4096, 0.95-0.96 from s8192 and 0.88-0.92 without a
+#: mask from s2048 (bench/NOTES.md step 67; batch mode; group mode takes the same rule, not measured)
+FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2)}, 2048
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -616,6 +625,8 @@ FWD_WS_SHORT_BY_HDIM = {64: dict(NWG=2)}
 #: first match. Measured on the H200 (bench/NOTES.md step 39, bf16, FlashAttention's grid): 4 per
 #: CTA at seqlen 1024 (8 row blocks) 1.04-1.11x one per CTA, 2 at seqlen 2048 1.01-1.04x; from
 #: seqlen 4096 on one per CTA (2: 0.98-1.02x at 4096, 0.94x causal at 8192, 4: 0.90x at 8192).
+#: Counted in row blocks, measured with 128 rows each: the 192-row blocks of hdim 64 (NWG=3) get 4
+#: per CTA up to seqlen 1536 and 2 up to 3072; step 67's A/B timed that as it is, no other count.
 FWD_WS_PERSIST = ((8, 4), (16, 2))
 #: ... and only while the grid keeps at least this many CTAs (three waves of a 132-SM H100/H200),
 #: so a small batch is not left on a few SMs
@@ -633,7 +644,7 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False,
                  short: bool = False) -> dict[str, int]:
-    """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups, 128-key
+    """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups (three at 64), 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
     with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias`` (the TMA bias builds)
@@ -659,7 +670,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
                 short: bool = False) -> KernelSpec:
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
-    loading with TMA, two MMA warpgroups of 64 query rows) for head dims up to 256, each rounded up
+    loading with TMA, two MMA warpgroups of 64 query rows, three at hdim 64) for head dims up to 256, each rounded up
     to a multiple of 64 (:data:`FWD_WS_HDIMS`) (:func:`use_fwd_ws` says when it is dispatched).
     ``dropout``: the build with the Philox keep test (``-D DROPOUT=1``; FOLD off, the entries of
     :data:`FWD_WS_DROPOUT_BY_HDIM`). ``bias_tma`` 2 or 4: the build with
@@ -729,6 +740,7 @@ def dispatch_table() -> list[KernelSpec]:
                     tma = (2, 4) if feats.get("bias") else ()  # the ws kernels' bias builds
                     for spec in (fwd_spec(dtype, hq, hv, cc, **feats),
                                  fwd_spec(dtype, hq, hv, cc, **feats, wg_skip=True),
+                                 fwd_spec(dtype, hq, hv, cc, **feats, short=True),
                                  *(fwd_spec(dtype, hq, hv, cc, **feats, bias_tma=n) for n in tma),
                                  *vars(bwd_specs(dtype, hq, hv, cc, **feats)).values(),
                                  *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det).dq_dk_dv

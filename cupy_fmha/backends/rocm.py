@@ -23,7 +23,7 @@ from pathlib import Path
 
 __all__ = ["TARGETS", "LDS_LIMIT", "WAVE_SIZE", "REGISTERS_PER_LANE", "ResourceReport", "clang", "offline_compile_hip",
            "PORTED_SOURCES", "ported_specs", "hip_defines", "device_asm", "fwd_tiles", "fwd_spec", "bwd_tiles", "bwd_spec",
-           "bwd_specs", "dropout_mask_spec", "use_wg_skip", "compile_arch", "compile_options", "target_of",
+           "bwd_specs", "dropout_mask_spec", "use_wg_skip", "use_fwd_ws_short", "compile_arch", "compile_options", "target_of",
            "device_target", "FWD_HDIMS", "HDIM_PAIRS", "HIP_CODEGEN_OPTIONS", "with_dynamic_lds"]
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
@@ -177,11 +177,11 @@ def fwd_tiles(hdim_q: int, hdim_v: int, target: str) -> dict[str, int]:
 
 
 def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-             dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0):
+             dropout: bool = False, wg_skip: bool = False, bias_tma: int = 0, short: bool = False):
     """The gfx9 forward instance (``fmha_fwd``, target ``gfx9``) for these head dims and features on
     ``target``: padded head dims from :data:`FWD_HDIMS`, tiles from :func:`fwd_tiles`, the shared
     memory layout of the CUDA build's (the same Smem struct) and 64 threads per wavefront
-    (``wg_skip`` and ``bias_tma``, Hopper kernels' options, are ignored)."""
+    (``wg_skip``, ``bias_tma`` and ``short``, Hopper kernels' options, are ignored)."""
     from dataclasses import replace
 
     from ..spec import _mk, feature_macros
@@ -310,6 +310,11 @@ def compile_arch(spec) -> None:
 
 def use_wg_skip(diagonal: bool, seqlen_q: int) -> bool:
     """The warpgroup-skipping build is a Hopper kernel's: never on gfx9."""
+    return False
+
+
+def use_fwd_ws_short(diagonal: bool, seqlen_q: int) -> bool:
+    """The warp-specialized forward's short-mask entries are a Hopper kernel's: never on gfx9."""
     return False
 
 
