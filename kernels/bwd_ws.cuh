@@ -100,7 +100,7 @@ __device__ __forceinline__ void bwd_ws_zero_tails(uint16_t* a, uint16_t* b, int 
 // where it measured 1-4.5% faster; from 8192 keys it lost as much again, because the CTAs running
 // together then belong to every head and share less of Q and dO in L2 (bench/NOTES.md step 61).
 // HEADS_X = G >= 2 keeps both: the i-th CTA to start (i = x + nhead_q y within a batch entry) is taken
-// as CTA r of head group g (G heads; a last group of the heads left over), key block r / G of head
+// as CTA r of head group g (G heads; nhead_q a multiple of G, use_heads_x), key block r / G of head
 // g G + r % G, so a group's key blocks 0 start first while the CTAs running together stay within a
 // few heads (bench/NOTES.md step 65). Plain reads of blockIdx where the grid gives the coordinates:
 // the compiler re-reads them where needed instead of holding them in registers (computing them from

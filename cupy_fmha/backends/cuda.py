@@ -648,7 +648,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
     with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias`` (the TMA bias builds)
-    :data:`FWD_WS_BIAS_BY_HDIM`'s, with ``short`` (:func:`use_wg_skip`'s decision: a diagonal mask
+    :data:`FWD_WS_BIAS_BY_HDIM`'s, with ``short`` (:func:`use_fwd_ws_short`'s decision: a diagonal mask
     over few query rows) :data:`FWD_WS_SHORT_BY_HDIM`'s), then ``CUPY_FMHA_FWD_WS_TILES``;
     0/1 macros at 0 are left out, so the default instances keep their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
