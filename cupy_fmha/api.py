@@ -491,7 +491,7 @@ def _dbias_store(plan, spec, bias_arg: tuple, dbias) -> tuple:
 
 def _dropout(plan) -> tuple:
     d = plan.dropout
-    return (d.seed, d.offset, d.threshold, 1.0 / (1.0 - d.p))
+    return (d.seed, d.offset, d.threshold, d.scale)
 
 
 def _dropout_mask(cp, plan, nhead_q):
@@ -574,7 +574,10 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             by positions local to the sequence (entries beyond it are never read). Selects the
             kernel instance compiled with the bias (``-D BIAS=1``).
         dropout_p: dropout probability in [0, 1) on the attention weights: ``O = (P * Z) V``
-            with ``Z = keep / (1 - dropout_p)``; the LSE stays that of the undropped softmax.
+            with ``Z = keep * 256 / t``, ``t = round((1 - dropout_p) * 256)`` the 8-bit keep
+            threshold (``dropout_p`` in effect rounded to a multiple of 1/256, as FlashAttention-2
+            does; the factor is the inverse of the keep probability applied, so ``E[Z] = 1``); the
+            LSE stays that of the undropped softmax.
             0 (default) runs the kernels built without dropout; above 0, the ``-D DROPOUT=1``
             instances.
         seed, offset: integers in [0, 2**64): the Philox key and counter offset

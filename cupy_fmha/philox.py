@@ -19,12 +19,16 @@ query row and j the key column, both local to the sequence -- with 64-bit ``seed
 
     key     = (seed & 0xffffffff, seed >> 32)
     t       = (offset + b * nhead_q + h) mod 2^64
-    counter = (j >> 3, i, t & 0xffffffff, t >> 32)
+    counter = (j >> 4, i, t & 0xffffffff, t >> 32)
 
-One call serves the 8 consecutive columns ``j = 8 * (j >> 3) + 0..7``: its output words r0..r3
-give the uint16 values ``u = (r0 & 0xffff, r0 >> 16, r1 & 0xffff, r1 >> 16, ..., r3 >> 16)``
-and column j uses ``u[j & 7]``. The element is kept iff ``u < threshold`` with
-``threshold = floor((1 - p) * 65536 + 0.5)`` (an integer in [0, 65536]; ``p = 0`` keeps all).
+One call serves the 16 consecutive columns ``j = 16 * (j >> 4) + 0..15``: its output words
+r0..r3 give the uint8 draws ``u[4 w + k] = (r_w >> 8 k) & 0xff`` (byte k of word w), and column j
+uses ``u[j & 15]``. The element is kept iff ``u < threshold`` with
+``threshold = floor((1 - p) * 256 + 0.5)`` (an integer in [0, 256]; 256 keeps all), and a kept
+element is scaled by ``256 / threshold`` (:func:`keep_scale`: the inverse of the keep probability
+actually applied, so the expectation is exact; p is in effect rounded to a multiple of 1/256, and
+p < 1/512 keeps everything). FlashAttention-2 also draws 8 bits per element; 16-bit draws (8
+columns per call, this project's mask before bench/NOTES.md step 68) cost twice the Philox calls.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ __all__ = [
     "PHILOX_W1",
     "philox4x32",
     "keep_threshold",
+    "keep_scale",
+    "KEEP_RANGE",
+    "KEYS_PER_CALL",
     "check_uint64",
     "dropout_counter_key",
     "dropout_random",
@@ -55,6 +62,8 @@ PHILOX_W1 = 0xBB67AE85
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 _U64_MAX = (1 << 64) - 1
+#: draws take values 0 .. KEEP_RANGE - 1 (8 bits); one Philox call serves KEYS_PER_CALL key columns
+KEEP_RANGE, KEYS_PER_CALL = 256, 16
 
 
 def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
@@ -93,11 +102,23 @@ def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
 
 
 def keep_threshold(p: float) -> int:
-    """``floor((1 - p) * 65536 + 0.5)``: an element is kept iff its uint16 draw is below it."""
+    """``floor((1 - p) * 256 + 0.5)``: an element is kept iff its uint8 draw is below it."""
     p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p: expected a number in [0, 1), got {p!r}")
-    return int(math.floor((1.0 - p) * 65536.0 + 0.5))
+    return int(math.floor((1.0 - p) * KEEP_RANGE + 0.5))
+
+
+def keep_scale(p: float) -> float:
+    """The factor of a kept element: ``256 / keep_threshold(p)``, the inverse of the keep
+    probability the 8-bit draws apply (1 where nothing is dropped; 0 where everything is, p within
+    1/512 of 1, so that no infinity reaches the kernels).
+
+    Raises:
+        ValueError: ``p`` outside [0, 1).
+    """
+    thr = keep_threshold(p)
+    return KEEP_RANGE / thr if thr else 0.0
 
 
 def check_uint64(name: str, x) -> int:
@@ -126,52 +147,50 @@ def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
             + h.astype(np.uint64)
         )
     counter = np.stack(
-        [(j >> 3).astype(np.uint64), i.astype(np.uint64), t & _M32, t >> _S32], axis=-1
+        [(j >> 4).astype(np.uint64), i.astype(np.uint64), t & _M32, t >> _S32], axis=-1
     ).astype(np.uint32)
     key = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)
     return counter, key
 
 
-def _select_u16(words: np.ndarray, lane) -> np.ndarray:
-    """uint16 value ``lane`` (0..7) of the 4 words [..., 4]: word ``lane >> 1``, high half when
-    ``lane`` is odd."""
+def _select_u8(words: np.ndarray, lane) -> np.ndarray:
+    """uint8 draw ``lane`` (0..15) of the 4 words [..., 4]: byte ``lane & 3`` of word ``lane >> 2``."""
     lane = np.asarray(lane)
-    w = np.take_along_axis(words, (lane >> 1)[..., None].astype(np.intp), axis=-1)[..., 0]
-    return ((w >> ((lane & 1) * 16).astype(np.uint32)) & np.uint32(0xFFFF)).astype(np.uint16)
+    w = np.take_along_axis(words, (lane >> 2)[..., None].astype(np.intp), axis=-1)[..., 0]
+    return ((w >> ((lane & 3) * 8).astype(np.uint32)) & np.uint32(0xFF)).astype(np.uint8)
 
 
 def dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) -> np.ndarray:
-    """The uint16 draw of each element (batch_index, head, rows, cols) (broadcast together)."""
+    """The uint8 draw of each element (batch_index, head, rows, cols) (broadcast together)."""
     counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols)
     words = philox4x32(counter, key)
     j = _indices(batch_index, head, rows, cols)[3]
-    return _select_u16(words, j & 7)
+    return _select_u8(words, j & 15)
 
 
 def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.ndarray:
     """Boolean keep mask of the elements (batch_index, head, rows, cols) (integers or integer
     arrays, broadcast together) for dropout probability ``p``."""
-    return dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) < keep_threshold(p)
+    return dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols).astype(np.int32) < keep_threshold(p)
 
 
 def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads=None):
-    """uint16 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per 8
+    """uint8 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per 16
     columns; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
     heads = np.arange(nhead_q) if heads is None else np.asarray(heads, dtype=np.int64)
-    ng = -(-int(seqlen_k) // 8)
+    ng = -(-int(seqlen_k) // KEYS_PER_CALL)
     h = heads[:, None, None]
     i = np.arange(seqlen_q)[None, :, None]
     g = np.arange(ng)[None, None, :]
-    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, i, g * 8)
+    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, i, g * KEYS_PER_CALL)
     words = philox4x32(counter, key)  # [H, sq, ng, 4]
-    lo = words & np.uint32(0xFFFF)
-    hi = words >> np.uint32(16)
-    u = np.stack([lo, hi], axis=-1).reshape(*words.shape[:-1], 8)  # u[0..7] per call
-    return u.reshape(len(heads), int(seqlen_q), ng * 8)[..., : int(seqlen_k)].astype(np.uint16)
+    u = np.stack([(words >> np.uint32(8 * k)) & np.uint32(0xFF) for k in range(4)], axis=-1)  # [H, sq, ng, 4 words, 4 bytes]
+    u = u.reshape(*words.shape[:-1], KEYS_PER_CALL)  # u[4 w + k] per call
+    return u.reshape(len(heads), int(seqlen_q), ng * KEYS_PER_CALL)[..., : int(seqlen_k)].astype(np.uint8)
 
 
 def dropout_keep_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, p, heads=None):
     """Boolean keep mask [len(heads), seqlen_q, seqlen_k] of one batch entry (see
     :func:`dropout_random_block`)."""
     thr = keep_threshold(p)
-    return dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads) < thr
+    return dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads).astype(np.int32) < thr

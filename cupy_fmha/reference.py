@@ -5,7 +5,7 @@ Maths (per batch b and query head h; K/V head ``h // (nhead_q // nhead_k)``)::
     S   = scale * Q K^T + B,  masked entries = -inf      (B: bias, ALiBi or 0)
     LSE = logsumexp(S)              (rows with no visible key: -inf)
     P   = exp(S - LSE)              (rows with no visible key: 0)
-    Z   = keep / (1 - p)            (dropout; Z = 1 without dropout)
+    Z   = keep * s                  (dropout, s = 256 / threshold: philox.keep_scale; Z = 1 without dropout)
     O   = (P * Z) V
     D   = rowsum(dO * O)
     dV  = (P * Z)^T dO              (summed over each GQA group)
@@ -100,7 +100,7 @@ class _Setup:
     bias4: np.ndarray | None  # broadcast view [batch, hq, seqlen_q, seqlen_k], working dtype
     slopes: np.ndarray | None  # [batch, hq], working dtype
     dropout: object  # validate.Dropout
-    rp: object  # 1 / (1 - p) in the working dtype
+    rp: object  # the kept elements' factor, philox.keep_scale(p), in the working dtype
     bias_rnd: object  # dbias rounding
     visible: np.ndarray | None  # batch mode: the one dense mask
 
@@ -146,7 +146,7 @@ class _Setup:
         return dropout_keep_block(d.seed, d.offset, b, self.prob.nhead_q, sq, sk, d.p)
 
     def multiplier(self, keep):
-        """Z = keep / (1 - p) in the working dtype (``None`` without dropout)."""
+        """Z = keep * keep_scale(p) in the working dtype (``None`` without dropout)."""
         if not self.dropout.enabled:
             return None
         return np.where(keep, self.rp, self.work(0))
@@ -211,7 +211,7 @@ def _setup(named, precision, *, softmax_scale, causal, window_size, mask, layout
     slopes = None
     if alibi_slopes is not None:
         slopes = np.broadcast_to(alibi_slopes.astype(work).reshape(-1, hq), (batch, hq))
-    rp = work(1.0 / (1.0 - drop.p))
+    rp = work(drop.scale)
     visible = None if varlen else dense_mask(prob.mask, sq, sk)
     return _Setup(prob, varlen, conv, work, _rounder(rdt), batch, sq, sk, bias, bias4, slopes,
                   drop, rp, bias_rnd, visible)

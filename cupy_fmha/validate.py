@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .mask import MaskSpec, Window, resolve_mask
-from .philox import check_uint64, keep_threshold
+from .philox import check_uint64, keep_scale, keep_threshold
 
 __all__ = [
     "LAYOUTS",
@@ -530,8 +530,8 @@ class VarlenProblem:
 
 @dataclass(frozen=True)
 class Dropout:
-    """Checked dropout settings; ``threshold = floor((1 - p) * 65536 + 0.5)`` (see
-    :mod:`cupy_fmha.philox`)."""
+    """Checked dropout settings; ``threshold = floor((1 - p) * 256 + 0.5)``, and ``scale`` the factor
+    of a kept element, ``256 / threshold`` (see :mod:`cupy_fmha.philox`)."""
 
     p: float
     seed: int
@@ -541,6 +541,10 @@ class Dropout:
     @property
     def enabled(self) -> bool:
         return self.p > 0.0
+
+    @property
+    def scale(self) -> float:
+        return keep_scale(self.p)
 
 
 def _host_values(name: str, a):

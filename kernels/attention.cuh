@@ -77,6 +77,7 @@ struct KeepBits {
 
 template <int NS>
 __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, const AccFrag& f) {
+    static_assert(NS * AccFrag::N % 16 == 0, "fwd_keep_bits: key blocks of whole Philox calls (16 keys), so k0 / 8 is even");
     constexpr int T = AccFrag::KEEP_TILES;
     KeepBits<NS> kb;
 #pragma unroll
@@ -97,9 +98,9 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // adds into O while this runs, has completed). Scores are scaled to log2 units first (plus the
 // elementwise bias or ALiBi when on); the window test runs only when `edge` (the tile crosses a
 // mask or sequence edge). With DROPOUT, the row sums take the undropped P and then the dropped
-// elements of P are zeroed (P * keep feeds the O GEMM; 1 / (1 - p) is folded into finish_rows),
-// with the bits of fwd_keep_bits (on sm80 one Philox call per (row, n8 tile) covers both columns
-// of the thread and, shared across the quad, those of the other three threads too).
+// elements of P are zeroed (P * keep feeds the O GEMM; rp_keep, 256 / threshold, is folded into finish_rows),
+// with the bits of fwd_keep_bits (on sm80 one Philox call per (row, 16 keys) covers two n8 tiles
+// and, shared across the quad, the columns of all four threads).
 // FOLDED (no bias, ALiBi or dropout; the warp-specialized forward's FOLD build, bench/NOTES.md
 // step 37): the same step by softmax_p_folded below.
 //
@@ -266,7 +267,7 @@ __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row
                             keep, tile_row0);
 }
 
-// Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times 1 / (1 - p) with
+// Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times rp_keep with
 // DROPOUT) and the natural-log LSE (of the undropped softmax).
 __device__ __forceinline__ void finish_rows(const float row_max[2], const float row_sum[2], float inv[2], float lse[2],
                                             const Dropout& drop, const AccFrag& f) {
@@ -304,7 +305,7 @@ __device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int
 // -> P^T and dS^T = P^T (dP^T - D) in place. Rows that saw no key (LSE = -inf) get P = 0.
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE); the bias
 // is an ElemBias, or with Bias::PAIRS a tile in shared memory (SwBiasTile::at_t, the ws backward).
-// With DROPOUT (Z = keep / (1 - p)): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
+// With DROPOUT (Z = keep * rp_keep): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
 // the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
 // read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
 // (key0 a multiple of 8), or from KeepWords (keep_at).

@@ -23,8 +23,8 @@
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias),
 //            DROPOUT (0/1).
 // Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
-// shared memory, one Philox call per (query row, 8 keys), one Q block ahead (fill_keep_bits);
-// backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep / (1 - p).
+// shared memory, one Philox call per (query row, 16 keys), one Q block ahead (fill_keep_bits);
+// backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep * rp_keep.
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * WARP_LANES.
 // The same source builds for sm80 (mma.sync, warps of 32) and gfx9 (MFMA, wavefronts of 64,
 // "warp" here): fragment layouts, loads, stores and the matrix instructions come from the

@@ -3,7 +3,8 @@
 // calls the same Philox function (philox.cuh, Dropout::keep8) with the same keying as the forward
 // and backward kernels, so the mask is exactly the one they apply.
 //
-// One thread per (query row, group of 8 keys): one Philox call, up to 8 bytes written.
+// One thread per (query row, group of 8 keys): one Philox call (of which keep8 takes half: the
+// mask is a debugging and test aid, not a hot path), up to 8 bytes written.
 // Grid (ceil(seqlen_q * ceil(seqlen_k / 8) / NTHREADS), nhead_q, batch), block NTHREADS (256).
 // keep: uint8 (0/1; a bool array) [batch, nhead_q, seqlen_q, seqlen_k], contiguous.
 #include "common.cuh"

@@ -9,7 +9,7 @@
 // Constants (config.cuh): FMHA_BF16, HDIM_Q, HDIM_V (padded head dims, multiples of 16), BLOCK_N, NWARPS,
 //            Q_IN_REGS (keep Q's fragments in registers for the whole loop), MIN_BLOCKS,
 //            BIAS (1: add the elementwise bias given by p.bias).
-//            DROPOUT (0/1: Philox keep test in online_softmax, 1 / (1 - p) folded into 1 / l).
+//            DROPOUT (0/1: Philox keep test in online_softmax, rp_keep folded into 1 / l).
 // Grid (ceil(seqlen_q / BLOCK_M), nhead_q, batch), block NWARPS * WARP_LANES, dynamic shared memory
 // SMEM_BYTES (spec.py; the Smem struct below).
 // Parameters: FwdParams (params.cuh). Group mode (p.seq.cu_seqlens_q/k non-null; varlen.cuh):

@@ -56,7 +56,7 @@ struct BiasArg {
 };
 enum : int { DS_KIND_TMA = 3 };
 
-// Philox dropout (philox.cuh): keep iff 16 random bits < keep_threshold; rp_keep = 1 / (1 - p).
+// Philox dropout (philox.cuh): keep iff 8 random bits < keep_threshold (0..256); rp_keep = 256 / keep_threshold.
 // Read only by DROPOUT=1 instances.
 struct DropoutArg {
     unsigned long long seed, offset;

@@ -7,14 +7,14 @@
 // sequence:
 //     key     = (seed lo, seed hi)
 //     t       = offset + b * nhead_q + h            (64-bit, wrapping)
-//     counter = (j >> 3, i, t lo, t hi)
-// One call gives 8 uint16 draws u[0..7] for the columns 8 * (j >> 3) + 0..7 (word w holds
-// u[2w] in its low half and u[2w + 1] in its high half); an element is kept iff
-// u[j & 7] < threshold, threshold = floor((1 - p) * 65536 + 0.5) (65536 keeps everything).
+//     counter = (j >> 4, i, t lo, t hi)
+// One call gives 16 uint8 draws u[0..15] for the columns 16 * (j >> 4) + 0..15 (byte k of word w
+// is u[4 w + k]); an element is kept iff u[j & 15] < threshold, threshold = floor((1 - p) * 256
+// + 0.5) (256 keeps everything), and a kept element is scaled by rp_keep = 256 / threshold.
 //
-// Every dropout path calls these functions: the forward kernels (random8, inside online_softmax),
-// the backward kernels (keep8, into a per-tile bit mask in shared memory) and the keep-mask
-// kernel fmha_dropout_mask.cu (keep8).
+// Every dropout path calls these functions: the forward kernels (keep16 through
+// AccFrag::row_keep_bits), the backward kernels (keep16 into a per-tile bit mask in shared memory,
+// or through AccFrag::keep_bits_t) and the keep-mask kernel fmha_dropout_mask.cu (keep8).
 #pragma once
 #include "common.cuh"
 
@@ -39,33 +39,36 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1
 }
 
 // Dropout state of one (batch, query head): the Philox key, the high counter words, the keep
-// threshold and 1 / (1 - p).
+// threshold and rp_keep = 256 / threshold.
 struct Dropout {
     uint32_t k0, k1;  // key: the seed
     uint32_t t0, t1;  // counter words 2, 3: offset + b * nhead_q + h
     uint32_t threshold;
     float rp_keep;
 
-    // The 4 output words for query row i and key group jg (keys 8 jg .. 8 jg + 7).
-    __device__ __forceinline__ uint4 random8(int i, int jg) const {
-        return philox4x32_10(make_uint4((uint32_t)jg, (uint32_t)i, t0, t1), k0, k1);
+    // The 4 output words for query row i and key group jg16 (keys 16 jg16 .. 16 jg16 + 15).
+    __device__ __forceinline__ uint4 random16(int i, int jg16) const {
+        return philox4x32_10(make_uint4((uint32_t)jg16, (uint32_t)i, t0, t1), k0, k1);
     }
-    // Keep bits of keys 8 jg + c, c = 0..7, for query row i: bit c set iff key 8 jg + c is kept.
-    __device__ __forceinline__ uint32_t keep8(int i, int jg) const {
-        const uint4 r = random8(i, jg);
-        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-        uint32_t bits = 0;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            bits |= (uint32_t)((w[c] & 0xffffu) < threshold) << (2 * c);
-            bits |= (uint32_t)((w[c] >> 16) < threshold) << (2 * c + 1);
-        }
-        return bits;
+    // Keep bits of the 4 uint8 draws in word x: bit k set iff byte k < threshold. SWAR: each byte's
+    // difference x - threshold with the borrow kept in its top bit (Hacker's Delight 2-18), then the
+    // four borrows gathered by one multiply (bits 0, 8, 16, 24 -> 21..24). A threshold of 256
+    // (nothing dropped) does not fit a byte: every bit set.
+    __device__ __forceinline__ uint32_t keep4(uint32_t x) const {
+        if (threshold > 255u) return 0xfu;
+        constexpr uint32_t H = 0x80808080u;
+        const uint32_t t = threshold * 0x01010101u;
+        const uint32_t d = ((x | H) - (t & ~H)) ^ ((x ^ ~t) & H);  // bytewise x - t (mod 256)
+        const uint32_t lt = ((~x & t) | (~(x ^ t) & d)) & H;       // top bit of byte k: x_k < t
+        return ((lt >> 7) * 0x00204081u) >> 21 & 0xfu;
     }
-    // Keep bits of the two uint16 draws in word x (bit 0: low half, bit 1: high half).
-    __device__ __forceinline__ uint32_t keep_word(uint32_t x) const {
-        return (uint32_t)((x & 0xffffu) < threshold) | ((uint32_t)((x >> 16) < threshold) << 1);
+    // Keep bits of keys 16 jg16 + c, c = 0..15, for query row i: bit c set iff key 16 jg16 + c is kept.
+    __device__ __forceinline__ uint32_t keep16(int i, int jg16) const {
+        const uint4 r = random16(i, jg16);
+        return keep4(r.x) | (keep4(r.y) << 4) | (keep4(r.z) << 8) | (keep4(r.w) << 12);
     }
+    // Keep bits of keys 8 jg + c, c = 0..7 (half of a call: for the cold paths, the keep-mask kernel).
+    __device__ __forceinline__ uint32_t keep8(int i, int jg) const { return (keep16(i, jg >> 1) >> (8 * (jg & 1))) & 0xffu; }
 };
 
 __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigned long long offset, int b,
@@ -74,18 +77,21 @@ __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigne
     return Dropout{(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)t, (uint32_t)(t >> 32), threshold, rp_keep};
 }
 
-// Keep bits of the tile [q0, q0 + M) x [k0, k0 + N) (k0 a multiple of 8), computed cooperatively
-// by the CTA's NT threads, one Philox call per (row, key group): byte [jg * M + il] holds the
-// keep bits of keys k0 + 8 jg + 0..7 for query row q0 + il.
+// Keep bits of the tile [q0, q0 + M) x [k0, k0 + N) (k0 a multiple of 16, N of 16), computed
+// cooperatively by the CTA's NT threads, one Philox call per (row, 16 keys): byte [jg * M + il]
+// holds the keep bits of keys k0 + 8 jg + 0..7 for query row q0 + il.
 template <int M, int N, int NT>
 __device__ __forceinline__ void fill_keep_bits(unsigned char* bits, const Dropout& d, int q0, int k0, int tid) {
-    constexpr int CALLS = M * (N / 8);
+    static_assert(N % 16 == 0, "fill_keep_bits: whole Philox calls of 16 keys");
+    constexpr int CALLS = M * (N / 16);
 #pragma unroll 1  // one Philox chain at a time: the callers run at their register limit
     for (int s = 0; s < (CALLS + NT - 1) / NT; ++s) {
         const int c = tid + s * NT;
         if (CALLS % NT == 0 || c < CALLS) {
             const int il = c % M, jg = c / M;
-            bits[c] = (unsigned char)d.keep8(q0 + il, (k0 >> 3) + jg);
+            const uint32_t b16 = d.keep16(q0 + il, (k0 >> 4) + jg);
+            bits[2 * jg * M + il] = (unsigned char)b16;
+            bits[(2 * jg + 1) * M + il] = (unsigned char)(b16 >> 8);
         }
     }
 }

@@ -69,7 +69,7 @@ def test_forward_params(rec, layout):
     # causal, bottom-right: row i sees keys j <= i + sk - sq (x = 1 + 16), every key to the left
     # (row 0 already sees key 0: y - 1 >= 0 + ... any y > sq - 1 + 0 hides nothing on the left)
     assert a["mask_win_x"] == 17 and a["mask_win_y"] >= 37 and a["mask_bottom_right"] == 0
-    assert int(a["alibi_slopes"]) == 0 and a["bias_kind"] == 0 and a["dropout_keep_threshold"] == 65536
+    assert int(a["alibi_slopes"]) == 0 and a["bias_kind"] == 0 and a["dropout_keep_threshold"] == 256
     assert f["grid"][1:] == (4, 2)
 
 
@@ -124,7 +124,7 @@ def test_features_fill_their_groups(rec):
     a = rec.launches[-1]["args"]
     assert rec.launches[-1]["spec"].macro("ALIBI") == 1 and rec.launches[-1]["spec"].macro("DROPOUT") == 1
     assert a["alibi_sb"] == 4 and np.array_equal(a["alibi_slopes"].reshape(2, 4), slopes)
-    assert (a["dropout_seed"], a["dropout_offset"], a["dropout_keep_threshold"]) == (7, 9, 49152)
+    assert (a["dropout_seed"], a["dropout_offset"], a["dropout_keep_threshold"]) == (7, 9, 192)
     assert a["dropout_rp_keep"] == np.float32(1 / 0.75)
     assert (a["mask_win_y"], a["mask_win_x"]) == (4 - 16, 3 + 16)  # bottom-right window, sq - sk = -16
     bias = np.ones((37, 53), np.float32)

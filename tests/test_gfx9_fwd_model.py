@@ -108,7 +108,8 @@ def test_row_reductions_cover_each_row():
 @pytest.mark.parametrize("k0, tiles", [(0, 8), (48, 3), (4096 + 16, 2)])
 def test_keep_bits_match_the_host_replica(k0, tiles):
     """row_keep_bits: bit 4m + c of lane l is the keep decision of (row, k0 + col(l, m, c)); one
-    Philox call per lane and tile (key group jg0 + 2m + c0 / 8, words z, w for the upper half)."""
+    Philox call per lane and tile (16 keys: keep16 of group k0 / 16 + m), of which the lane takes
+    bits c0 .. c0 + 3."""
     seed, offset, b, nh, h, p = 0x1234_5678_9ABC, 77, 1, 3, 2, 0.3
     thr = philox.keep_threshold(p)
     key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint32)
@@ -118,11 +119,10 @@ def test_keep_bits_match_the_host_replica(k0, tiles):
         c0 = d_row(l, 0)
         bits = 0
         for m in range(tiles):
-            jg = (k0 >> 3) + 2 * m + c0 // 8
-            r = philox.philox4x32(np.array([jg, i, t & 0xFFFFFFFF, t >> 32], np.uint32), key)
-            lo_w, hi_w = (r[2], r[3]) if c0 & 7 else (r[0], r[1])
-            kw = lambda x: int((x & 0xFFFF) < thr) | (int((x >> 16) < thr) << 1)  # noqa: E731
-            bits |= (kw(int(lo_w)) | (kw(int(hi_w)) << 2)) << (4 * m)
+            jg16 = (k0 >> 4) + m  # keep16(i, (jg0 >> 1) + m): the tile's 16 keys are one call
+            r = philox.philox4x32(np.array([jg16, i, t & 0xFFFFFFFF, t >> 32], np.uint32), key)
+            k16 = sum(int(((int(r[c >> 2]) >> (8 * (c & 3))) & 0xFF) < thr) << c for c in range(16))
+            bits |= ((k16 >> c0) & 0xF) << (4 * m)
         for m in range(tiles):
             for c in range(4):
                 j = k0 + frag_col(l, m, c)

@@ -21,7 +21,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from conftest import seed_for  # noqa: E402
-from cupy_fmha import reference  # noqa: E402
+from cupy_fmha import philox, reference  # noqa: E402
 from cupy_fmha.jax import attention, attention_with_lse, dropout_seed_offset  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -60,7 +60,7 @@ def _scores(q, k, *, causal, window, slopes, bias=None):
 
 
 def _ref(q, k, v, *, causal, window, layout, slopes, bias=None, keep=None, dropout_p=0.0, with_lse=False):
-    """float32 attention; ``keep``: a bool [b, hq, sq, sk] dropout mask applied as keep / (1 - p)
+    """float32 attention; ``keep``: a bool [b, hq, sq, sk] dropout mask applied as keep * keep_scale(p)
     to the softmax (the LSE stays the undropped one, as the library defines it)."""
     if layout == "bshd":
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
@@ -70,7 +70,7 @@ def _ref(q, k, v, *, causal, window, layout, slopes, bias=None, keep=None, dropo
     s = _scores(q, k, causal=causal, window=window, slopes=slopes, bias=bias)
     p = jax.nn.softmax(s, axis=-1)
     if keep is not None:
-        p = p * jnp.asarray(keep, jnp.float32) / (1.0 - dropout_p)
+        p = p * jnp.asarray(keep, jnp.float32) * philox.keep_scale(dropout_p)
     o = jnp.einsum("bhqk,bhkd->bhqd", p, v)
     o = jnp.swapaxes(o, 1, 2) if layout == "bshd" else o
     return (o, jax.scipy.special.logsumexp(s, axis=-1)) if with_lse else o

@@ -48,19 +48,19 @@ def test_vectorized_and_broadcast():
 
 
 def test_keying_by_hand():
-    """Element (b, h, i, j): counter (j >> 3, i, lo(t), hi(t)) with t = offset + b*nhead_q + h,
-    key (seed lo, seed hi); column j takes uint16 number j & 7 of the output."""
+    """Element (b, h, i, j): counter (j >> 4, i, lo(t), hi(t)) with t = offset + b*nhead_q + h,
+    key (seed lo, seed hi); column j takes byte j & 3 of word (j & 15) >> 2 of the output."""
     seed, offset, b, nhq, h = 0x0123456789ABCDEF, 0xFFFFFFFF, 3, 5, 4  # t carries into word 3
     t = offset + b * nhq + h
-    for i, j in [(0, 0), (7, 5), (130, 8), (2, 15), (1000, 1003)]:
+    for i, j in [(0, 0), (7, 5), (130, 8), (2, 15), (1000, 1003), (3, 16), (4, 31)]:
         words = P.philox4x32(
-            np.array([j >> 3, i, t & U32, t >> 32], np.uint32),
+            np.array([j >> 4, i, t & U32, t >> 32], np.uint32),
             np.array([seed & U32, seed >> 32], np.uint32),
         )
-        lane = j & 7
-        u = (int(words[lane >> 1]) >> (16 * (lane & 1))) & 0xFFFF
+        lane = j & 15
+        u = (int(words[lane >> 2]) >> (8 * (lane & 3))) & 0xFF
         assert int(P.dropout_random(seed, offset, b, nhq, h, i, j)) == u
-        assert bool(P.dropout_keep(seed, offset, b, nhq, h, i, j, 0.3)) == (u < 45875)
+        assert bool(P.dropout_keep(seed, offset, b, nhq, h, i, j, 0.3)) == (u < 179)  # floor(179.2 + 0.5)
 
 
 def test_offset_wraps_around_64_bits():
@@ -78,11 +78,14 @@ def test_offset_wraps_around_64_bits():
 
 
 def test_thresholds():
-    assert P.keep_threshold(0.0) == 65536
-    assert P.keep_threshold(0.5) == 32768
-    assert P.keep_threshold(0.2) == 52429  # 52428.8 rounds up
-    assert P.keep_threshold(0.9) == 6554  # 6553.6
-    assert P.keep_threshold(1 - 2**-17) == 1  # 0.5 rounds half up
+    assert P.keep_threshold(0.0) == 256
+    assert P.keep_threshold(0.5) == 128
+    assert P.keep_threshold(0.2) == 205  # 204.8 rounds up
+    assert P.keep_threshold(0.1) == 230  # 230.4
+    assert P.keep_threshold(1 - 2**-9) == 1  # 0.5 rounds half up
+    assert P.keep_threshold(1 - 2**-10) == 0 and P.keep_scale(1 - 2**-10) == 0.0  # everything dropped, no infinity
+    assert P.keep_threshold(2**-10) == 256 and P.keep_scale(2**-10) == 1.0  # p < 1/512 drops nothing
+    assert P.keep_scale(0.5) == 2.0 and P.keep_scale(0.1) == 256 / 230  # the inverse of the applied keep rate
     for bad in (-0.1, 1.0, 1.5):
         with pytest.raises(ValueError, match="dropout_p"):
             P.keep_threshold(bad)
@@ -94,26 +97,26 @@ def test_keep_rate(p):
     keep = P.dropout_keep_block(1234, 77, 2, 8, 256, 250, p)
     assert keep.shape == (8, 256, 250) and keep.dtype == bool
     n = keep.size
-    want = P.keep_threshold(p) / 65536
+    want = P.keep_threshold(p) / 256
     sigma = np.sqrt(want * (1 - want) / n)
     assert abs(keep.mean() - want) < 5 * sigma, (keep.mean(), want)
-    # per head and per column lane (j & 7) too
+    # per head and per column lane (j & 15) too
     for h in range(8):
         assert abs(keep[h].mean() - want) < 5 * np.sqrt(want * (1 - want) / keep[h].size)
-    for lane in range(8):
-        sub = keep[:, :, lane::8]
+    for lane in range(16):
+        sub = keep[:, :, lane::16]
         assert abs(sub.mean() - want) < 5 * np.sqrt(want * (1 - want) / sub.size)
 
 
-def test_uint16_draws_look_uniform():
+def test_uint8_draws_look_uniform():
     u = P.dropout_random_block(5, 0, 0, 4, 128, 128).astype(np.int64)
-    assert u.dtype == np.int64 and u.min() >= 0 and u.max() <= 65535
-    hist = np.bincount(u.ravel() >> 12, minlength=16)  # 16 bins of 4096
+    assert u.dtype == np.int64 and u.min() >= 0 and u.max() <= 255
+    hist = np.bincount(u.ravel() >> 4, minlength=16)  # 16 bins of 16
     expect = u.size / 16
     chi2 = ((hist - expect) ** 2 / expect).sum()
     assert chi2 < 50  # 15 degrees of freedom; p ~ 1e-5
-    # neighbouring columns of one Philox call are not equal more often than chance
-    assert np.mean(u[..., 0::2] == u[..., 1::2]) < 1e-3
+    # neighbouring columns of one Philox call are not equal more often than chance (1/256)
+    assert abs(np.mean(u[..., 0::2] == u[..., 1::2]) - 1 / 256) < 1e-3
 
 
 @pytest.mark.parametrize("tile", [(16, 24), (7, 13), (64, 8), (3, 5)])
@@ -157,4 +160,4 @@ def test_seed_offset_checks():
     for bad in (1.0, True, "3"):
         with pytest.raises(TypeError, match="seed"):
             P.dropout_random(bad, 0, 0, 1, 0, 0, 0)
-    assert P.dropout_random(np.uint64(2**64 - 1), np.int32(5), 0, 1, 0, 0, 0).dtype == np.uint16
+    assert P.dropout_random(np.uint64(2**64 - 1), np.int32(5), 0, 1, 0, 0, 0).dtype == np.uint8

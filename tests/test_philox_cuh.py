@@ -35,8 +35,8 @@ int main() {
     unsigned int thr;
     while (std::scanf("%llu %llu %d %d %d %d %d %u", &seed, &offset, &b, &nhead, &h, &i, &jg, &thr) == 8) {
         const fmha::Dropout d = fmha::make_dropout(seed, offset, b, nhead, h, thr, 1.f);
-        const uint4 r = d.random8(i, jg);
-        std::printf("%u %u %u %u %u\n", r.x, r.y, r.z, r.w, d.keep8(i, jg));
+        const uint4 r = d.random16(i, jg >> 1);
+        std::printf("%u %u %u %u %u %u\n", r.x, r.y, r.z, r.w, d.keep8(i, jg), d.keep16(i, jg >> 1));
     }
     return 0;
 }
@@ -69,7 +69,7 @@ def test_philox_cuh_matches_numpy_replica(host_philox):
         nhead = int(rng.integers(1, 40))
         b, h = int(rng.integers(0, 9)), int(rng.integers(0, nhead))
         i, jg = int(rng.integers(0, 70000)), int(rng.integers(0, 9000))
-        p = [0.0, 0.1, 0.2, 0.5, 0.9, 0.999][n % 6]
+        p = [0.0, 0.1, 0.2, 0.5, 0.9, 0.999, 0.3, 0.002][n % 8]
         rows.append((seed, offset, b, nhead, h, i, jg, philox.keep_threshold(p)))
     got = host_philox(rows)
     for (seed, offset, b, nhead, h, i, jg, thr), out in zip(rows, got):
@@ -79,13 +79,15 @@ def test_philox_cuh_matches_numpy_replica(host_philox):
         u = philox.dropout_random(seed, offset, b, nhead, h, i, jg * 8 + np.arange(8))
         bits = sum(int(x < thr) << c for c, x in enumerate(u))
         assert bits == int(out[4])
+        u16 = philox.dropout_random(seed, offset, b, nhead, h, i, (jg >> 1) * 16 + np.arange(16))
+        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5])  # (keep4's byte compares)
 
 
 def test_philox_cuh_offset_wraps_mod_2_64(host_philox):
     # t = offset + b * nhead_q + h crosses 2^64: the counter's high words wrap to 0
-    rows = [(2**40 + 3, 2**64 - 2, 1, 4, 3, 5, 2, 65536)]  # t = 2^64 + 5 -> 5
+    rows = [(2**40 + 3, 2**64 - 2, 1, 4, 3, 5, 2, 256)]  # t = 2^64 + 5 -> 5
     got = host_philox(rows)[0]
-    counter = np.array([2, 5, 5, 0], dtype=np.uint32)
+    counter = np.array([1, 5, 5, 0], dtype=np.uint32)  # (key group 2 of 8 keys: call 1 of 16)
     key = np.array([3, 2**8], dtype=np.uint32)
     assert [int(w) for w in philox.philox4x32(counter, key)] == [int(x) for x in got[:4]]
-    assert int(got[4]) == 0xFF  # threshold 65536 keeps all 8
+    assert int(got[4]) == 0xFF and int(got[5]) == 0xFFFF  # threshold 256 keeps all

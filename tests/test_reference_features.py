@@ -13,6 +13,7 @@ import pytest
 
 from cupy_fmha import reference as R
 from cupy_fmha.mask import dense_mask, resolve_mask
+from cupy_fmha import philox
 from cupy_fmha.philox import dropout_keep_block
 from cupy_fmha.validate import (
     VarlenProblem,
@@ -312,7 +313,8 @@ def test_dropout_p0_equals_no_dropout():
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_dropout_forward_formula_and_mask(layout):
-    """O = (P * keep / (1-p)) V with the undropped P; LSE unchanged; keep = Philox block."""
+    """O = (P * keep * s) V with the undropped P (s = 256 / threshold, philox.keep_scale); LSE
+    unchanged; keep = Philox block."""
     rng = _rng("dropform", layout)
     b, sq, sk, hq, hk, d = 2, 33, 41, 4, 2, 16
     q, k, v, _ = make(rng, b, sq, sk, hq, hk, d, d)
@@ -330,7 +332,7 @@ def test_dropout_forward_formula_and_mask(layout):
     s = qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(d)
     vis = dense_mask(resolve_mask("t:5,-1"), sq, sk)
     P = np.where(vis, np.exp(s - lse[..., None]), 0.0)
-    want = (P * keep / (1 - p)) @ vh
+    want = (P * keep * philox.keep_scale(p)) @ vh
     np.testing.assert_allclose(t(o).transpose(0, 2, 1, 3) if layout == "bshd" else o, want,
                                rtol=1e-12, atol=1e-12)
     assert abs(keep.mean() - 0.7) < 0.03
@@ -343,7 +345,7 @@ def test_dropout_keep_rate_through_reference():
     for p in (0.1, 0.5, 0.8):
         _, _, keep = R.attention_forward(q, k, v, dropout_p=p, seed=7, offset=0, return_dropout_mask=True)
         n = keep.size
-        assert abs(keep.mean() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n) + 1 / 65536
+        assert abs(keep.mean() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n) + 1 / 512  # (p rounds to a multiple of 1/256)
 
 
 # --------------------------------------------------------------------------- edge cases
@@ -587,8 +589,8 @@ def test_strict_checks_for_the_gpu_api():
         check_alibi_slopes(np.zeros(4), 2, 4)
     # dropout
     d = check_dropout(0.2, np.uint64(2**64 - 1), 7)
-    assert (d.p, d.seed, d.offset, d.threshold, d.enabled) == (0.2, 2**64 - 1, 7, 52429, True)
-    assert not check_dropout().enabled and check_dropout().threshold == 65536
+    assert (d.p, d.seed, d.offset, d.threshold, d.enabled) == (0.2, 2**64 - 1, 7, 205, True)
+    assert not check_dropout().enabled and check_dropout().threshold == 256
     # cu_seqlens
     assert check_cu_seqlens("cu_seqlens_q", np.array([0, 0, 3, 3], np.int32), 3) == (0, 0, 3, 3)
     with pytest.raises(ValueError, match="cu_seqlens_q: expected 3 entries"):

@@ -98,9 +98,9 @@ struct AccFrag {
         for (int c = 0; c < SLOT_ELEMS; ++c) gfx9::atomic_add_f32(row + col + c, v[c]);
     }
 
-    // Forward dropout: keep bits of tiles m = 0 .. tiles - 1 (keys 8 jg0 + 16 m ..) in row i, bits
-    // 4m + c for this lane's columns col(m, c). The lane's 4 keys are half of one Philox key group
-    // (philox.cuh: 8 keys per call), so each lane makes its own call per tile and keeps 2 words.
+    // Forward dropout: keep bits of tiles m = 0 .. tiles - 1 (keys 8 jg0 + 16 m ..; jg0 even) in row
+    // i, bits 4m + c for this lane's columns col(m, c). A tile's 16 keys are one Philox call
+    // (philox.cuh keep16), of which the lane keeps its 4 bits; each lane makes its own call per tile.
     template <class Drop>
     __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int tiles) const {
         const int c0 = L::d_row(lane, 0);  // first of the lane's 4 columns inside a tile: 0, 4, 8, 12
@@ -108,10 +108,7 @@ struct AccFrag {
 #pragma unroll
         for (int m = 0; m < KEEP_TILES; ++m) {
             if (m >= tiles) break;
-            const uint4 r = drop.random8(i, jg0 + (N / 8) * m + c0 / 8);
-            const bool hi = (c0 & 7) != 0;  // draws 4..7 of the group: words z, w
-            const uint32_t lo2 = drop.keep_word(hi ? r.z : r.x), hi2 = drop.keep_word(hi ? r.w : r.y);
-            bits |= (lo2 | (hi2 << 2)) << (4 * m);
+            bits |= ((drop.keep16(i, (jg0 >> 1) + (N / 16) * m) >> c0) & 0xfu) << (4 * m);
         }
         return bits;
     }

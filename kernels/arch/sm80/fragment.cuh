@@ -29,7 +29,7 @@ struct AccFrag {
     // N: columns per accumulator tile (an n8 tile). Each thread holds ROW_SLOTS rows of a tile,
     // SLOT_ELEMS adjacent columns each: element e = SLOT_ELEMS * r + c is column c of row slot r
     // (row(e), col(n, e)). KEEP_TILES: tiles per word of row_keep_bits (SLOT_ELEMS bits each).
-    enum : int { N = 8, ROW_SLOTS = 2, SLOT_ELEMS = 2, KEEP_TILES = 4 };
+    enum : int { N = 8, ROW_SLOTS = 2, SLOT_ELEMS = 2, KEEP_TILES = 8 };
     int g, t;  // lane / 4: the row in each group of 8; lane % 4: the column pair in each n8 tile
 
     __device__ __forceinline__ explicit AccFrag(int tid) : g(lane_of(tid) >> 2), t(lane_of(tid) & 3) {}
@@ -71,28 +71,31 @@ struct AccFrag {
 
     // Backward dropout without the byte mask (the warp-specialized backward): the keep bits of this
     // thread's elements of NQ tiles of S^T (rows: the warp's 16 keys from key0, a multiple of 16;
-    // columns: query rows from q0), computed by the warp itself. Round u (NQ / 2 of them): lane
-    // (g, t) makes the Philox call of key group (key0 >> 3) + ((u >> 1) & 1) and query row
-    // q0 + 8 (g + 8 (u >> 2)) + 2t + (u & 1) (drop.keep8: bit r is key row r of the group); eight
-    // ballots, one per bit r, give every lane bit r of all 32 calls, and the lanes of row g keep
-    // ballot g shifted by t, so word u holds, at bit 4 m (m = 0..7, the calling lane's row), the
-    // element of row slot (u >> 1) & 1, tile m + 8 (u >> 2), column u & 1 (keep_bit_t). Each call
-    // is made once per warp.
+    // columns: query rows from q0), computed by the warp itself. Round u (NQ / 4 of them): lane
+    // (g, t) makes the Philox call of the warp's 16 keys (drop.keep16: bit r is key row r) and query
+    // row q0 + 8 (g + 8 (u >> 1)) + 2t + (u & 1); sixteen ballots, one per bit r, give every lane bit
+    // r of all 32 calls, and the lanes of rows g and g + 8 keep ballots g and g + 8 shifted by t, so
+    // word 4 (u >> 1) + 2 s + (u & 1) holds, at bit 4 m (m = 0..7, the calling lane's row), the
+    // element of row slot s, tile m + 8 (u >> 1), column u & 1 (keep_bit_t). Each call is made once
+    // per warp.
     template <int NQ, class Drop>
     __device__ __forceinline__ void keep_bits_t(const Drop& drop, int key0, int q0, uint32_t (&w)[NQ / 2]) const {
         static_assert(NQ % 8 == 0, "keep_bits_t: whole groups of 8 tiles");
 #pragma unroll 1  // one Philox chain at a time (it runs under GEMM0/2): the caller is at its register limit
-        for (int u = 0; u < NQ / 2; ++u) {
-            const uint32_t byte = drop.keep8(q0 + 8 * (g + 8 * (u >> 2)) + 2 * t + (u & 1), (key0 >> 3) + ((u >> 1) & 1));
-            uint32_t mine = 0;
+        for (int u = 0; u < NQ / 4; ++u) {
+            const uint32_t bits = drop.keep16(q0 + 8 * (g + 8 * (u >> 1)) + 2 * t + (u & 1), key0 >> 4);
+            uint32_t lo = 0, hi = 0;
 #pragma unroll
             for (int r = 0; r < 8; ++r) {
-                const uint32_t v = ballot((byte >> r) & 1u);
-                mine = g == r ? v : mine;
+                const uint32_t v = ballot((bits >> r) & 1u), x = ballot((bits >> (r + 8)) & 1u);
+                lo = g == r ? v : lo;
+                hi = g == r ? x : hi;
             }
-            mine >>= t;
+            lo >>= t;
+            hi >>= t;
+            const int k0 = 4 * (u >> 1) + (u & 1);
 #pragma unroll
-            for (int k = 0; k < NQ / 2; ++k) w[k] = k == u ? mine : w[k];  // (static indices: w stays in registers)
+            for (int k = 0; k < NQ / 2; ++k) w[k] = k == k0 ? lo : k == k0 + 2 ? hi : w[k];  // (static indices: w stays in registers)
         }
     }
     // The keep bit of element e of tile n from keep_bits_t's words.
@@ -129,21 +132,27 @@ struct AccFrag {
         red_add_f32x2(row + col, v[0], v[1]);
     }
 
-    // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..3 (bits 2m, 2m + 1: this thread's
-    // columns of tile m) in row i. The four threads of a row each make one Philox call (tile
-    // jg0 + t; drop.keep8, philox.cuh) and place its 8 keep bits in byte t of a word; two xor
-    // exchanges OR the quad's words together (byte m: tile m's 8 columns), and this thread takes
-    // bits 2t, 2t + 1 of each byte. (The exchange used to send each thread one Philox output word,
-    // chosen by a per-thread index: the compiler branched around every choice, which with the
-    // shuffles cost more than the Philox rounds; bench/NOTES.md step 48.)
-    // (All four tiles are computed whatever `tiles`, the number the caller uses.)
+    // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..7 (jg0 even: whole Philox calls of 16
+    // keys; bits 2m, 2m + 1: this thread's columns of tile m) in row i. The four threads of a row
+    // each make one Philox call (keys 16 (jg0 / 2 + t) .. + 15, tiles 2t and 2t + 1; drop.keep16,
+    // philox.cuh) and place its 16 keep bits at bit 16 (t & 1) of a word; an xor exchange with the
+    // pair neighbour completes tiles 0-3 (threads 0, 1) or 4-7 (threads 2, 3), a second one brings
+    // the other half (byte b of a word: tile b's 8 columns), and this thread takes bits 2t, 2t + 1
+    // of each byte. Two shuffles and one call per eight tiles. (The exchange used to send each
+    // thread one Philox output word, chosen by a per-thread index: the compiler branched around
+    // every choice, which with the shuffles cost more than the Philox rounds; bench/NOTES.md step 48.)
+    // (All eight tiles are computed whatever `tiles`, the number the caller uses.)
     template <class Drop>
     __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int /*tiles*/) const {
-        uint32_t all = drop.keep8(i, jg0 + t) << (8 * t);
-        all |= shfl_xor_u32(all, 1);
-        all |= shfl_xor_u32(all, 2);
-        const uint32_t x = all >> (2 * t);  // this thread's two bits of byte m at bits 8m, 8m + 1
-        return (x & 0x3u) | ((x >> 6) & 0xcu) | ((x >> 12) & 0x30u) | ((x >> 18) & 0xc0u);
+        uint32_t w = drop.keep16(i, (jg0 >> 1) + t) << (16 * (t & 1));
+        w |= shfl_xor_u32(w, 1);
+        const uint32_t other = shfl_xor_u32(w, 2);
+        const uint32_t lo = t < 2 ? w : other, hi = t < 2 ? other : w;  // tiles 0-3, 4-7
+        auto mine = [&](uint32_t x) {  // this thread's two bits of byte m at bits 8m, 8m + 1 -> 2m, 2m + 1
+            x >>= 2 * t;
+            return (x & 0x3u) | ((x >> 6) & 0xcu) | ((x >> 12) & 0x30u) | ((x >> 18) & 0xc0u);
+        };
+        return mine(lo) | (mine(hi) << 8);
     }
 };
 
