@@ -34,7 +34,7 @@ Features:
 it to set their tolerance: float32 arithmetic, with S, P, O, dP, dS, dQ, dK and dV rounded to the
 inputs' dtype (fp16, bf16; float32 for float32/float64 inputs) where such an implementation would
 store them; LSE and D stay float32. With a bias, S is rounded after the scaling and again after
-adding the (float32-converted) bias; the dropout multiplier ``1/(1-p)`` is a float32 and P * Z
+adding the (float32-converted) bias; the dropout multiplier (``philox.keep_scale(p)``, 256 / threshold) is a float32 and P * Z
 is rounded; dbias is summed in float32 and rounded to the bias's dtype (float32 for float64
 biases). Results are returned as float64 arrays either way.
 
