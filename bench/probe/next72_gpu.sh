@@ -1,0 +1,24 @@
+#!/bin/bash
+# Prepared in the fifteenth session for the next one (not yet run; no code change needed, every
+# variant goes through CUPY_FMHA_FWD_WS_TILES; probe/drop_ws.py times plain and dropout p=0.1 in one
+# process, non-causal and causal, bf16, 16384 tokens per batch):
+#   1. the hdim-128 dropout forward (serial, two warpgroups, 128 keys: 1.71-1.77x plain) with 64- and
+#      96-key blocks (serial) and three warpgroups with 64 (step 71: 1.597-1.615 against 1.529-1.652,
+#      undecided), alternated, s1024 / s4096 / s16384;
+#   2. hdim 64 under short causal masks: the dropout build step 71 left there (two warpgroups,
+#      overlapped; A = table) against three serial (B), s1024 / s2048 (use_fwd_ws_short's range);
+#   3. then the whole GPU suite if anything changes the table.
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
+T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
+for r in 1 2; do
+  for v in "" "BLOCK_N=64" "BLOCK_N=96" "NWG=3,BLOCK_N=64"; do
+    t "hdim 128 dropout, tiles '$v' (round $r)"
+    CUPY_FMHA_FWD_WS_TILES="$v" timeout -s KILL 60 python3 bench/probe/drop_ws.py "h128[$v]" 128 1024,4096,16384
+  done
+  for v in "" "NWG=3,PV_OVERLAP=0,PINGPONG=0"; do
+    t "hdim 64 dropout, tiles '$v' (round $r; the short rule applies to causal rows only)"
+    CUPY_FMHA_FWD_WS_TILES="$v" timeout -s KILL 60 python3 bench/probe/drop_ws.py "h64[$v]" 64 1024,2048
+  done
+done
+t done
