@@ -574,9 +574,10 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
             by positions local to the sequence (entries beyond it are never read). Selects the
             kernel instance compiled with the bias (``-D BIAS=1``).
         dropout_p: dropout probability in [0, 1) on the attention weights: ``O = (P * Z) V``
-            with ``Z = keep * 256 / t``, ``t = round((1 - dropout_p) * 256)`` the 8-bit keep
+            with ``Z = keep * 256 / t``, ``t = floor((1 - dropout_p) * 256 + 0.5)`` the 8-bit keep
             threshold (``dropout_p`` in effect rounded to a multiple of 1/256, as FlashAttention-2
-            does; the factor is the inverse of the keep probability applied, so ``E[Z] = 1``); the
+            does; the factor is the inverse of the keep probability applied, so ``E[Z] = 1``,
+            except where ``t = 0``, ``dropout_p > 1 - 1/512``: then ``Z = 0``); the
             LSE stays that of the undropped softmax.
             0 (default) runs the kernels built without dropout; above 0, the ``-D DROPOUT=1``
             instances.

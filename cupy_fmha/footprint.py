@@ -205,7 +205,8 @@ def reference_host_bytes(
     elif mode == "fwd" and return_dropout_mask:
         per_score += 1  # the keep block, drawn to be returned
     if dropout or (mode == "fwd" and return_dropout_mask):
-        # the Philox draw takes about 20 bytes per element, while the backward still holds the
+        # the Philox draw took about 20 bytes per element with 16-bit draws (about 10 with the 8-bit
+        # ones since bench/NOTES.md step 68; the bound is kept), while the backward still holds the
         # previous entry's P, P * Z, dP, dS and Z
         per_score = max(per_score, (5 * w if mode == "bwd" else 1) + 21)
     if alibi:

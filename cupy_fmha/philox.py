@@ -27,7 +27,7 @@ uses ``u[j & 15]``. The element is kept iff ``u < threshold`` with
 ``threshold = floor((1 - p) * 256 + 0.5)`` (an integer in [0, 256]; 256 keeps all), and a kept
 element is scaled by ``256 / threshold`` (:func:`keep_scale`: the inverse of the keep probability
 actually applied, so the expectation is exact; p is in effect rounded to a multiple of 1/256, and
-p < 1/512 keeps everything). FlashAttention-2 also draws 8 bits per element; 16-bit draws (8
+p <= 1/512 keeps everything; p > 1 - 1/512 keeps nothing, and keep_scale is then 0). FlashAttention-2 also draws 8 bits per element; 16-bit draws (8
 columns per call, this project's mask before bench/NOTES.md step 68) cost twice the Philox calls.
 """
 

@@ -49,8 +49,8 @@
 //
 // DROPOUT=1 (not with BIAS): each warp makes the keep bits of its 16 keys x BLOCK_M query rows while
 // its GEMMs run (at hdim 64 a block ahead, under GEMM1/3; at 128 under GEMM0/2: KEEP_AHEAD), one
-// Philox call per (key group, query row) spread over its lanes and handed
-// to the lanes that hold the elements by eight ballots per call round (AccFrag::keep_bits_t), no
+// Philox call per (query row, the warp's 16 keys) spread over its lanes and handed
+// to the lanes that hold the elements by sixteen ballots per call round (AccFrag::keep_bits_t), no
 // byte mask in shared memory; backward_p_ds reads them (KeepWords). 1.28-1.33x faster than the
 // byte-mask kernel it replaced (fmha_bwd_dq_dk_dv_sm90; bench/NOTES.md steps 49-50).
 // Group mode: rows past a sequence's end are the next sequence's (TMA zero-fills only past the tensor); they are masked like any row past seqlen, but their values

@@ -35,8 +35,8 @@
 //               along the query rows (BiasArg.sq = 0) comes as one row per tile. The 4th tensor map.
 //
 //   DROPOUT=1   the Philox keep test (philox.cuh, the keep mask of every other kernel): each MMA thread
-//               computes the keep bits of its scores of a key block (fwd_keep_bits, ceil(BLOCK_N / 16)
-//               Philox calls, independent of each other) right after issuing that block's S GEMM and
+//               computes the keep bits of its scores of a key block (fwd_keep_bits: one Philox call per
+//               row slot and 64 keys, 2 ceil(BLOCK_N / 64), independent of each other) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //

@@ -119,13 +119,14 @@ def test_backward_params_with_gqa(rec, layout, deterministic):
 def test_features_fill_their_groups(rec):
     q, k, v, _ = _inputs("bshd", hk=4)
     slopes = np.linspace(0.1, 0.4, 4).astype(np.float32)[None].repeat(2, 0)
-    cupy_fmha.attention_forward(q, k, v, alibi_slopes=slopes, dropout_p=0.25, seed=7, offset=9,
+    cupy_fmha.attention_forward(q, k, v, alibi_slopes=slopes, dropout_p=0.1, seed=7, offset=9,
                                 window_size=(3, 2))
     a = rec.launches[-1]["args"]
     assert rec.launches[-1]["spec"].macro("ALIBI") == 1 and rec.launches[-1]["spec"].macro("DROPOUT") == 1
     assert a["alibi_sb"] == 4 and np.array_equal(a["alibi_slopes"].reshape(2, 4), slopes)
-    assert (a["dropout_seed"], a["dropout_offset"], a["dropout_keep_threshold"]) == (7, 9, 192)
-    assert a["dropout_rp_keep"] == np.float32(1 / 0.75)
+    # p = 0.1: threshold floor(0.9 * 256 + 0.5) = 230 and the kept factor 256 / 230, not 1 / 0.9
+    assert (a["dropout_seed"], a["dropout_offset"], a["dropout_keep_threshold"]) == (7, 9, 230)
+    assert a["dropout_rp_keep"] == np.float32(256 / 230) and a["dropout_rp_keep"] != np.float32(1 / 0.9)
     assert (a["mask_win_y"], a["mask_win_x"]) == (4 - 16, 3 + 16)  # bottom-right window, sq - sk = -16
     bias = np.ones((37, 53), np.float32)
     cupy_fmha.attention_forward(q, k, v, bias=bias)

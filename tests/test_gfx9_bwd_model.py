@@ -217,8 +217,8 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
 
 @pytest.mark.parametrize("q0, k0, bm, nwarps", [(0, 0, 32, 2), (48, 4096 + 64, 16, 4)])
 def test_keep_bits_match_the_host_replica(q0, k0, bm, nwarps):
-    """keep_bit over fill_keep_bits' mask (each byte one Philox key group of one query row, built
-    here by the replica's keep8 rule) gives element (lane, n, e) the keep decision of query row
+    """keep_bit over fill_keep_bits' mask (each byte half of one Philox call's 16 keys of one query
+    row, built here from the replica's keep decisions) gives element (lane, n, e) the keep decision of query row
     q0 + col(n, e) and key k0 + n0 + row(e)."""
     seed, offset, b, nh, h, p = 0xDEAD_BEEF_0123, 5, 2, 4, 3, 0.25
     bn = 16 * nwarps

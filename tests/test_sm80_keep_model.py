@@ -50,7 +50,7 @@ def row_keep_bits(lanes_i: dict[int, int], jg0: int, p: float) -> dict[int, int]
 
 
 @pytest.mark.parametrize("k0", [0, 128, 80, 4096 + 48])
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.0])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])  # (not 0: every bit 1 would hide a wrong mapping)
 def test_row_keep_bits(k0, p):
     row0 = 37
     lanes_i = {lane: row0 + (lane >> 2) for lane in range(32)}  # row slot 0: row g
@@ -98,3 +98,14 @@ def test_keep_bits_t(nq, p):
                 query = q0 + 8 * n + 2 * t + (e & 1)
                 want = bool(philox.dropout_keep(SEED, OFFSET, B, NH, H, query, key, p))
                 assert keep_bit_t(w[lane], n, e) == want, (lane, n, e)
+
+
+@pytest.mark.parametrize("nq", [8, 16])
+def test_keep_bits_t_makes_each_call_once(nq):
+    """keep_bits_t's calls (round u, lane (g, t): query row q0 + 8 (g + 8 (u >> 1)) + 2t + (u & 1),
+    the warp's 16 keys) cover each query row of the warp's S^T tile exactly once: 8 nq calls."""
+    key0, q0 = 32, 64
+    calls = [(q0 + 8 * (g + 8 * (u >> 1)) + 2 * t + (u & 1), key0 >> 4)
+             for u in range(nq // 4) for g in range(8) for t in range(4)]
+    assert len(calls) == len(set(calls)) == 8 * nq
+    assert {i for i, _ in calls} == set(range(q0, q0 + 8 * nq))

@@ -1,8 +1,9 @@
 """Philox-4x32-10 throughput probe (bench/NOTES.md step 48): how many calls per second the H200
 sustains when nothing else runs, with C independent chains per thread, against the calls the
-dropout forward needs (one call per query row and 8 keys: batch * heads * seqlen_q * seqlen_k / 8).
+dropout forward needs (one call per query row and 16 keys since bench/NOTES.md step 68:
+batch * heads * seqlen_q * seqlen_k / 16; 8 keys before it).
 
-    python bench/probe/philox_rate.py [--calls-needed 134217728]
+    python bench/probe/philox_rate.py [--calls-needed 67108864]
 
 The round arithmetic is the one of kernels/philox.cuh (one __umulhi and one multiply per word pair).
 """
@@ -36,7 +37,7 @@ extern "C" __global__ void rate(unsigned* sink, int iters, unsigned k0s, unsigne
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls-needed", type=float, default=4 * 16 * 4096 * 4096 / 8)
+    ap.add_argument("--calls-needed", type=float, default=4 * 16 * 4096 * 4096 / 16)
     a = ap.parse_args()
     sink = cp.zeros(1, cp.uint32)
     ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()

@@ -586,8 +586,8 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: NWG=3 at hdim 64
 #: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
 #: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
-#: step 67; not in the bias, dropout or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_DROPOUT_BY_HDIM,
-#: FWD_WS_SHORT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
+#: step 67; not in the bias or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_SHORT_BY_HDIM; the
+#: dropout builds take three on the serial pipeline, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -603,9 +603,10 @@ FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with dropout, where each MMA thread also computes its keep bits (bench/NOTES.md step 48):
-#: the overlapped pipeline spills at 128 keys from hdim 128 on (44-196 bytes), so the serial one,
-#: which also measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key overlapped builds,
-#: bf16 s4096 b4 h16); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
+#: the serial pipeline from hdim 128 on, where the overlapped one spilled with 16-bit draws (44-196
+#: bytes) and the serial one measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key
+#: overlapped builds, bf16 s4096 b4 h16); with 8-bit draws the overlapped one spills 0 bytes at 128
+#: (ALiBi 32, 192: 60, 256: 80) and is still 5% slower there (step 69); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
 #: with ALiBi); at 64 three MMA warpgroups on the serial pipeline (with 8-bit draws: 0 spills, ALiBi
 #: too; 0.92-0.93x the time of two overlapped, two serial 0.95-0.96x; at 128 three with 64- or 80-key
 #: blocks were not faster; bench/NOTES.md step 71)
