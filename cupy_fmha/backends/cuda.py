@@ -586,8 +586,8 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: NWG=3 at hdim 64
 #: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
 #: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
-#: step 67; not in the bias, dropout or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_DROPOUT_BY_HDIM,
-#: FWD_WS_SHORT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
+#: step 67; not in the bias or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_SHORT_BY_HDIM; the
+#: dropout builds take three on the serial pipeline, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -607,9 +607,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: bytes) and the serial one measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key
 #: overlapped builds, bf16 s4096 b4 h16); with 8-bit draws the overlapped one spills 0 bytes at 128
 #: (ALiBi 32, 192: 60, 256: 80) and is still 5% slower there (step 69); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
-#: with ALiBi); two MMA warpgroups, overlapped, at 64 (three on the serial pipeline measured 0.92-0.93x
-#: the time, bench/NOTES.md step 71, and wait on branch issue11-dropout-nwg3 for a whole GPU suite run)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+#: with ALiBi); at 64 three MMA warpgroups on the serial pipeline (with 8-bit draws: 0 spills, ALiBi
+#: too; 0.92-0.93x the time of two overlapped, two serial 0.95-0.96x; at 128 three with 64- or 80-key
+#: blocks were not faster; bench/NOTES.md step 71)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=3, PV_OVERLAP=0, PINGPONG=0), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
 #: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
@@ -618,8 +619,9 @@ FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
 #: MMA warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
 #: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
 #: on the diagonal), against 0.99-1.00 at causal s4096, 0.95-0.96 from s8192 and 0.88-0.92 without a
-#: mask from s2048 (bench/NOTES.md step 67; batch mode; group mode takes the same rule, not measured)
-FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2)}, 2048
+#: mask from s2048 (bench/NOTES.md step 67; batch mode; group mode takes the same rule, not measured);
+#: with dropout the overlapped pipeline of two, the build before step 71 (three serial is not timed there)
+FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2, PV_OVERLAP=1, PINGPONG=1)}, 2048
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
