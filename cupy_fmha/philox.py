@@ -1,10 +1,14 @@
-"""Philox-4x32-10 (Salmon et al., SC'11) in vectorized NumPy, and the dropout keep mask built on it.
+"""Philox-4x32 (Salmon et al., SC'11) in vectorized NumPy, and the dropout keep mask built on it.
 
 This is the bit-exact host replica of the generator the GPU kernels use for dropout, so a
 kernel's keep mask can be checked element by element.
 
-Generator: the standard Philox-4x32 with 10 rounds. One round maps counter words (c0, c1, c2, c3)
-and key words (k0, k1) to::
+Generator: Philox-4x32 with :data:`DROPOUT_ROUNDS` = 7 rounds, the round count of the dropout in
+FlashAttention-2 and in AMD's Composable Kernel (ck_tile's philox), which Salmon et al. report as
+passing TestU01's BigCrush (10, Random123's default, adds a safety margin; 7 saves 30% of the
+generator's work in every dropout kernel, bench/NOTES.md step 73; before it this project used 10).
+:func:`philox4x32` computes any round count (Random123's known answers at 7 and 10 rounds are
+tests). One round maps counter words (c0, c1, c2, c3) and key words (k0, k1) to::
 
     hi0:lo0 = 0xD2511F53 * c0            (64-bit product)
     hi1:lo1 = 0xCD9E8D57 * c2
@@ -42,6 +46,7 @@ __all__ = [
     "PHILOX_M1",
     "PHILOX_W0",
     "PHILOX_W1",
+    "DROPOUT_ROUNDS",
     "philox4x32",
     "keep_threshold",
     "keep_scale",
@@ -62,6 +67,8 @@ PHILOX_W1 = 0xBB67AE85
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 _U64_MAX = (1 << 64) - 1
+#: rounds of the dropout generator (kernels/philox.cuh's DROPOUT_PHILOX_ROUNDS)
+DROPOUT_ROUNDS = 7
 #: draws take values 0 .. KEEP_RANGE - 1 (8 bits); one Philox call serves KEYS_PER_CALL key columns
 KEEP_RANGE, KEYS_PER_CALL = 256, 16
 
@@ -73,7 +80,8 @@ def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
         counter: uint32-valued array [..., 4] (words c0..c3).
         key: uint32-valued array [..., 2] (words k0, k1); broadcast against ``counter``'s
             leading dimensions.
-        rounds: number of rounds (10 for the standard generator).
+        rounds: number of rounds (10 for Random123's standard generator; the dropout mask uses
+            :data:`DROPOUT_ROUNDS`).
 
     Returns:
         uint32 array [..., 4] (leading dimensions broadcast).
@@ -163,7 +171,7 @@ def _select_u8(words: np.ndarray, lane) -> np.ndarray:
 def dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) -> np.ndarray:
     """The uint8 draw of each element (batch_index, head, rows, cols) (broadcast together)."""
     counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols)
-    words = philox4x32(counter, key)
+    words = philox4x32(counter, key, DROPOUT_ROUNDS)
     j = _indices(batch_index, head, rows, cols)[3]
     return _select_u8(words, j & 15)
 
@@ -183,7 +191,7 @@ def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k,
     i = np.arange(seqlen_q)[None, :, None]
     g = np.arange(ng)[None, None, :]
     counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, i, g * KEYS_PER_CALL)
-    words = philox4x32(counter, key)  # [H, sq, ng, 4]
+    words = philox4x32(counter, key, DROPOUT_ROUNDS)  # [H, sq, ng, 4]
     u = np.stack([(words >> np.uint32(8 * k)) & np.uint32(0xFF) for k in range(4)], axis=-1)  # [H, sq, ng, 4 words, 4 bytes]
     u = u.reshape(*words.shape[:-1], KEYS_PER_CALL)  # u[4 w + k] per call
     return u.reshape(len(heads), int(seqlen_q), ng * KEYS_PER_CALL)[..., : int(seqlen_k)].astype(np.uint8)

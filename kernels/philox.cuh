@@ -1,6 +1,9 @@
-// Dropout's random numbers: Philox-4x32-10 (Salmon et al., SC'11) and the keep test, bit-exact
-// with the host replica cupy_fmha/philox.py (whose docstring is the specification). Plain C++
-// (no PTX): one 32x32 -> 64-bit product per word pair through __umulhi and a plain multiply.
+// Dropout's random numbers: Philox-4x32 (Salmon et al., SC'11) with 7 rounds, as the dropout of
+// FlashAttention-2 and of CK (ck_tile's philox) uses it (bench/NOTES.md step 73; the paper's
+// crush-resistant round count; 10 is its default with a safety margin), and the keep test,
+// bit-exact with the host replica cupy_fmha/philox.py (whose docstring is the specification).
+// Plain C++ (no PTX): one 32x32 -> 64-bit product per word pair through __umulhi and a plain
+// multiply.
 //
 // Keying, for the attention element (b, h, i, j) -- b the batch index (the sequence index in
 // varlen mode), h the query head, i the query row and j the key column, both local to the
@@ -20,13 +23,18 @@
 
 namespace fmha {
 
-// Philox-4x32 with 10 rounds of counter c under key (k0, k1).
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1) {
+// The rounds of the dropout generator (an enumerator: a namespace-scope constant would be emitted
+// as a global into every instance).
+enum : int { DROPOUT_PHILOX_ROUNDS = 7 };
+
+// Philox-4x32 with ROUNDS rounds of counter c under key (k0, k1).
+template <int ROUNDS>
+__device__ __forceinline__ uint4 philox4x32(uint4 c, uint32_t k0, uint32_t k1) {
     // local constants: namespace-scope ones would be emitted as globals into every instance
     constexpr uint32_t PHILOX_M0 = 0xD2511F53u, PHILOX_M1 = 0xCD9E8D57u;
     constexpr uint32_t PHILOX_W0 = 0x9E3779B9u, PHILOX_W1 = 0xBB67AE85u;
 #pragma unroll
-    for (int r = 0; r < 10; ++r) {
+    for (int r = 0; r < ROUNDS; ++r) {
         if (r > 0) {
             k0 += PHILOX_W0;
             k1 += PHILOX_W1;
@@ -48,24 +56,29 @@ struct Dropout {
 
     // The 4 output words for query row i and key group jg16 (keys 16 jg16 .. 16 jg16 + 15).
     __device__ __forceinline__ uint4 random16(int i, int jg16) const {
-        return philox4x32_10(make_uint4((uint32_t)jg16, (uint32_t)i, t0, t1), k0, k1);
+        return philox4x32<DROPOUT_PHILOX_ROUNDS>(make_uint4((uint32_t)jg16, (uint32_t)i, t0, t1), k0, k1);
     }
-    // Keep bits of the 4 uint8 draws in word x: bit k set iff byte k < threshold. SWAR: each byte's
-    // difference x - threshold with the borrow kept in its top bit (Hacker's Delight 2-18), then the
-    // four borrows gathered by one multiply (bits 0, 8, 16, 24 -> 21..24). A threshold of 256
-    // (nothing dropped) does not fit a byte: every bit set.
-    __device__ __forceinline__ uint32_t keep4(uint32_t x) const {
-        if (threshold > 255u) return 0xfu;
-        constexpr uint32_t H = 0x80808080u;
-        const uint32_t t = threshold * 0x01010101u;
-        const uint32_t d = ((x | H) - (t & ~H)) ^ ((x ^ ~t) & H);  // bytewise x - t (mod 256)
-        const uint32_t lt = ((~x & t) | (~(x ^ t) & d)) & H;       // top bit of byte k: x_k < t
-        return ((lt >> 7) * 0x00204081u) >> 21 & 0xfu;
-    }
-    // Keep bits of keys 16 jg16 + c, c = 0..15, for query row i: bit c set iff key 16 jg16 + c is kept.
+    // Keep bits of keys 16 jg16 + c, c = 0..15, for query row i: bit c set iff key 16 jg16 + c is
+    // kept. SWAR, per output word x (draws of keys 4w + k at byte k): with H the bytes' top bits and
+    // t the threshold in every byte, d = (x | H) - (t & ~H) has bit 7 of byte k set iff the low 7
+    // bits of x_k are >= those of t_k (no borrow crosses a byte), so x_k < t_k is bit 7 of
+    // (~x & t) | (~(x ^ t) & ~d) (one LOP3). The four top bits then go to bits 28..31 by one
+    // multiply by 2^0 + 2^7 + 2^14 + 2^21 (bit 7 + 21, 15 + 14, 23 + 7, 31 + 0; the other partial
+    // products land on distinct bits below 28 or beyond 31, so nothing carries), and a shift puts
+    // them at bits 4w..4w + 3 (bench/NOTES.md step 73: 4 + 2 operations a word, against 10 + 2
+    // before). A threshold of 256 (nothing dropped) does not fit a byte: every bit set, or'd in
+    // without a branch (an early return made the compiler keep a branch around every call and cost
+    // the sm90 forward's key-block loop 110 instructions).
     __device__ __forceinline__ uint32_t keep16(int i, int jg16) const {
         const uint4 r = random16(i, jg16);
-        return keep4(r.x) | (keep4(r.y) << 4) | (keep4(r.z) << 8) | (keep4(r.w) << 12);
+        constexpr uint32_t H = 0x80808080u, G = 0x00204081u;
+        const uint32_t t = threshold * 0x01010101u, tl = t & ~H;
+        auto top4 = [&](uint32_t x) {  // bits 28..31: x_k < t_k, k = 0..3 (below: garbage)
+            const uint32_t d = (x | H) - tl;
+            return (((~x & t) | (~(x ^ t) & ~d)) & H) * G;
+        };
+        const uint32_t all = threshold > 255u ? 0xffffu : 0u;
+        return (top4(r.x) >> 28) | (top4(r.y) >> 28 << 4) | (top4(r.z) >> 28 << 8) | (top4(r.w) >> 28 << 12) | all;
     }
     // Keep bits of keys 8 jg + c, c = 0..7 (half of a call: for the cold paths, the keep-mask kernel).
     __device__ __forceinline__ uint32_t keep8(int i, int jg) const { return (keep16(i, jg >> 1) >> (8 * (jg & 1))) & 0xffu; }

@@ -1,4 +1,4 @@
-"""Philox-4x32-10 (cupy_fmha.philox): Random123 known-answer vectors, the dropout keying, the keep
+"""Philox-4x32 (cupy_fmha.philox): Random123 known-answer vectors at 7 and 10 rounds, the dropout keying, the keep
 rate, and independence from how the computation is chunked (tile sizes, launch order)."""
 
 from __future__ import annotations
@@ -10,7 +10,18 @@ from cupy_fmha import philox as P
 
 U32 = 0xFFFFFFFF
 
-# Random123's kat_vectors for philox4x32 with 10 rounds: (counter, key) -> output
+# Random123's kat_vectors for philox4x32 with 7 rounds (the dropout generator's count): (counter, key) -> output
+KAT7 = [
+    ((0, 0, 0, 0), (0, 0), (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+    ((U32, U32, U32, U32), (U32, U32), (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A),
+    ),
+]
+
+# ... and with 10 rounds (the function's default)
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((U32, U32, U32, U32), (U32, U32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
@@ -26,6 +37,13 @@ KAT = [
 def test_known_answers(ctr, key, want):
     out = P.philox4x32(np.array(ctr, np.uint32), np.array(key, np.uint32))
     assert out.dtype == np.uint32 and out.shape == (4,)
+    assert [int(x) for x in out] == list(want)
+
+
+@pytest.mark.parametrize("ctr, key, want", KAT7, ids=["zeros", "ones", "pi"])
+def test_known_answers_7_rounds(ctr, key, want):
+    assert P.DROPOUT_ROUNDS == 7
+    out = P.philox4x32(np.array(ctr, np.uint32), np.array(key, np.uint32), rounds=P.DROPOUT_ROUNDS)
     assert [int(x) for x in out] == list(want)
 
 
@@ -56,6 +74,7 @@ def test_keying_by_hand():
         words = P.philox4x32(
             np.array([j >> 4, i, t & U32, t >> 32], np.uint32),
             np.array([seed & U32, seed >> 32], np.uint32),
+            rounds=7,
         )
         lane = j & 15
         u = (int(words[lane >> 2]) >> (8 * (lane & 3))) & 0xFF

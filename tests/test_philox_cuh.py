@@ -74,13 +74,13 @@ def test_philox_cuh_matches_numpy_replica(host_philox):
     got = host_philox(rows)
     for (seed, offset, b, nhead, h, i, jg, thr), out in zip(rows, got):
         counter, key = philox.dropout_counter_key(seed, offset, b, nhead, h, i, jg * 8)
-        words = philox.philox4x32(counter, key)
+        words = philox.philox4x32(counter, key, philox.DROPOUT_ROUNDS)
         assert [int(w) for w in words] == [int(x) for x in out[:4]], (seed, offset, b, nhead, h, i, jg)
         u = philox.dropout_random(seed, offset, b, nhead, h, i, jg * 8 + np.arange(8))
         bits = sum(int(x < thr) << c for c, x in enumerate(u))
         assert bits == int(out[4])
         u16 = philox.dropout_random(seed, offset, b, nhead, h, i, (jg >> 1) * 16 + np.arange(16))
-        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5])  # (keep4's byte compares)
+        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5])  # (keep16's byte compares)
 
 
 def test_philox_cuh_offset_wraps_mod_2_64(host_philox):
@@ -89,5 +89,22 @@ def test_philox_cuh_offset_wraps_mod_2_64(host_philox):
     got = host_philox(rows)[0]
     counter = np.array([1, 5, 5, 0], dtype=np.uint32)  # (key group 2 of 8 keys: call 1 of 16)
     key = np.array([3, 2**8], dtype=np.uint32)
-    assert [int(w) for w in philox.philox4x32(counter, key)] == [int(x) for x in got[:4]]
+    assert [int(w) for w in philox.philox4x32(counter, key, philox.DROPOUT_ROUNDS)] == [int(x) for x in got[:4]]
     assert int(got[4]) == 0xFF and int(got[5]) == 0xFFFF  # threshold 256 keeps all
+
+
+def test_philox_cuh_keep_bits_at_every_threshold(host_philox):
+    # keep16's SWAR byte compare (bench/NOTES.md step 73) against the replica's draws at each of
+    # the 257 thresholds, including 0 (nothing kept), 128 (the top bit alone) and 256 (all kept)
+    rng = np.random.default_rng(11)
+    rows = []
+    for thr in range(257):
+        for _ in range(4):
+            rows.append((int(rng.integers(0, 2**63)), int(rng.integers(0, 2**40)), int(rng.integers(0, 4)), 8,
+                         int(rng.integers(0, 8)), int(rng.integers(0, 5000)), int(rng.integers(0, 600)), thr))
+    got = host_philox(rows)
+    for (seed, offset, b, nhead, h, i, jg, thr), out in zip(rows, got):
+        u16 = philox.dropout_random(seed, offset, b, nhead, h, i, (jg >> 1) * 16 + np.arange(16))
+        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5]), (thr, i, jg)
+        u8 = philox.dropout_random(seed, offset, b, nhead, h, i, jg * 8 + np.arange(8))
+        assert sum(int(x < thr) << c for c, x in enumerate(u8)) == int(out[4]), (thr, i, jg)
