@@ -1,4 +1,5 @@
-"""Philox-4x32-10 throughput probe (bench/NOTES.md step 48): how many calls per second the H200
+"""Philox-4x32-10 throughput probe (bench/NOTES.md step 48; the dropout generator has 7 rounds since
+step 73, so its calls cost about 0.7 of what this measures): how many calls per second the H200
 sustains when nothing else runs, with C independent chains per thread, against the calls the
 dropout forward needs (one call per query row and 16 keys since bench/NOTES.md step 68:
 batch * heads * seqlen_q * seqlen_k / 16; 8 keys before it).
