@@ -73,15 +73,15 @@ DROPOUT_ROUNDS = 7
 KEEP_RANGE, KEYS_PER_CALL = 256, 16
 
 
-def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
+def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
     """Philox-4x32-``rounds`` of every counter under its key.
 
     Args:
         counter: uint32-valued array [..., 4] (words c0..c3).
         key: uint32-valued array [..., 2] (words k0, k1); broadcast against ``counter``'s
             leading dimensions.
-        rounds: number of rounds (10 for Random123's standard generator; the dropout mask uses
-            :data:`DROPOUT_ROUNDS`).
+        rounds: number of rounds (default :data:`DROPOUT_ROUNDS`, the dropout generator's; 10 for
+            Random123's standard Philox-4x32-10).
 
     Returns:
         uint32 array [..., 4] (leading dimensions broadcast).

@@ -69,8 +69,10 @@ struct Dropout {
     // before). A threshold of 256 (nothing dropped) does not fit a byte: every bit set, or'd in
     // without a branch (an early return made the compiler keep a branch around every call and cost
     // the sm90 forward's key-block loop 110 instructions).
-    __device__ __forceinline__ uint32_t keep16(int i, int jg16) const {
-        const uint4 r = random16(i, jg16);
+    __device__ __forceinline__ uint32_t keep16(int i, int jg16) const { return keep_bits16(random16(i, jg16), threshold); }
+    // keep16's compare of the 16 draws in r against `threshold` (0..256), on its own for the tests
+    // (tests/test_philox_cuh.py: every draw at every threshold in every byte position).
+    __device__ __forceinline__ static uint32_t keep_bits16(const uint4& r, uint32_t threshold) {
         constexpr uint32_t H = 0x80808080u, G = 0x00204081u;
         const uint32_t t = threshold * 0x01010101u, tl = t & ~H;
         auto top4 = [&](uint32_t x) {  // bits 28..31: x_k < t_k, k = 0..3 (below: garbage)

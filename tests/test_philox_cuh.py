@@ -29,7 +29,13 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 #include "philox.cuh"
 #include <cstdio>
-int main() {
+int main(int argc, char**) {
+    if (argc > 1) {  // Dropout::keep_bits16 alone, one "x y z w threshold" per line
+        unsigned int x, y, z, w, thr;
+        while (std::scanf("%u %u %u %u %u", &x, &y, &z, &w, &thr) == 5)
+            std::printf("%u\n", fmha::Dropout::keep_bits16(make_uint4(x, y, z, w), thr));
+        return 0;
+    }
     unsigned long long seed, offset;
     int b, nhead, h, i, jg;
     unsigned int thr;
@@ -51,9 +57,9 @@ def host_philox(tmp_path_factory):
     subprocess.run([CXX, "-O1", "-std=c++17", f"-I{kernel_dir()}", str(d / "main.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
 
-    def run(rows):
+    def run(rows, *args):
         text = "".join(" ".join(str(x) for x in r) + "\n" for r in rows)
-        res = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True)
+        res = subprocess.run([str(exe), *args], input=text, check=True, capture_output=True, text=True)
         return np.array([[int(x) for x in line.split()] for line in res.stdout.splitlines()], dtype=np.uint64)
 
     return run
@@ -93,18 +99,17 @@ def test_philox_cuh_offset_wraps_mod_2_64(host_philox):
     assert int(got[4]) == 0xFF and int(got[5]) == 0xFFFF  # threshold 256 keeps all
 
 
-def test_philox_cuh_keep_bits_at_every_threshold(host_philox):
-    # keep16's SWAR byte compare (bench/NOTES.md step 73) against the replica's draws at each of
-    # the 257 thresholds, including 0 (nothing kept), 128 (the top bit alone) and 256 (all kept)
-    rng = np.random.default_rng(11)
-    rows = []
+def test_philox_cuh_keep_bits_every_draw_at_every_threshold(host_philox):
+    # keep16's SWAR byte compare (Dropout::keep_bits16, bench/NOTES.md step 73) exhaustively: every
+    # draw value at every threshold 0..256 in each of the 16 byte positions (byte k of the row for
+    # value v holds (v + 37 k) mod 256, so each position sees all 256 values), against u < threshold
+    k = np.arange(16)
+    rows, want = [], []
     for thr in range(257):
-        for _ in range(4):
-            rows.append((int(rng.integers(0, 2**63)), int(rng.integers(0, 2**40)), int(rng.integers(0, 4)), 8,
-                         int(rng.integers(0, 8)), int(rng.integers(0, 5000)), int(rng.integers(0, 600)), thr))
-    got = host_philox(rows)
-    for (seed, offset, b, nhead, h, i, jg, thr), out in zip(rows, got):
-        u16 = philox.dropout_random(seed, offset, b, nhead, h, i, (jg >> 1) * 16 + np.arange(16))
-        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5]), (thr, i, jg)
-        u8 = philox.dropout_random(seed, offset, b, nhead, h, i, jg * 8 + np.arange(8))
-        assert sum(int(x < thr) << c for c, x in enumerate(u8)) == int(out[4]), (thr, i, jg)
+        for v in range(256):
+            u = (v + 37 * k) % 256
+            words = [int(sum(int(u[4 * w + b]) << (8 * b) for b in range(4))) for w in range(4)]
+            rows.append((*words, thr))
+            want.append(sum(int(x < thr) << c for c, x in enumerate(u)))
+    got = host_philox(rows, "bits")[:, 0]
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.uint64))
