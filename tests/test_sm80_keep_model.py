@@ -41,11 +41,10 @@ def row_keep_bits(lanes_i: dict[int, int], jg0: int, p: float) -> dict[int, int]
         t = t_of[lane]
         lo, hi = (w[lane], other[lane]) if t < 2 else (other[lane], w[lane])
 
-        def mine(x):
-            x >>= 2 * t
-            return (x & 0x3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0)
+        def mine(x):  # one multiply gathers the 2-bit fields (32-bit wraparound as in C++)
+            return (((x >> (2 * t)) & 0x03030303) * 0x00041041) & 0xFFFFFFFF
 
-        out[lane] = mine(lo) | (mine(hi) << 8)
+        out[lane] = ((mine(lo) >> 18) & 0xFF) | ((mine(hi) >> 10) & 0xFF00)
     return out
 
 
