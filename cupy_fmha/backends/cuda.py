@@ -606,11 +606,14 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: the serial pipeline from hdim 128 on, where the overlapped one spilled with 16-bit draws (44-196
 #: bytes) and the serial one measured fastest at 128 (2.33 ms against 2.35-2.39 for 64/96-key
 #: overlapped builds, bf16 s4096 b4 h16); with 8-bit draws the overlapped one spills 0 bytes at 128
-#: (ALiBi 32, 192: 60, 256: 80) and is still 5% slower there (step 69); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
-#: with ALiBi); at 64 three MMA warpgroups on the serial pipeline (with 8-bit draws: 0 spills, ALiBi
-#: too; 0.92-0.93x the time of two overlapped, two serial 0.95-0.96x; at 128 three with 64- or 80-key
-#: blocks were not faster; bench/NOTES.md step 71)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=3, PV_OVERLAP=0, PINGPONG=0), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+#: (ALiBi 32, 192: 60, 256: 80) and is still 5% slower there (step 69; with 7 Philox rounds serial
+#: and ping-pong within 1%, step 73); 96-key blocks at 192 (80: 11% slower; overlapped 64: within 1%, but spills
+#: with ALiBi); at 64 two MMA warpgroups taking turns (ping-pong), as without dropout before step 67:
+#: with the cheaper keep mask of step 73 they measured 0.89-0.97x the time of three serial ones
+#: (step 71's choice at 10 rounds, 0.92-0.93x the two then) at s1024-16384, causal and not, except
+#: 1.01x non-causal at s4096 (bench/NOTES.md step 74); at 128 three with 64- or 80-key blocks were
+#: not faster (step 71)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
 #: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
@@ -620,7 +623,8 @@ FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
 #: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
 #: on the diagonal), against 0.99-1.00 at causal s4096, 0.95-0.96 from s8192 and 0.88-0.92 without a
 #: mask from s2048 (bench/NOTES.md step 67; batch mode; group mode takes the same rule, not measured);
-#: with dropout the overlapped pipeline of two, the build before step 71 (three serial is not timed there)
+#: with dropout the same build as without a short mask (two ping-pong warpgroups, step 74; the
+#: pipeline entries here kept it so while step 71 had three serial ones for long masks)
 FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2, PV_OVERLAP=1, PINGPONG=1)}, 2048
 
 
