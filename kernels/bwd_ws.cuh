@@ -12,12 +12,13 @@
 namespace fmha {
 
 // Thread 0: the ring's mbarriers (full: lane 0's expect_tx and the LSE/D warp's 32 arrivals; empty:
-// every MMA thread) and K/V's. The caller adds its own, then mbarrier_init_fence().
-template <int ST, int MMA_THREADS, class Smem>
+// EMPTY arrivals, every MMA thread and, in the wide kernel's DQ_WRITER builds, the dQ writer) and
+// K/V's. The caller adds its own, then mbarrier_init_fence().
+template <int ST, int EMPTY, class Smem>
 __device__ __forceinline__ void bwd_ws_init_barriers(Smem& sm) {
     for (int s = 0; s < ST; ++s) {
         mbarrier_init(smem_u32(&sm.full[s]), 1 + 32);
-        mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+        mbarrier_init(smem_u32(&sm.empty[s]), EMPTY);
     }
     mbarrier_init(smem_u32(&sm.kv), 1);
 }

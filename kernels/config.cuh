@@ -34,6 +34,9 @@
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
 //   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
+//   DQ_WRITER    fmha_bwd_dq_dk_dv_sm90_ws_wide (with DQ_TILED): the second warp of the producer
+//                warpgroup adds the staged dQ tiles (bulk reduce-adds, the ordered wait in deterministic
+//                mode) instead of MMA thread 0
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -141,6 +144,9 @@
 #ifndef O_REG
 #define O_REG 0
 #endif
+#ifndef DQ_WRITER
+#define DQ_WRITER 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -157,7 +163,7 @@ inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = 
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
-inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE;
+inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -193,6 +199,7 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O
 #undef BIAS_TMA
 #undef BIAS_STAGES
 #undef O_STAGE
+#undef DQ_WRITER
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -228,4 +235,5 @@ inline constexpr int HEADS_X = config_detail::heads_x;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
+inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 }  // namespace fmha

@@ -30,7 +30,15 @@
 // staging, thread 0 one block later, after issuing the next block's GEMM0/2 (every reader of the
 // buffer arrives itself, which is what racecheck follows; so STAGES >= 2). Deterministic mode adds in
 // order as the ws kernel does (DQ_ORDERED: per-tile semaphores, no slabs; thread 0 waits for its adds
-// to complete anyway and arrives at once). With HDIM_Q > HDIM_V (the padded head dims, e.g. 256 / 128) the dO buffer is
+// to complete anyway and arrives at once).
+// DQ_WRITER (a variant, bench/NOTES.md step 75): thread 0's waits above hold up the other MMA warps
+// at the next block's named barrier (ncu: 23% of the stall samples). With it the producer
+// warpgroup's second warp adds the tiles instead: every MMA thread arrives on the stage's `dq_full`
+// after staging its part (thread 0 first writes the tile's destination and semaphore, DqJob), the
+// writer issues the two reduce-adds (deterministic: after the semaphore, complete before releasing
+// it), waits for their reads and arrives on `empty`, which then counts every MMA thread and the
+// writer. The MMA threads wait for the last block's `empty` phase before staging dK and dV.
+// With HDIM_Q > HDIM_V (the padded head dims, e.g. 256 / 128) the dO buffer is
 // too small: dQ leaves by per-thread fp32 atomics into the untiled workspace, and deterministic mode
 // stores the block's rows into its own slab (dq_split_stride) as fmha_bwd_dq_dk_dv_sm90.cu does.
 //
@@ -59,6 +67,13 @@ static_assert(!DQ_TILED || STAGES >= 2,
 static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
 
 constexpr int MMA_THREADS = 128 * NWG;
+constexpr bool WRITER = DQ_WRITER && DQ_TILED;
+// Registers per thread of the producer warpgroup (TMA warp, and the writer warp) and of the MMA
+// warpgroups: with the writer, 24 spilled in the producer warpgroup (12-24 B), so 40 / 232
+// (40 + 2 x 232 = 24 + 2 x 240 = 504 per 128 threads, of the SM's 65536 / 128 = 512)
+constexpr int PRODUCER_REGS = WRITER ? 40 : WS_PRODUCER_REGS, MMA_REGS = WRITER ? 232 : WS_MMA_REGS;
+static_assert(128 * (PRODUCER_REGS + NWG * MMA_REGS) <= 65536 && PRODUCER_REGS % 8 == 0 && MMA_REGS % 8 == 0,
+              "fmha_bwd_dq_dk_dv_sm90_ws_wide: setmaxnreg budget");
 
 struct Smem {
     uint16_t k[BLOCK_N * HDIM_Q];              // 128-byte swizzled slabs
@@ -71,12 +86,49 @@ struct Smem {
     float d[STAGES][BLOCK_M];
     unsigned long long full[STAGES], empty[STAGES], kv;
 };
+// DQ_WRITER: a query block's dQ tile as the MMA threads hand it to the writer (thread 0 writes it
+// before its `dq_full` arrival): its first row in the tiled workspace; deterministic mode: the
+// tile's semaphore and the value it must reach before this key block adds (else sem is null)
+struct DqJob {
+    float* dst;
+    int* sem;
+    int target;
+};
+// ... and after Smem, only in the writer builds (the others' layout is unchanged)
+struct WriterSmem {
+    unsigned long long dq_full[STAGES];  // stage s's dQ tile staged (MMA_THREADS arrivals)
+    DqJob job[STAGES];
+};
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory: the launcher
 // passes 1024 bytes more (SMEM_BYTES)
-static_assert(sizeof(Smem) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
+static_assert(sizeof(Smem) + (WRITER ? sizeof(WriterSmem) : 0) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0,
               "TMA destinations must stay 1024-byte aligned");
+
+// The dQ writer (DQ_WRITER; the producer warpgroup's thread 32) over the CTA's n query blocks: the
+// tile of block i, staged in stage i % STAGES's Q (rows 0-31) and dO (rows 32-63) buffers, added to
+// the workspace with one bulk reduce-add per half; then the stage goes back to the producer once the
+// copies have read it (deterministic: once they have completed and the semaphore is released).
+__device__ __forceinline__ void bwd_wide_dq_writer(Smem& sm, WriterSmem& wsm, int n) {
+    constexpr unsigned HALF = 4u * (BLOCK_M / 2) * HDIM_Q;
+    for (int i = 0; i < n; ++i) {
+        const int s = i % STAGES;
+        mbarrier_wait(smem_u32(&wsm.dq_full[s]), (i / STAGES) & 1);
+        const DqJob job = wsm.job[s];
+        if (job.sem) sem_wait(job.sem, job.target);
+        bulk_reduce_add_f32(job.dst, smem_u32(sm.q[s]), HALF);
+        bulk_reduce_add_f32(job.dst + (BLOCK_M / 2) * HDIM_Q, smem_u32(sm.dout[s]), HALF);
+        bulk_commit();
+        if (job.sem) {
+            bulk_wait<0>();  // complete in global memory before the next key block is admitted
+            sem_release(job.sem);
+        } else {
+            bulk_wait_read<0>();
+        }
+        mbarrier_arrive(smem_u32(&sm.empty[s]));
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
@@ -89,6 +141,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+    WriterSmem& wsm = *reinterpret_cast<WriterSmem*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(Smem));  // (WRITER only)
     int kb, h, b, nhead_q;
     bwd_ws_tile<HEADS_X>(kb, h, b, nhead_q);  // (kb: the key block; heavy ones first under causal masks)
     const int k0 = kb * BLOCK_N;
@@ -100,21 +153,25 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
 
     if (threadIdx.x == 0) {
-        bwd_ws_init_barriers<STAGES, MMA_THREADS>(sm);
+        bwd_ws_init_barriers<STAGES, MMA_THREADS + WRITER>(sm);
+        if constexpr (WRITER)
+            for (int s = 0; s < STAGES; ++s) mbarrier_init(smem_u32(&wsm.dq_full[s]), MMA_THREADS);
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<WS_PRODUCER_REGS>();
-        if (threadIdx.x >= 32) return;
-        bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0, tq,
-                                                                               tk, bq, threadIdx.x);
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x < 32)
+            bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0,
+                                                                                   tq, tk, bq, threadIdx.x);
+        else if (WRITER && threadIdx.x == 32)
+            bwd_wide_dq_writer(sm, wsm, blk.qb_end - blk.qb_begin);
         return;
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<WS_MMA_REGS>();
+    setmaxnreg_inc<MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     // (broadcast from lane 0: warp-uniform, so the descriptors that depend on it stay in uniform registers)
     const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
@@ -158,7 +215,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, row_wg, kk * 16), kk > 0);
         wgmma_commit();
         // DQ_TILED: the previous block's dQ tile has left its Q and dO buffers: hand them back
-        if (DQ_TILED && tid == 0 && i > 0 && !p.dq_sem) {
+        if (DQ_TILED && !WRITER && tid == 0 && i > 0 && !p.dq_sem) {
             bulk_wait_read<0>();
             mbarrier_arrive(smem_u32(&sm.empty[(i + STAGES - 1) % STAGES]));
         }
@@ -202,7 +259,22 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
             float* sdQ = reinterpret_cast<float*>(wi < 2 ? sm.q[s] : sm.dout[s]);
             stage_dq_tile<NDK, HDIM_Q, true>(sdQ, acc_dq, (wi & 1) * 16, wg * DK_HALF, frag);
             fence_proxy_async();
-            if (warp == 0) {
+            if constexpr (WRITER) {  // the writer adds it: thread 0 says where, everyone that its part is staged
+                if (tid == 0) {
+                    DqJob& job = wsm.job[s];
+                    job.dst = blk.dq_g + (index_t)q0 * HDIM_Q;
+                    job.sem = nullptr;
+                    job.target = 0;
+                    if (p.dq_sem) {
+                        job.sem = p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb;
+                        kb_first = first_key_block(blk.win, qb, kb_first, qb == blk.qb_begin, BLOCK_N, BLOCK_M,
+                                                   blk.seqlen_q, blk.seqlen_k);
+                        job.target = kb - kb_first;
+                    }
+                }
+                mbarrier_arrive(smem_u32(&wsm.dq_full[s]));
+                mbarrier_arrive(smem_u32(&sm.empty[s]));  // (this thread's reads and writes of the stage are done)
+            } else if (warp == 0) {
                 named_barrier_sync(4, MMA_THREADS);  // (3 is bwd_ws_zero_tails')
                 if (tid == 0) {
                     constexpr unsigned HALF = 4u * (BLOCK_M / 2) * HDIM_Q;
@@ -227,7 +299,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
             }
             // every thread but 0 has read this block's LSE, D, Q and dO rows and written its dQ rows;
             // thread 0 arrives once the bulk copies have read the buffers
-            if (tid != 0) mbarrier_arrive(smem_u32(&sm.empty[s]));
+            if (!WRITER && tid != 0) mbarrier_arrive(smem_u32(&sm.empty[s]));
         } else {
             mbarrier_arrive(smem_u32(&sm.empty[s]));  // this stage's Q and dO are read
             // dQ rows q0 + wi * 16 + f.row(..), this warpgroup's columns: atomics, or (deterministic) the slab
@@ -254,7 +326,12 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     // have read it out of the Q/dO buffers and both warpgroups' last wgmma are done
     static_assert(2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) <= sizeof(Smem::k) + sizeof(Smem::v) + sizeof(Smem::q) + sizeof(Smem::dout),
                   "the dK/dV stage fits the K/V/Q/dO buffers (Smem's first members)");
-    if (DQ_TILED && tid == 0) bulk_wait_read<0>();
+    if constexpr (WRITER) {  // the writer's last adds have read their stage (it adds the blocks in order)
+        const int last = blk.qb_end - blk.qb_begin - 1;
+        if (last >= 0) mbarrier_wait(smem_u32(&sm.empty[last % STAGES]), (last / STAGES) & 1);
+    } else if (DQ_TILED && tid == 0) {
+        bulk_wait_read<0>();
+    }
     named_barrier_sync(3, MMA_THREADS);
     bwd_ws_store_dk_dv<BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS, NDK, NDV>(p, blk, b, h, k0, acc_dk, acc_dv, warp_key0, frag,
                                                                       wg * DK_HALF, wg * DV_HALF, sm.k, tid, 3);

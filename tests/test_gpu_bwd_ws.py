@@ -175,3 +175,56 @@ def test_heads_group_order(case, monkeypatch):
 def test_heads_group_order_deterministic(case, monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "HEADS_X=2")
     D.test_deterministic_is_bit_identical_and_correct(case)
+
+
+# The wide build's dQ writer warp (DQ_WRITER=1, a variant the plan does not dispatch yet:
+# bench/NOTES.md step 75): the wide cases above in batch mode, group mode (sequences ending inside
+# a block, a CTA of one query block), deterministic mode (the writer waits for the tile's
+# semaphore and releases it), and its twenty bit-identical runs, with the writer switched on.
+WRITER_BATCH = [c for c in EXTRA if max(EXTRA[c][7], EXTRA[c][8]) > 128]
+WRITER_DETERMINISTIC = [c for c in D.CASES if D.CASES[c][7] == 256]
+
+
+@pytest.fixture
+def _dq_writer(monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=1")
+    if conftest.is_sm90():
+        for hq, hv, writer in ((256, 256, 1), (128, 256, 1), (256, 128, 0)):  # (256 / 128: dQ is not staged)
+            spec = cuda.bwd_specs("bf16", hq, hv, 90).dq_dk_dv
+            assert spec.source == "fmha_bwd_dq_dk_dv_sm90_ws_wide" and spec.macro("DQ_WRITER") == 1
+            assert spec.macro("DQ_TILED") == writer, spec.name
+
+
+@pytest.mark.parametrize("case", WRITER_BATCH)
+def test_wide_dq_writer(case, monkeypatch, _dq_writer):
+    monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+def test_wide_dq_writer_group_mode(_dq_writer):
+    test_group_mode_extra("f16-d256-causal-mid-block")
+    V.test_varlen_deterministic_is_bit_identical_and_correct("f16-d256-causal-gqa2")
+
+
+@pytest.mark.parametrize("case", WRITER_DETERMINISTIC)
+def test_wide_dq_writer_deterministic(case, _dq_writer):
+    D.test_deterministic_is_bit_identical_and_correct(case)
+
+
+def test_wide_dq_writer_twenty_runs(_dq_writer):
+    D.test_deterministic_twenty_runs("bf16-d256-causal-1000x253-gqa4")
+
+
+@pytest.mark.parametrize("case", ["f16-d256-window128,16-1000", "bf16-d256-causal-1000x253-gqa4"])
+def test_wide_dq_writer_bits_equal_thread0_adds(case, monkeypatch):
+    """Deterministic mode adds the same tiles in the same order with or without the writer, so dQ,
+    dK and dV are bit-identical to the default build's."""
+    dtype, layout, b, sq, sk, hq, hk, d, mkw = D.CASES[case]
+    c = D.Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
+    default = [D._bits(x) for x in c.backward(True)]
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=1")
+    if conftest.is_sm90():
+        assert cuda.bwd_specs("bf16", d, d, 90).dq_dk_dv.macro("DQ_WRITER") == 1
+    for name, want, x in zip(("dq", "dk", "dv"), default, c.backward(True)):
+        same = want == D._bits(x)
+        assert same.all(), f"{name} differs from the default build at {int((~same).sum())} elements"

@@ -111,6 +111,16 @@ def test_ws_backward_routing(monkeypatch):
     # its tuning variable takes only its own entries, and at least two stages (a stage goes back a block late)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_STAGE=0")
     assert bwd_specs("bf16", 256, 256, 90).dq_dk_dv.macro("DQ_TILED") == 0
+    # the dQ writer variant (not dispatched by default): its mbarriers and jobs, 32 bytes per stage,
+    # only where dQ is staged
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_WIDE_TILES")
+    plain = {hv: bwd_specs("bf16", 256, hv, 90).dq_dk_dv for hv in (128, 256)}
+    assert plain[256].macro("DQ_WRITER", 0) == 0
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=1")
+    w = {hv: bwd_specs("bf16", 256, hv, 90).dq_dk_dv for hv in (128, 256)}
+    assert w[256].macro("DQ_WRITER") == 1 and w[256].name != plain[256].name
+    assert w[256].macro("SMEM_BYTES") == plain[256].macro("SMEM_BYTES") + 2 * 32 <= L.SMEM_LIMIT
+    assert w[128].macro("SMEM_BYTES") == plain[128].macro("SMEM_BYTES")
     for bad, what in (("SPLIT_PDS=1", "unknown"), ("STAGES=1", "STAGES")):
         monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", bad)
         with pytest.raises(ValueError, match=what):

@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -97,8 +97,11 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         smem = 2 * bn * (dq + dv) + 2 * st * bm * (dq + dv) + 2 * 2 * 2 * bn * bm + 4 * 2 * st * bm + 8 * (2 * st + 1)
         # dQ staged in a block's Q and dO buffers (tiled workspace, ordered deterministic adds) where
         # the dO buffer holds half the fp32 tile, i.e. HDIM_Q <= HDIM_V; else (or DQ_STAGE=0 in
-        # CUPY_FMHA_BWD_WS_WIDE_TILES, for comparisons) atomics and slabs
+        # CUPY_FMHA_BWD_WS_WIDE_TILES, for comparisons) atomics and slabs. DQ_WRITER (a variant, where
+        # dQ is staged): the producer warpgroup's second warp adds the tiles (bench/NOTES.md step 75)
         staged = 1 if dq <= dv and m.get("DQ_STAGE", 1) else 0
+        if staged and m.get("DQ_WRITER", 0):  # the writer's dq_full mbarriers and jobs (24 bytes) per stage
+            smem += (8 + 24) * st
         return dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=staged, DQ_ORDERED=staged, SMEM_BYTES=smem + 1024)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
@@ -548,16 +551,18 @@ BWD_WS_WIDE_HDIMS = (128, 256)
 
 
 def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                     heads_x: int = 0) -> KernelSpec:
+                     heads_x: int = 0, variant: dict[str, int] | None = None) -> KernelSpec:
     """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
     rounded up to a multiple of 128 (at most 256; :func:`bwd_specs` takes it only when one of them is
     above 128); no dropout or bias. ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (e.g.
-    ``DQ_STAGE=0``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its variants for comparisons.
-    ``heads_x``: as in :func:`bwd_ws_spec`."""
-    tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES", dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1))
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "HEADS_X"}
+    ``DQ_STAGE=0``, ``DQ_WRITER=1``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its
+    variants for comparisons; ``variant`` (entries of the same kind) builds one directly
+    (:data:`BWD_WS_WIDE_BUILDS`). ``heads_x``: as in :func:`bwd_ws_spec`."""
+    tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES",
+                      dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1, **(variant or {})))
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "DQ_WRITER", "HEADS_X"}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
     if tiles.get("STAGES", 2) < 2:
@@ -570,6 +575,10 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
 BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
+
+#: the wide ws backward's variant builds compiled offline besides the default (experimental_table):
+#: the dQ writer warp (bench/NOTES.md step 75; not yet run on a GPU, so not dispatched)
+BWD_WS_WIDE_BUILDS = (dict(DQ_WRITER=1),)
 
 
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
@@ -714,6 +723,11 @@ def experimental_table() -> list[KernelSpec]:
         out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
                 for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
                 if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
+    # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
+    for variant in BWD_WS_WIDE_BUILDS:
+        out += [bwd_ws_wide_spec(dtype, hq, hv, alibi=alibi, heads_x=hx, variant=variant)
+                for dtype in DTYPES for hq, hv in ((256, 256), (128, 256)) for alibi in (False, True)
+                for hx in (0, 1)]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
