@@ -67,11 +67,12 @@ static_assert(!DQ_TILED || STAGES >= 2,
 static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
 
 constexpr int MMA_THREADS = 128 * NWG;
-constexpr bool WRITER = DQ_WRITER && DQ_TILED;
+// (enumerators, not constexpr variables: those would appear in the PTX)
+enum : bool { WRITER = DQ_WRITER && DQ_TILED };
 // Registers per thread of the producer warpgroup (TMA warp, and the writer warp) and of the MMA
 // warpgroups: with the writer, 24 spilled in the producer warpgroup (12-24 B), so 40 / 232
 // (40 + 2 x 232 = 24 + 2 x 240 = 504 per 128 threads, of the SM's 65536 / 128 = 512)
-constexpr int PRODUCER_REGS = WRITER ? 40 : WS_PRODUCER_REGS, MMA_REGS = WRITER ? 232 : WS_MMA_REGS;
+enum : int { PRODUCER_REGS = WRITER ? 40 : WS_PRODUCER_REGS, MMA_REGS = WRITER ? 232 : WS_MMA_REGS };
 static_assert(128 * (PRODUCER_REGS + NWG * MMA_REGS) <= 65536 && PRODUCER_REGS % 8 == 0 && MMA_REGS % 8 == 0,
               "fmha_bwd_dq_dk_dv_sm90_ws_wide: setmaxnreg budget");
 
