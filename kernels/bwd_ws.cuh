@@ -23,6 +23,52 @@ __device__ __forceinline__ void bwd_ws_init_barriers(Smem& sm) {
     mbarrier_init(smem_u32(&sm.kv), 1);
 }
 
+// ---- The dQ writer (DQ_WRITER builds of both ws backwards; bench/NOTES.md step 75): a thread of
+// the producer warpgroup adds the dQ tiles the MMA warpgroups stage in shared memory, so that the
+// waits of those adds (for their reads, and in deterministic mode for the tile's turn and the add's
+// completion) leave the MMA warps. Per tile MMA thread 0 fills a DqJob (bwd_dq_job) before its
+// arrival on the tile's `dq_full` mbarrier; the writer waits for that, reads the job and adds
+// (bwd_ws_add_dq).
+struct DqJob {
+    float* dst;  // the tile's first element in the tiled workspace
+    int* sem;    // deterministic mode: the tile's semaphore, else null
+    int target;  // ... the count it must reach before this key block adds
+};
+
+// MMA thread 0: the job of query block qb's tile (BM rows of DQ floats per tile; BN keys per key
+// block kb). kb_first carries first_key_block's search from one tile to the next (the first key
+// block that sees the tile: key block kb adds after kb - kb_first others; common.cuh).
+template <int BM, int BN, int DQ>
+__device__ __forceinline__ void bwd_dq_job(DqJob& job, const BwdParams& p, const BwdBlock& blk, int qb, int kb,
+                                           int& kb_first) {
+    job.dst = blk.dq_g + (index_t)qb * BM * DQ;
+    job.sem = nullptr;
+    job.target = 0;
+    if (p.dq_sem) {
+        job.sem = p.dq_sem + blk.bh * ((blk.pitch_q + BM - 1) / BM) + qb;
+        kb_first = first_key_block(blk.win, qb, kb_first, qb == blk.qb_begin, BN, BM, blk.seqlen_q, blk.seqlen_k);
+        job.target = kb - kb_first;
+    }
+}
+
+// The writer: the tile's PARTS pieces of `bytes` each, from shared memory src[part] to job.dst +
+// part * bytes / 4 (bulk reduce-adds, one group), in deterministic mode after the tile's earlier key
+// blocks and complete in global memory before the next one is admitted; returns once the copies have
+// read shared memory (the caller then hands the buffer back).
+template <int PARTS>
+__device__ __forceinline__ void bwd_ws_add_dq(const DqJob& job, const unsigned (&src)[PARTS], unsigned bytes) {
+    if (job.sem) sem_wait(job.sem, job.target);
+#pragma unroll
+    for (int part = 0; part < PARTS; ++part) bulk_reduce_add_f32(job.dst + part * (bytes / 4), src[part], bytes);
+    bulk_commit();
+    if (job.sem) {
+        bulk_wait<0>();
+        sem_release(job.sem);
+    } else {
+        bulk_wait_read<0>();
+    }
+}
+
 // P^T and dS^T in place from S^T and dP^T (NQ n8 tiles of query columns from q0; this warp's keys
 // from key0), without a bias: one branch per tile on the mask (backward_p_ds with EDGE fixed at
 // compile time; the ALiBi builds keep the run-time test in one loop: two copies spilled at hdim 128).

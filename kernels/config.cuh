@@ -34,9 +34,10 @@
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
 //   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
-//   DQ_WRITER    fmha_bwd_dq_dk_dv_sm90_ws_wide (with DQ_TILED): the second warp of the producer
-//                warpgroup adds the staged dQ tiles (bulk reduce-adds, the ordered wait in deterministic
-//                mode) instead of MMA thread 0
+//   DQ_WRITER    the ws backwards (fmha_bwd_dq_dk_dv_sm90_ws without bias or dropout; the wide one
+//                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
+//                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
+//                thread 0
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)

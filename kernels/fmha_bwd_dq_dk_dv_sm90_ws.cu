@@ -65,6 +65,15 @@
 // their (batch, head), which the grid (key blocks fastest) launches earlier. (No dQ slabs here:
 // dq_split_stride is 0; the launcher asks for DQ_ORDERED's workspace.)
 //
+// DQ_WRITER=1 (a variant, CUPY_FMHA_BWD_WS_TILES; not with BIAS or DROPOUT; bench/NOTES.md step
+// 76): the producer warpgroup's thread 32 adds the dQ tiles (bwd_ws_add_dq, bwd_ws.cuh), so that
+// the ordered adds' waits (the tile's turn, the add's completion) no longer hold MMA thread 0 and,
+// through named barrier 1, every MMA warp. The MMA threads arrive on `dq_full` after staging (thread
+// 0 fills the DqJob first) and, before staging the next tile, wait on `dq_empty`, which the writer
+// arrives on once its add has read sdQ (deterministic: completed): the writer has a block's time
+// for each tile. Registers stay 24 / 240 (at 40 / 232 the MMA warpgroups spilled 16-20 bytes and at
+// hdim 128 ptxas serialized the wgmmas, C7512).
+//
 // Parameters: six tensor maps (Q, K, V, dO as column-blocked 5-D views, or with SWIZZLE the plain
 // 4-D (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the
 // bias's as the forward's, zeros in builds without BIAS, unread; dBias's, 4-D (batch, heads, rows,
@@ -87,6 +96,7 @@ static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && 
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_bwd_dq_dk_dv_sm90_ws: swizzled tiles are slabs of 64 columns");
 
 constexpr int MMA_THREADS = 128 * NWG;
+static_assert(!DQ_WRITER || (!BIAS && !DROPOUT), "fmha_bwd_dq_dk_dv_sm90_ws: the dQ writer is built without the bias or dropout");
 
 struct Smem {
     uint16_t k[BLOCK_N * HDIM_Q];              // column-blocked or swizzled (SWIZZLE)
@@ -122,7 +132,12 @@ static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + 
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
 // swizzle pattern follows address bits 4-9): the launcher passes 1024 bytes more (SMEM_BYTES). (A
 // constant for it at namespace scope would appear in the PTX of every build.)
-static_assert(sizeof(SmemAll) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
+// DQ_WRITER: the writer's mbarriers and job after Smem (only in those builds)
+struct WriterSmem {
+    unsigned long long dq_full, dq_empty;  // sdQ staged (MMA_THREADS arrivals) / read by the writer's add (1)
+    DqJob job;
+};
+static_assert(sizeof(SmemAll) + (DQ_WRITER ? sizeof(WriterSmem) : 0) + (SWIZZLE ? 1024 : 0) == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
@@ -160,6 +175,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
+    WriterSmem& wsm = *reinterpret_cast<WriterSmem*>(smem_base + sizeof(SmemAll));  // (DQ_WRITER only)
     int kb, h, b, nhead_q;
     bwd_ws_tile<HEADS_X>(kb, h, b, nhead_q);  // (kb: the key block; heavy ones first under causal masks)
     const int k0 = kb * BLOCK_N;
@@ -177,12 +193,32 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             for (int s = 0; s < BIAS_STAGES; ++s) {
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
             }
+        if constexpr (DQ_WRITER) {
+            mbarrier_init(smem_u32(&wsm.dq_full), MMA_THREADS);
+            mbarrier_init(smem_u32(&wsm.dq_empty), 1);
+        }
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if constexpr (DQ_WRITER) {
+            // (the warp index broadcast from lane 0: ptxas then keeps the producer's block state in
+            // uniform registers, as without the writer; with a per-thread test it spilled 12-20 bytes)
+            const int pwarp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);
+            if (pwarp == 0)
+                bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, LSE2>(sm, tm_q, tm_k, tm_v, tm_do, blk, h,
+                                                                                      k0, tq, tk, bq, threadIdx.x);
+            else if (pwarp == 1 && threadIdx.x == 32)  // the dQ writer: tile i once staged, into the workspace
+                for (int i = 0, n = blk.qb_end - blk.qb_begin; i < n; ++i) {
+                    mbarrier_wait(smem_u32(&wsm.dq_full), i & 1);
+                    const unsigned src[1] = {smem_u32(sm.dq)};
+                    bwd_ws_add_dq<1>(wsm.job, src, 4u * BLOCK_M * HDIM_Q);
+                    mbarrier_arrive(smem_u32(&wsm.dq_empty));
+                }
+            return;
+        }
         if (threadIdx.x >= 32) return;
         bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, LSE2>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0, tq,
                                                                               tk, bq, threadIdx.x);
@@ -359,8 +395,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                 fence_operand<NQ / 2>(keep.w);
             }
         fence_proxy_async();
-        bulk_wait_read<0>();                       // the previous block's dQ rows have left sdQ
-        named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free
+        if constexpr (!DQ_WRITER) bulk_wait_read<0>();  // the previous block's dQ rows have left sdQ
+        named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free (DQ_WRITER: dq_empty)
         if (BIAS && tid == 0 && qb + BIAS_STAGES < blk.qb_end) load_bias(i + BIAS_STAGES);  // (this block's tile is read)
 
         // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K (SWIZZLE at hdim 64:
@@ -384,11 +420,17 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
         // this warpgroup's columns of the tile into sdQ, then one bulk add of the tile (in order when deterministic)
+        if (DQ_WRITER && i > 0) mbarrier_wait(smem_u32(&wsm.dq_empty), (i - 1) & 1);  // the writer has read the last one
         stage_dq_tile<DQ_COLS / 8, HDIM_Q, true>(sdQ, acc_dq, (DQ_BY_ROWS ? wg * 64 : 0) + wi * 16,
                                                  DQ_BY_ROWS ? 0 : wg * DQ_HALF, frag);
         fence_proxy_async();
-        named_barrier_sync(2, MMA_THREADS);
-        if (tid == 0) {
+        if constexpr (DQ_WRITER) {
+            if (tid == 0) bwd_dq_job<BLOCK_M, BLOCK_N, HDIM_Q>(wsm.job, p, blk, qb, kb, kb_first);
+            mbarrier_arrive(smem_u32(&wsm.dq_full));
+        } else {
+            named_barrier_sync(2, MMA_THREADS);
+        }
+        if (!DQ_WRITER && tid == 0) {
             // BIAS: dBias[q0 .., k0 ..] = the dS tile (sdS is rewritten two blocks on, after the next
             // block's bulk_wait_read)
             if (BIAS && p.bias.ds_kind == DS_KIND_TMA) {
@@ -432,6 +474,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // instead of 76). bench/NOTES.md steps 59-60.
     static_assert(2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) <= sizeof(Smem::k) + sizeof(Smem::v) + sizeof(Smem::q) + sizeof(Smem::dout),
                   "the dK/dV stage fits the K/V/Q/dO buffers (Smem's first members)");
+    if constexpr (DQ_WRITER) named_barrier_sync(2, MMA_THREADS);  // (no barrier 2 per block: both warpgroups' last wgmma done)
     if constexpr (DROPOUT || BIAS || !SWIZZLE) {
         bulk_wait<0>();
         bwd_store_dk_dv<NDQ, NDV>(p, blk, b, h, blk.hk, acc_dk, acc_dv, k0 + warp_key0, frag, 0, 0);

@@ -67,14 +67,8 @@ static_assert(!DQ_TILED || STAGES >= 2,
 static_assert(SWIZZLE, "fmha_bwd_dq_dk_dv_sm90_ws_wide: swizzled tiles only (the launcher encodes the maps by SWIZZLE)");
 
 constexpr int MMA_THREADS = 128 * NWG;
-// (enumerators, not constexpr variables: those would appear in the PTX)
+// (an enumerator, not a constexpr variable: those would appear in the PTX)
 enum : bool { WRITER = DQ_WRITER && DQ_TILED };
-// Registers per thread of the producer warpgroup (TMA warp, and the writer warp) and of the MMA
-// warpgroups: with the writer, 24 spilled in the producer warpgroup (12-24 B), so 40 / 232
-// (40 + 2 x 232 = 24 + 2 x 240 = 504 per 128 threads, of the SM's 65536 / 128 = 512)
-enum : int { PRODUCER_REGS = WRITER ? 40 : WS_PRODUCER_REGS, MMA_REGS = WRITER ? 232 : WS_MMA_REGS };
-static_assert(128 * (PRODUCER_REGS + NWG * MMA_REGS) <= 65536 && PRODUCER_REGS % 8 == 0 && MMA_REGS % 8 == 0,
-              "fmha_bwd_dq_dk_dv_sm90_ws_wide: setmaxnreg budget");
 
 struct Smem {
     uint16_t k[BLOCK_N * HDIM_Q];              // 128-byte swizzled slabs
@@ -87,15 +81,7 @@ struct Smem {
     float d[STAGES][BLOCK_M];
     unsigned long long full[STAGES], empty[STAGES], kv;
 };
-// DQ_WRITER: a query block's dQ tile as the MMA threads hand it to the writer (thread 0 writes it
-// before its `dq_full` arrival): its first row in the tiled workspace; deterministic mode: the
-// tile's semaphore and the value it must reach before this key block adds (else sem is null)
-struct DqJob {
-    float* dst;
-    int* sem;
-    int target;
-};
-// ... and after Smem, only in the writer builds (the others' layout is unchanged)
+// DQ_WRITER: after Smem, only in the writer builds (the others' layout is unchanged); DqJob: bwd_ws.cuh
 struct WriterSmem {
     unsigned long long dq_full[STAGES];  // stage s's dQ tile staged (MMA_THREADS arrivals)
     DqJob job[STAGES];
@@ -112,21 +98,11 @@ static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t
 // the workspace with one bulk reduce-add per half; then the stage goes back to the producer once the
 // copies have read it (deterministic: once they have completed and the semaphore is released).
 __device__ __forceinline__ void bwd_wide_dq_writer(Smem& sm, WriterSmem& wsm, int n) {
-    constexpr unsigned HALF = 4u * (BLOCK_M / 2) * HDIM_Q;
     for (int i = 0; i < n; ++i) {
         const int s = i % STAGES;
         mbarrier_wait(smem_u32(&wsm.dq_full[s]), (i / STAGES) & 1);
-        const DqJob job = wsm.job[s];
-        if (job.sem) sem_wait(job.sem, job.target);
-        bulk_reduce_add_f32(job.dst, smem_u32(sm.q[s]), HALF);
-        bulk_reduce_add_f32(job.dst + (BLOCK_M / 2) * HDIM_Q, smem_u32(sm.dout[s]), HALF);
-        bulk_commit();
-        if (job.sem) {
-            bulk_wait<0>();  // complete in global memory before the next key block is admitted
-            sem_release(job.sem);
-        } else {
-            bulk_wait_read<0>();
-        }
+        const unsigned src[2] = {smem_u32(sm.q[s]), smem_u32(sm.dout[s])};
+        bwd_ws_add_dq<2>(wsm.job[s], src, 4u * (BLOCK_M / 2) * HDIM_Q);
         mbarrier_arrive(smem_u32(&sm.empty[s]));
     }
 }
@@ -162,17 +138,26 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x < 32)
-            bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0,
-                                                                                   tq, tk, bq, threadIdx.x);
-        else if (WRITER && threadIdx.x == 32)
-            bwd_wide_dq_writer(sm, wsm, blk.qb_end - blk.qb_begin);
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if constexpr (WRITER) {
+            // (the warp index broadcast from lane 0: ptxas then keeps the producer's block state in
+            // uniform registers, as without the writer; with a per-thread test it spilled 12 bytes)
+            const int pwarp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);
+            if (pwarp == 0)
+                bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h,
+                                                                                       k0, tq, tk, bq, threadIdx.x);
+            else if (pwarp == 1 && threadIdx.x == 32)
+                bwd_wide_dq_writer(sm, wsm, blk.qb_end - blk.qb_begin);
+            return;
+        }
+        if (threadIdx.x >= 32) return;
+        bwd_ws_produce<SWIZZLE, BLOCK_M, BLOCK_N, HDIM_Q, HDIM_V, STAGES, false>(sm, tm_q, tm_k, tm_v, tm_do, blk, h, k0, tq,
+                                                                               tk, bq, threadIdx.x);
         return;
     }
 
     // ------------------------------------------------------------------------- MMA warpgroups
-    setmaxnreg_inc<MMA_REGS>();
+    setmaxnreg_inc<WS_MMA_REGS>();
     const int tid = threadIdx.x - 128, warp = warp_of(tid);
     // (broadcast from lane 0: warp-uniform, so the descriptors that depend on it stay in uniform registers)
     const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
@@ -261,18 +246,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
             stage_dq_tile<NDK, HDIM_Q, true>(sdQ, acc_dq, (wi & 1) * 16, wg * DK_HALF, frag);
             fence_proxy_async();
             if constexpr (WRITER) {  // the writer adds it: thread 0 says where, everyone that its part is staged
-                if (tid == 0) {
-                    DqJob& job = wsm.job[s];
-                    job.dst = blk.dq_g + (index_t)q0 * HDIM_Q;
-                    job.sem = nullptr;
-                    job.target = 0;
-                    if (p.dq_sem) {
-                        job.sem = p.dq_sem + blk.bh * ((blk.pitch_q + BLOCK_M - 1) / BLOCK_M) + qb;
-                        kb_first = first_key_block(blk.win, qb, kb_first, qb == blk.qb_begin, BLOCK_N, BLOCK_M,
-                                                   blk.seqlen_q, blk.seqlen_k);
-                        job.target = kb - kb_first;
-                    }
-                }
+                if (tid == 0) bwd_dq_job<BLOCK_M, BLOCK_N, HDIM_Q>(wsm.job[s], p, blk, qb, kb, kb_first);
                 mbarrier_arrive(smem_u32(&wsm.dq_full[s]));
                 mbarrier_arrive(smem_u32(&sm.empty[s]));  // (this thread's reads and writes of the stage are done)
             } else if (warp == 0) {

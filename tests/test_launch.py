@@ -121,6 +121,19 @@ def test_ws_backward_routing(monkeypatch):
     assert w[256].macro("DQ_WRITER") == 1 and w[256].name != plain[256].name
     assert w[256].macro("SMEM_BYTES") == plain[256].macro("SMEM_BYTES") + 2 * 32 <= L.SMEM_LIMIT
     assert w[128].macro("SMEM_BYTES") == plain[128].macro("SMEM_BYTES")
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_WIDE_TILES")
+    # ... and the ws build's (hdim 64 and 128): two mbarriers and the job, 40 bytes; not in the
+    # dropout or bias builds
+    plain = {d: bwd_specs("bf16", d, d, 90).dq_dk_dv for d in (64, 128)}
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DQ_WRITER=1")
+    for d in (64, 128):
+        w = bwd_specs("bf16", d, d, 90).dq_dk_dv
+        assert (w.source, w.macro("DQ_WRITER")) == ("fmha_bwd_dq_dk_dv_sm90_ws", 1)
+        assert w.macro("SMEM_BYTES") == plain[d].macro("SMEM_BYTES") + 40 <= L.SMEM_LIMIT
+        assert bwd_specs("bf16", d, d, 90, dropout=True).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+        assert bwd_specs("bf16", d, d, 90, bias=True, bias_tma=2).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=1")
     for bad, what in (("SPLIT_PDS=1", "unknown"), ("STAGES=1", "STAGES")):
         monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", bad)
         with pytest.raises(ValueError, match=what):

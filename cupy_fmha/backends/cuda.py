@@ -87,6 +87,8 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         bn, bm, dq, dv, st = m["BLOCK_N"], m["BLOCK_M"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
         smem = (2 * (bn * dq + bn * dv) + 2 * st * bm * (dq + dv) + 2 * 2 * bn * bm + 4 * bm * dq
                 + 4 * 2 * st * bm + 8 * (2 * st + 1))
+        if m.get("DQ_WRITER"):  # the dQ writer's two mbarriers and job (24 bytes)
+            smem += 8 * 2 + 24
         out = dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=1, DQ_ORDERED=1)
         align = 1024 if m.get("SWIZZLE") else 0
         if m.get("BIAS"):  # the bias ring, as the forward's less the `empty` mbarriers
@@ -479,11 +481,13 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
     the entries of :data:`BWD_WS_BY_HDIM` (with ``dropout`` those of :data:`BWD_WS_DROPOUT_BY_HDIM`
     over them), and the variant macros that are on (:data:`BWD_WS_VARIANTS`, then
     ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the default instances keep their
-    names and code."""
+    names and code. Besides the table's entries the variable takes DQ_WRITER=1 (the dQ writer
+    thread; not dispatched by default, bench/NOTES.md step 76; :func:`bwd_ws_spec` leaves it out of
+    the bias and dropout builds)."""
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
-    switches = {"LSE2", "SPLIT_PDS", *BWD_WS_VARIANTS}
+    switches = {"LSE2", "SPLIT_PDS", "DQ_WRITER", *BWD_WS_VARIANTS}
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", "HEADS_X", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
@@ -516,6 +520,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles["BLOCK_M"] = 64  # (at 128 rows the bias tile does not fit beside the rest)
     if bias_tma or dropout:
         tiles.pop("SPLIT_PDS", None)  # (those builds form P and dS together: the same code, one name)
+        tiles.pop("DQ_WRITER", None)  # (built without the bias or dropout)
     if tiles.get("BLOCK_M", 64) not in (64, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
     if d > 64 or not tiles.get("SWIZZLE"):
@@ -723,6 +728,9 @@ def experimental_table() -> list[KernelSpec]:
         out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
                 for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
                 if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
+    # the ws backward's dQ writer (bench/NOTES.md step 76), on each head dim's table entries
+    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d), "DQ_WRITER": 1}, heads_x=hx)
+            for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for hx in (0, 1, 2)]
     # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
     for variant in BWD_WS_WIDE_BUILDS:
         out += [bwd_ws_wide_spec(dtype, hq, hv, alibi=alibi, heads_x=hx, variant=variant)
