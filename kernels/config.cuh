@@ -34,6 +34,8 @@
 //   BIAS_TMA     fmha_fwd_sm90_ws with BIAS: bytes per bias element of its TMA-loaded tiles (2: fp16
 //                or bf16, 4: fp32)
 //   BIAS_STAGES  fmha_fwd_sm90_ws with BIAS: tiles in the bias ring
+//   BIAS_ACC     fmha_fwd_sm90_ws with BIAS (and PV_OVERLAP, no dropout): the bias tile is S's
+//                accumulator's starting value (bias / softmax_scale) instead of an add in the softmax
 //   DQ_WRITER    the ws backwards (fmha_bwd_dq_dk_dv_sm90_ws without bias or dropout; the wide one
 //                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
 //                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
@@ -148,6 +150,9 @@
 #ifndef DQ_WRITER
 #define DQ_WRITER 0
 #endif
+#ifndef BIAS_ACC
+#define BIAS_ACC 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -164,7 +169,7 @@ inline constexpr int alibi = ALIBI, bias = BIAS, dropout = DROPOUT, q_in_regs = 
 inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_tiled = DQ_TILED, stages = STAGES, rows = ROWS, dq_split = DQ_SPLIT;
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
-inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER;
+inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -201,6 +206,7 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O
 #undef BIAS_STAGES
 #undef O_STAGE
 #undef DQ_WRITER
+#undef BIAS_ACC
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -237,4 +243,5 @@ inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
+inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
 }  // namespace fmha

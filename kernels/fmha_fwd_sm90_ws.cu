@@ -33,6 +33,12 @@
 //               BIAS_STAGES tiles with full / empty mbarriers of its own; the MMA warpgroups add it
 //               from shared memory in the softmax and hand the tile back right after. A bias broadcast
 //               along the query rows (BiasArg.sq = 0) comes as one row per tile. The 4th tensor map.
+//   BIAS_ACC=1  (a variant, with BIAS and PV_OVERLAP, not with dropout; bench/NOTES.md step 77) the
+//               tile goes into S's accumulator instead, as bias / softmax_scale, before the S GEMM
+//               (which then adds Q K^T to it rather than starting from zero), so the softmax is the
+//               plain builds' folded one (softmax_p_folded: one FFMA per exponent) with no bias work
+//               left in it; (s + b / scale) * scale_log2 = s * scale_log2 + b * log2(e). A -inf in
+//               the bias stays -inf (any scale sign).
 //
 //   DROPOUT=1   the Philox keep test (philox.cuh, the keep mask of every other kernel): each MMA thread
 //               computes the keep bits of its scores of a key block (fwd_keep_bits: one Philox call per
@@ -56,6 +62,8 @@
 
 using namespace fmha;
 
+static_assert(!BIAS_ACC || (BIAS && PV_OVERLAP && !DROPOUT && !ALIBI),
+              "fmha_fwd_sm90_ws: BIAS_ACC is a variant of the bias build's overlapped pipeline");
 static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two or three MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
@@ -114,11 +122,13 @@ static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t
               sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
 // S = Q K^T of this warpgroup's 64 rows (one commit group).
+// ACC: S added to what sacc holds (BIAS_ACC: the bias), else S alone.
+template <bool ACC = false>
 __device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const uint16_t* sK, int wg) {
 #pragma unroll
     for (int kk = 0; kk < HDIM_Q / 16; ++kk)
         wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQ, wg * 64, kk * 16),
-                                desc_tile_kmajor<SWIZZLE, BLOCK_N>(sK, 0, kk * 16), kk > 0);
+                                desc_tile_kmajor<SWIZZLE, BLOCK_N>(sK, 0, kk * 16), ACC || kk > 0);
     wgmma_commit();
 }
 // O += P V (one commit group); P as register A fragments, one per 16 keys.
@@ -286,6 +296,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         return BiasTile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0, p.bias.kind};
     };
     auto bias_done = [&](int i) { mbarrier_arrive(smem_u32(sm.bias_empty(i % BIAS_STAGES))); };
+    // BIAS_ACC: the softmax's scale (log2 units; a scale that underflowed float32 taken as a tiny one
+    // of its sign, so that the bias still counts and 1 / scale stays finite), and the factor that
+    // turns a bias element into S's starting value, log2(e) / scale_log2 = 1 / softmax_scale
+    const float acc_scale = fabsf(p.scale_log2) >= 1e-30f ? p.scale_log2 : copysignf(1e-30f, p.scale_log2);
+    const float bias_mul = FMHA_LOG2E / acc_scale;
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
@@ -392,7 +407,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep) {
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
-                if constexpr (BIAS) {
+                if constexpr (BIAS_ACC) {  // (the bias is in sacc already: bias_into_s)
+                    softmax_p_folded<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, acc_scale, edge, blk.win,
+                                                    wq0 + wi * 16, k0, frag, blk.seqlen_k);
+                } else if constexpr (BIAS) {
                     softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                              bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
                     bias_done(it + i);
@@ -406,6 +424,17 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
             float sacc[NS * 4], corr[2];
             uint32_t pa[BLOCK_N / 16][4];
+            // BIAS_ACC: block i's bias tile into sacc (free once P_{i-1} is packed), as S's starting
+            // value, and the tile handed back at once
+            // (pinned before the wgmma fence: left free, the compiler sank the writes below it, where
+            // PTX forbids ordinary writes to a wgmma's accumulator)
+            auto bias_into_s = [&](int i) {
+                if constexpr (BIAS_ACC) {
+                    bias_tile(it + i).template set<NS>(sacc, wq0 + wi * 16 - q0, frag, bias_mul);
+                    bias_done(it + i);
+                    fence_operand<NS * 4>(sacc);
+                }
+            };
             auto next_pv_operands = [&](int i) {
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
@@ -421,9 +450,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             if (n > 0) {
                 if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
                 wait_k(0);  // block 0: S_0 and its softmax
+                bias_into_s(0);
                 turn_begin();
                 wgmma_fence();
-                gemm_s(sacc, sm.q, sm.k[uniform_stage(it)], wg);
+                gemm_s<BIAS_ACC>(sacc, sm.q, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
                 const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
@@ -434,9 +464,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     wait_k(i);
                     wait_v(i - 1);
                     next_pv_operands(i);
+                    bias_into_s(i);
                     turn_begin();
                     wgmma_fence();
-                    gemm_s(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
+                    gemm_s<BIAS_ACC>(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
                     const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);

@@ -136,6 +136,50 @@ def test_misaligned_and_zero_stride_views():
     check(pr, o3, lse3, g3, kw)
 
 
+# BIAS_ACC (a variant the plan does not dispatch yet, bench/NOTES.md step 77): the bias tile as the
+# starting value of S's accumulator (bias / softmax_scale) instead of an add in the softmax. The cases
+# above under the switch, then -inf entries in the bias (a mask, and rows that see no key) with a
+# negative softmax_scale and a small one.
+@pytest.mark.parametrize("case", list(CASES))
+def test_bias_acc_matches_reference(case, monkeypatch, seen):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1")
+    test_bias_tile_matches_reference(case, seen)
+    assert seen[0].macro("BIAS_ACC") == 1, seen[0].name
+
+
+@pytest.mark.parametrize("scale", [-0.2, 1e-3])
+@pytest.mark.parametrize("d", [64, 128])
+def test_bias_acc_minus_inf_and_scales(d, scale, monkeypatch, seen):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1")
+    b, sq, sk, h = 1, 300, 384, 2
+    rng = np.random.default_rng(d)
+    bias = 2.0 * rng.standard_normal((b, h, sq, sk))
+    bias[rng.random(bias.shape) < 0.3] = -np.inf
+    bias[:, :, :5, :] = -np.inf  # rows that see no key
+    pb = BiasInputs(BF16, BF16, "bshd", b, sq, sk, h, h, d, d, None, seed_for("acc-inf", d), bias_host=bias)
+    kw = {"layout": "bshd", "softmax_scale": scale}
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+    assert seen[0].macro("BIAS_ACC") == 1, seen[0].name
+    check(pb, o, lse, g, kw)
+    assert bool((o[:, :5] == 0).all()) and bool(cp.isneginf(lse[:, :, :5]).all())
+
+
+def test_bias_acc_negative_scale_masked_persistent(monkeypatch, seen):
+    # a negative scale under a causal mask (masked scores take +inf before the folded minimum), several
+    # row blocks per CTA (the bias ring across them), and a large offset per row (S's accumulator
+    # starts at about 1000 / scale: Q K^T still has to count)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1,PERSIST=2")
+    b, sq, sk, h, d = 1, 700, 700, 2, 64
+    rng = np.random.default_rng(77)
+    bias = 1000.0 * rng.standard_normal((b, h, sq, 1)) + rng.standard_normal((b, h, sq, sk))
+    pb = BiasInputs(F16, F32, "bshd", b, sq, sk, h, h, d, d, None, seed_for("acc-neg"), bias_host=bias)
+    for kw in ({"layout": "bshd", "causal": True, "softmax_scale": -0.125}, {"layout": "bshd", "mask": "b"}):
+        seen.clear()
+        o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+        assert seen[0].macro("BIAS_ACC") == 1, seen[0].name
+        check(pb, o, lse, g, kw)
+
+
 # --------------------------------------------------------------------------- the ws backward's bias build
 # (hdim 64 and 128: fmha_bwd_dq_dk_dv_sm90_ws with BIAS, 64 query rows per step, MMA thread 0 loading
 # the bias tiles, cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias at hdim 128, whose tiles do

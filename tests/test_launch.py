@@ -274,3 +274,18 @@ def test_fwd_ws_persist_default(monkeypatch):
     assert [cuda.fwd_ws_persist(n, bh) for n, bh in cases] == [4, 2, 0, 2, 0, 0]
     plain = cuda.fwd_spec("bf16", 128, 128, 80)
     assert plain.source == "fmha_fwd" and L.fwd_launch(plain, 16, 16, 1024).grid[0] == -(-1024 // plain.macro("BLOCK_M"))
+
+
+def test_fwd_ws_bias_acc_variant(monkeypatch):
+    """CUPY_FMHA_FWD_WS_TILES=BIAS_ACC=1 (bench/NOTES.md step 77) builds the ws forward's TMA-bias
+    instances with the bias as S's starting value; the plain, ALiBi and dropout builds (and a
+    dropout build with a bias) ignore it, and without the switch no instance carries it."""
+    for d in (64, 128):
+        assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).macro("BIAS_ACC", 0) == 0
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1")
+    for d in (64, 128):
+        for n in (2, 4):
+            s = fwd_spec("bf16", d, d, 90, bias=True, bias_tma=n)
+            assert (s.source, s.macro("BIAS_ACC"), s.macro("BIAS_TMA")) == ("fmha_fwd_sm90_ws", 1, n), s.name
+        for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, bias=True, bias_tma=2)):
+            assert fwd_spec("bf16", d, d, 90, **kw).macro("BIAS_ACC", 0) == 0, kw

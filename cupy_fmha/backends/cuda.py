@@ -683,7 +683,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
-    switches = {"FOLD", "O_REG", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -707,6 +707,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
+    if not bias_tma or dropout or not tiles.get("PV_OVERLAP"):
+        tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
 
@@ -736,6 +738,10 @@ def experimental_table() -> list[KernelSpec]:
         out += [bwd_ws_wide_spec(dtype, hq, hv, alibi=alibi, heads_x=hx, variant=variant)
                 for dtype in DTYPES for hq, hv in ((256, 256), (128, 256)) for alibi in (False, True)
                 for hx in (0, 1)]
+    # the ws forward's bias build with the bias as S's starting value (BIAS_ACC, bench/NOTES.md step 77)
+    # (not the fp32 bias at hdim 128: it spills 4 bytes there; that bias target is met without it)
+    out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias=True), "BIAS_ACC": 1})
+            for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))

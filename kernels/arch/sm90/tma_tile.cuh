@@ -112,8 +112,22 @@ struct SwBiasTile {
         else return bias16_to_float(lds_u16(a), kind == 2) * FMHA_LOG2E;
     }
 
+    // Forward: s[4 n + e] += the bias of its element, in log2 units (times log2(e)), for the
+    // accumulator rows row0 + f.row(e) of the tile, columns f.col(n, e)
     template <int NS>
     __device__ __forceinline__ void add(float* s, int row0, const AccFrag& f) const {
+        apply<NS, false>(s, row0, f, FMHA_LOG2E);
+    }
+    // ... s[4 n + e] = the bias times `mul` (the ws forward's BIAS_ACC: S's accumulator starts at
+    // bias / softmax_scale, and the S GEMM adds Q K^T to it)
+    template <int NS>
+    __device__ __forceinline__ void set(float* s, int row0, const AccFrag& f, float mul) const {
+        apply<NS, true>(s, row0, f, mul);
+    }
+
+  private:
+    template <int NS, bool SET>
+    __device__ __forceinline__ void apply(float* s, int row0, const AccFrag& f, float mul) const {
         static_assert(NS * 8 == BN && BN % SLAB_COLS == 0, "SwBiasTile: one accumulator row of n8 tiles spans the tile");
         const int xr = f.row_in_group() * row_mul;  // r % 8 of both row slots (row0 is a multiple of 16)
         const unsigned rows = tile + (row0 + f.row_in_group()) * row_mul * 128;
@@ -126,20 +140,24 @@ struct SwBiasTile {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const float2 x = lds_f32x2(a + r * step);
-                    s[4 * n + 2 * r] += x.x * FMHA_LOG2E;
-                    s[4 * n + 2 * r + 1] += x.y * FMHA_LOG2E;
+                    put<SET>(s[4 * n + 2 * r], x.x * mul);
+                    put<SET>(s[4 * n + 2 * r + 1], x.y * mul);
                 }
             }
         } else if (kind == 2) {
-            add16<NS, true>(s, rows, xr, step, f);
+            apply16<NS, true, SET>(s, rows, xr, step, f, mul);
         } else {
-            add16<NS, false>(s, rows, xr, step, f);
+            apply16<NS, false, SET>(s, rows, xr, step, f, mul);
         }
     }
-
-  private:
-    template <int NS, bool BF16>
-    __device__ __forceinline__ void add16(float* s, unsigned rows, int xr, unsigned step, const AccFrag& f) const {
+    template <bool SET>
+    __device__ __forceinline__ static void put(float& s, float x) {
+        if constexpr (SET) s = x;
+        else s += x;
+    }
+    template <int NS, bool BF16, bool SET>
+    __device__ __forceinline__ void apply16(float* s, unsigned rows, int xr, unsigned step, const AccFrag& f,
+                                            float mul) const {
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
             // columns 8n + 2t, +1: slab n / 8, chunk n % 8, bytes 4t in it
@@ -148,8 +166,8 @@ struct SwBiasTile {
             for (int r = 0; r < 2; ++r) {
                 const uint32_t x = lds_u32(a + r * step);
                 const uint16_t lo = static_cast<uint16_t>(x & 0xFFFFu), hi = static_cast<uint16_t>(x >> 16);
-                s[4 * n + 2 * r] += bias16_to_float(lo, BF16) * FMHA_LOG2E;
-                s[4 * n + 2 * r + 1] += bias16_to_float(hi, BF16) * FMHA_LOG2E;
+                put<SET>(s[4 * n + 2 * r], bias16_to_float(lo, BF16) * mul);
+                put<SET>(s[4 * n + 2 * r + 1], bias16_to_float(hi, BF16) * mul);
             }
         }
     }
