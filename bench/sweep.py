@@ -10,6 +10,11 @@ hdim 64/128/256, seqlen 512 ... 16384, causal and not, bf16 and fp16. For each p
   ``sdpa_kernel(FLASH_ATTENTION)`` and ``sdpa_kernel(CUDNN_ATTENTION)`` on the very same memory
   (DLPack, bshd views transposed to SDPA's [b, h, s, d]); the backward is timed alone with
   ``torch.autograd.grad`` on a retained graph; ``torch.cuda.Event`` timing;
+* ``fa3`` (asked for with ``--peers``, where the ``flash-attn3-jax`` wheel is installed):
+  FlashAttention-3 through JAX, in a process of its own (``bench/fa3_peer.py``, run once before
+  the grid for its hdim-128 points, the wheel's only head dim): the forward and the VJP alone, timed
+  as bursts of asynchronous calls (JAX has no events on its stream; see that file), on inputs of
+  its own with the same shapes and dtypes; not in the spot check;
 * TFLOP/s by FlashAttention's convention (``cupy_fmha.flops.attention_flops``), and a spot check
   of our O, dQ, dK, dV against a peer's (relative difference) so that a fast wrong kernel shows.
 
@@ -47,7 +52,8 @@ HDIMS = (64, 128, 256)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
 QUICK = dict(hdims=(64, 128), seqlens=(1024, 4096), dtypes=("bfloat16",), causals=(False, True))
-PEERS = ("flash", "cudnn")
+TORCH_PEERS = ("flash", "cudnn")
+PEERS = TORCH_PEERS + ("fa3",)
 _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
@@ -281,6 +287,50 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[0][:160] if msg else ''}"
 
 
+# ----------------------------------------------------------------------------- FlashAttention-3 (JAX)
+
+
+def fa3_key(dtype: str, hdim: int, causal: bool, seqlen: int) -> tuple:
+    return (dtype, hdim, bool(causal), seqlen)
+
+
+def run_fa3(points: Sequence[Point], modes: set, warmup: int, repeat: int, timeout: float) -> dict:
+    """FlashAttention-3's times at ``points`` from ``bench/fa3_peer.py`` in a JAX process of its own:
+    its JSON document (``available``, ``error``, ``results``; on a failure of the process itself,
+    ``available`` false and the reason)."""
+    pts = [dict(dtype=p.dtype, hdim=p.hdim, causal=p.causal, seqlen=p.seqlen, batch=p.batch, nhead=p.nhead)
+           for p in points]
+    cmd = [sys.executable, str(HERE / "fa3_peer.py"), "--points", json.dumps(pts), "--modes", ",".join(sorted(modes)),
+           "--warmup", str(warmup), "--repeat", str(max(3, repeat // 3))]
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if not lines:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"available": False, "error": f"fa3_peer.py exit {done.returncode}: {tail[:200]}"}
+        return json.loads(lines[-1])
+    except Exception as exc:  # noqa: BLE001 - the sweep goes on without the peer
+        return {"available": False, "error": _err(exc)}
+
+
+def fa3_entry(doc_results: dict, rec: dict, modes) -> Optional[dict]:
+    """The ``fa3`` entry of a point's record (times and TFLOP/s, or errors), None where not timed."""
+    r = doc_results.get(fa3_key(rec["dtype"], rec["hdim"], rec["causal"], rec["seqlen"]))
+    if r is None:
+        return None
+    entry: dict[str, Any] = {}
+    for m in ("fwd", "bwd"):
+        if m not in modes:
+            continue
+        if r.get(f"{m}_ms") is not None:
+            entry[f"{m}_ms"] = r[f"{m}_ms"]
+            entry[f"{m}_tflops"] = tflops(rec[f"flops_{m}"], r[f"{m}_ms"])
+        else:
+            entry[f"{m}_error"] = r.get(f"{m}_error", "not run")
+    return entry
+
+
 # ----------------------------------------------------------------------------- ours
 
 
@@ -505,11 +555,14 @@ def point_line(rec: dict, modes) -> str:
 def print_tables(con, records: list, modes) -> None:
     from rich.table import Table
 
+    fa3 = any(r.get("fa3") for r in records)  # (its columns only where it ran)
     for m in ("fwd", "bwd"):
         if m not in modes:
             continue
         tab = Table(title=f"{'forward' if m == 'fwd' else 'backward'} TFLOP/s (FlashAttention convention)")
-        for col in ("dtype", "hdim", "causal", "seqlen", "b x h", "ours", "flash", "cudnn", "ours/flash", "ours/cudnn", "check vs peer"):
+        cols = ["dtype", "hdim", "causal", "seqlen", "b x h", "ours", "flash", "cudnn", "ours/flash", "ours/cudnn"]
+        cols += ["fa3", "ours/fa3"] if fa3 else []
+        for col in cols + ["check vs peer"]:
             tab.add_column(col, justify="right")
         for r in records:
             chk = r.get("check") or {}
@@ -521,12 +574,15 @@ def print_tables(con, records: list, modes) -> None:
                 chk_cell = f"{worst:.1e}" if worst < 2e-2 else f"[red]{worst:.1e}[/]"
             else:
                 chk_cell = "-"
-            tab.add_row(
+            cells = [
                 _SHORT[r["dtype"]], str(r["hdim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
                 f"{r['batch']}x{r['nhead']}", _cell(r.get("ours"), m), _cell(r.get("flash"), m),
                 _cell(r.get("cudnn"), m), _ratio(r.get("ours"), r.get("flash"), m),
-                _ratio(r.get("ours"), r.get("cudnn"), m), chk_cell,
-            )
+                _ratio(r.get("ours"), r.get("cudnn"), m),
+            ]
+            if fa3:
+                cells += [_cell(r.get("fa3"), m), _ratio(r.get("ours"), r.get("fa3"), m)]
+            tab.add_row(*cells, chk_cell)
         con.print(tab)
 
 
@@ -547,7 +603,7 @@ def plot(records: list, base: Path, modes) -> list[Path]:
             for j, d in enumerate(hdims):
                 ax = axes[i][j]
                 pts = sorted((r for r in rs if r["hdim"] == d and r["causal"] == c), key=lambda r: r["seqlen"])
-                for impl, color in (("ours", "C0"), ("flash", "C1"), ("cudnn", "C2")):
+                for impl, color in (("ours", "C0"), ("flash", "C1"), ("cudnn", "C2"), ("fa3", "C3")):
                     for m, style in (("fwd", "-"), ("bwd", "--")):
                         if m not in modes:
                             continue
@@ -588,7 +644,8 @@ def main(
     causal: str = typer.Option("both", help="both, yes or no"),
     mode: str = typer.Option("both", help="fwd, bwd or both"),
     quick: bool = typer.Option(False, "--quick", help="small subset: bf16, hdim 64/128, seqlen 1024/4096"),
-    peers: str = typer.Option("flash,cudnn", help="comma-separated peers to time (empty: none)"),
+    peers: str = typer.Option("flash,cudnn", help="comma-separated peers to time (empty: none): flash, cudnn "
+                              "(PyTorch SDPA), fa3 (FlashAttention-3 through JAX, hdim 128, where flash-attn3-jax is installed)"),
     no_ours: bool = typer.Option(False, "--no-ours", help="time the peers only"),
     warmup: int = typer.Option(3, help="untimed calls per measurement"),
     repeat: int = typer.Option(20, help="timed calls per measurement (median reported)"),
@@ -599,7 +656,8 @@ def main(
     out_dir: Path = typer.Option(RESULTS, help="where the JSON and PNGs go"),
     name: str = typer.Option("", help="result file base name (default: sweep-<timestamp>)"),
 ):
-    """Time ours vs PyTorch SDPA (flash, cuDNN) over FlashAttention's benchmark grid."""
+    """Time ours vs PyTorch SDPA (flash, cuDNN) and FlashAttention-3 (fa3, where installed) over
+    FlashAttention's benchmark grid."""
     from rich.console import Console
 
     con = Console(width=None if sys.stdout.isatty() else 200)  # full numbers in logs
@@ -626,14 +684,29 @@ def main(
             con.print(f"[red]cupy_fmha unavailable: {_err(exc)}; timing peers only[/]")
     peer_objs = []
     wanted = [x.strip() for x in peers.split(",") if x.strip()]
-    tmod = load_torch() if wanted else "no peers requested"
+    unknown = [x for x in wanted if x not in PEERS]
+    if unknown:
+        raise typer.BadParameter(f"--peers: unknown {unknown}; expected some of {', '.join(PEERS)}")
+    torch_wanted = [x for x in wanted if x in TORCH_PEERS]
+    tmod = load_torch() if torch_wanted else "no torch peers requested"
     if isinstance(tmod, str):
         peer_note = tmod
-        if wanted:
+        if torch_wanted:
             con.print(f"[yellow]peers skipped: {tmod}[/]")
     else:
-        peer_objs = [TorchPeer(tmod, n) for n in wanted if n in PEERS]
+        peer_objs = [TorchPeer(tmod, n) for n in torch_wanted]
         peer_note = ", ".join(p.name for p in peer_objs)
+    fa3_results: dict = {}
+    if "fa3" in wanted:
+        pts = [p for p in grid if p.hdim == 128]
+        doc = run_fa3(pts, modes, warmup, repeat, timeout=max(60.0, time_limit / 2)) if pts else \
+            {"available": False, "error": "no hdim-128 point in the grid"}
+        if doc.get("available"):
+            fa3_results = {fa3_key(r["dtype"], r["hdim"], r["causal"], r["seqlen"]): r for r in doc.get("results", [])}
+            peer_note += f"; fa3 (flash-attn3-jax {doc.get('version', '?')}, JAX {doc.get('jax', '?')}: {doc.get('method')})"
+        else:
+            peer_note += f"; fa3 skipped: {doc.get('error')}"
+            con.print(f"[yellow]fa3 skipped: {doc.get('error')}[/]")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / (name or time.strftime("sweep-%Y%m%d-%H%M%S"))
@@ -665,6 +738,9 @@ def main(
             except Exception:  # noqa: BLE001
                 pass
         else:
+            entry = fa3_entry(fa3_results, rec, modes)
+            if entry is not None:
+                rec["fa3"] = entry
             con.print(f"[{i + 1}/{len(grid)}] " + point_line(rec, modes), highlight=False)
         records.append(rec)
         meta["elapsed_s"] = time.perf_counter() - t_begin
