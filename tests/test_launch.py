@@ -289,3 +289,28 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
             assert (s.source, s.macro("BIAS_ACC"), s.macro("BIAS_TMA")) == ("fmha_fwd_sm90_ws", 1, n), s.name
         for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, bias=True, bias_tma=2)):
             assert fwd_spec("bf16", d, d, 90, **kw).macro("BIAS_ACC", 0) == 0, kw
+
+
+def test_dq_writer_default_by_mode(monkeypatch):
+    """BWD_WS_DQ_WRITER puts the dQ writer into the ws backwards' default builds per dQ mode and
+    padded head dim (empty today: no instance carries it); the tuning variables override it, and
+    the bias and dropout builds never take it."""
+    from cupy_fmha.backends import cuda
+
+    for det in (False, True):
+        for d in (64, 128, 256):
+            assert bwd_specs("bf16", d, d, 90, deterministic=det).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+    monkeypatch.setattr(cuda, "BWD_WS_DQ_WRITER", {"atomic": (128,), "deterministic": (64, 128, 256)})
+    for d, atomic in ((64, 0), (128, 1), (256, 0)):
+        assert bwd_specs("bf16", d, d, 90).dq_dk_dv.macro("DQ_WRITER", 0) == atomic, d
+        det = bwd_specs("bf16", d, d, 90, deterministic=True).dq_dk_dv
+        assert det.macro("DQ_WRITER") == 1 and det.macro("DQ_ORDERED") == 1, det.name
+    assert bwd_specs("bf16", 192, 192, 90, deterministic=True).dq_dk_dv.macro("DQ_WRITER") == 1  # (rounds to 256)
+    assert bwd_specs("bf16", 64, 64, 90, deterministic=True, dropout=True).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+    assert bwd_specs("bf16", 128, 128, 90, deterministic=True, bias=True,
+                     bias_tma=2).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DQ_WRITER=0")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=0")
+    for d in (64, 128, 256):
+        s = bwd_specs("bf16", d, d, 90, deterministic=True).dq_dk_dv
+        assert s.macro("DQ_WRITER", 0) == 0 and "DQ_WRITER" not in s.name, s.name

@@ -419,7 +419,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     d = max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64))
     if (_wgmma_allowed(cc) and not (bias or dropout) and d > 128
             and _ws_choice("CUPY_FMHA_BWD_WS", hdim_q, hdim_v, False, BWD_WS_WIDE_HDIMS, pad=128)):
-        wide = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi, heads_x=heads_x)
+        wide = bwd_ws_wide_spec(dtype, hdim_q, hdim_v, alibi=alibi, heads_x=heads_x, deterministic=deterministic)
         if wide.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (231,464 B at 256 / 256)
             main = wide
     if tma_bias and d not in BWD_WS_BIAS_HDIMS:
@@ -428,7 +428,8 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     if (_wgmma_allowed(cc) and use_ws(hdim_q, hdim_v, bias=bias and (not tma_bias or dropout), dropout=dropout,
                                       deterministic=deterministic)
             and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
-        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, heads_x=heads_x)
+        ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, heads_x=heads_x,
+                         deterministic=deterministic)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
             main = ws
     return BwdSpecs(
@@ -476,17 +477,31 @@ BWD_WS_DROPOUT_BY_HDIM: dict[int, dict[str, int]] = {}
 BWD_WS_BIAS_HDIMS = (64, 128)
 
 
-def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
+#: Where the ws backwards build the dQ writer by default (``DQ_WRITER=1``: a producer thread adds the
+#: dQ tiles and waits for the ordered adds' turns instead of an MMA thread; bench/NOTES.md steps 75-76),
+#: by dQ mode ("atomic", "deterministic"): the padded head dims (64, 128: fmha_bwd_dq_dk_dv_sm90_ws;
+#: 256: the wide build, by its larger head dim). Empty until a GPU run has measured the writers
+#: (``bench/probe/time78_gpu.sh``); ``CUPY_FMHA_BWD_WS_TILES`` / ``CUPY_FMHA_BWD_WS_WIDE_TILES``
+#: (``DQ_WRITER=0`` or ``=1``) override it either way.
+BWD_WS_DQ_WRITER: dict[str, tuple[int, ...]] = {"atomic": (), "deterministic": ()}
+
+
+def _dq_writer_default(hdim: int, deterministic: bool) -> dict[str, int]:
+    return {"DQ_WRITER": 1} if hdim in BWD_WS_DQ_WRITER["deterministic" if deterministic else "atomic"] else {}
+
+
+def bwd_ws_tiles(hdim: int, dropout: bool = False, deterministic: bool = False) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
     the entries of :data:`BWD_WS_BY_HDIM` (with ``dropout`` those of :data:`BWD_WS_DROPOUT_BY_HDIM`
     over them), and the variant macros that are on (:data:`BWD_WS_VARIANTS`, then
     ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the default instances keep their
-    names and code. Besides the table's entries the variable takes DQ_WRITER=1 (the dQ writer
-    thread; not dispatched by default, bench/NOTES.md step 76; :func:`bwd_ws_spec` leaves it out of
-    the bias and dropout builds)."""
+    names and code. Besides the table's entries the variable takes DQ_WRITER=0/1 (the dQ writer
+    thread, bench/NOTES.md step 76; by default where :data:`BWD_WS_DQ_WRITER` says for the dQ mode,
+    ``deterministic``; :func:`bwd_ws_spec` leaves it out of the bias and dropout builds)."""
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
-                       **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS})
+                       **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS,
+                       **_dq_writer_default(hdim, deterministic)})
     switches = {"LSE2", "SPLIT_PDS", "DQ_WRITER", *BWD_WS_VARIANTS}
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", "HEADS_X", *switches}
     if unknown:
@@ -496,14 +511,15 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False) -> dict[str, int]:
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
-                heads_x: int = 0) -> KernelSpec:
+                heads_x: int = 0, deterministic: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
     128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
     own keep bits (``-D DROPOUT=1``; not with a bias). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
-    ``tiles``: the table entries (default :func:`bwd_ws_tiles`). ``heads_x``: the ``-D HEADS_X=n``
+    ``tiles``: the table entries (default :func:`bwd_ws_tiles`, for the dQ mode ``deterministic``).
+    ``heads_x``: the ``-D HEADS_X=n``
     build (n >= 1: grid (nhead_q, key blocks, batch), :func:`use_heads_x`), unless the tile variable
     sets HEADS_X itself (for comparisons).
 
@@ -512,7 +528,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
             with dropout, or a BLOCK_M other than 64 or 128."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     d = max(dq, dv)
-    tiles = dict(bwd_ws_tiles(d, dropout) if tiles is None else tiles)
+    tiles = dict(bwd_ws_tiles(d, dropout, deterministic) if tiles is None else tiles)
     feats = _ws_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma:
         if dropout:
@@ -556,7 +572,8 @@ BWD_WS_WIDE_HDIMS = (128, 256)
 
 
 def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
-                     heads_x: int = 0, variant: dict[str, int] | None = None) -> KernelSpec:
+                     heads_x: int = 0, variant: dict[str, int] | None = None,
+                     deterministic: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward for wide head dims (``fmha_bwd_dq_dk_dv_sm90_ws_wide``:
     64 keys per CTA, 64 query rows per step, the two MMA warpgroups splitting GEMM0/2 by query rows
     and GEMM1/3/4 by head-dim columns, so that dK and dV of hdim 256 fit in registers); head dims
@@ -564,9 +581,15 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     above 128); no dropout or bias. ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (e.g.
     ``DQ_STAGE=0``, ``DQ_WRITER=1``; kernels/fmha_bwd_dq_dk_dv_sm90_ws_wide.cu) switches its
     variants for comparisons; ``variant`` (entries of the same kind) builds one directly
-    (:data:`BWD_WS_WIDE_BUILDS`). ``heads_x``: as in :func:`bwd_ws_spec`."""
+    (:data:`BWD_WS_WIDE_BUILDS`). ``heads_x``: as in :func:`bwd_ws_spec`. The dQ writer by default
+    where :data:`BWD_WS_DQ_WRITER` says for the dQ mode, ``deterministic`` (its key: the larger head
+    dim rounded up to 128)."""
+    d = max(pad_hdim(hdim_q, 128), pad_hdim(hdim_v, 128))
     tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES",
-                      dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1, **(variant or {})))
+                      dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1, **_dq_writer_default(d, deterministic),
+                           **(variant or {})))
+    if not tiles.get("DQ_WRITER", 1):
+        tiles.pop("DQ_WRITER")  # (off: the default build's name)
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "DQ_WRITER", "HEADS_X"}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
