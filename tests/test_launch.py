@@ -280,6 +280,8 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
     """CUPY_FMHA_FWD_WS_TILES=BIAS_ACC=1 (bench/NOTES.md step 77) builds the ws forward's TMA-bias
     instances with the bias as S's starting value; the plain, ALiBi and dropout builds (and a
     dropout build with a bias) ignore it, and without the switch no instance carries it."""
+    from cupy_fmha.backends import cuda
+
     for d in (64, 128):
         assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).macro("BIAS_ACC", 0) == 0
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1")
@@ -289,6 +291,7 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
             assert (s.source, s.macro("BIAS_ACC"), s.macro("BIAS_TMA")) == ("fmha_fwd_sm90_ws", 1, n), s.name
         for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, bias=True, bias_tma=2)):
             assert fwd_spec("bf16", d, d, 90, **kw).macro("BIAS_ACC", 0) == 0, kw
+        assert cuda.fwd_ws_spec("bf16", d, d, alibi=True, bias_tma=2).macro("BIAS_ACC", 0) == 0  # (no such build)
 
 
 def test_dq_writer_default_by_mode(monkeypatch):

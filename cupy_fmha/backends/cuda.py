@@ -730,7 +730,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
-    if not bias_tma or dropout or not tiles.get("PV_OVERLAP"):
+    if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
