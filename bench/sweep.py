@@ -300,6 +300,8 @@ def run_fa3(points: Sequence[Point], modes: set, warmup: int, repeat: int, timeo
     ``available`` false and the reason)."""
     pts = [dict(dtype=p.dtype, hdim=p.hdim, causal=p.causal, seqlen=p.seqlen, batch=p.batch, nhead=p.nhead)
            for p in points]
+    # (bursts of fa3_peer.py's default 10 calls: a third of --repeat bursts, at least 3, time about as
+    # many calls as ours and the SDPA peers get)
     cmd = [sys.executable, str(HERE / "fa3_peer.py"), "--points", json.dumps(pts), "--modes", ",".join(sorted(modes)),
            "--warmup", str(warmup), "--repeat", str(max(3, repeat // 3))]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")

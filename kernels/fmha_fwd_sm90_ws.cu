@@ -425,9 +425,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             float sacc[NS * 4], corr[2];
             uint32_t pa[BLOCK_N / 16][4];
             // BIAS_ACC: block i's bias tile into sacc (free once P_{i-1} is packed), as S's starting
-            // value, and the tile handed back at once
-            // (pinned before the wgmma fence: left free, the compiler sank the writes below it, where
-            // PTX forbids ordinary writes to a wgmma's accumulator)
+            // value, and the tile handed back at once; the writes pinned before the wgmma fence (left
+            // free, the compiler sank them below it, where PTX forbids ordinary writes to a wgmma's
+            // accumulator)
             auto bias_into_s = [&](int i) {
                 if constexpr (BIAS_ACC) {
                     bias_tile(it + i).template set<NS>(sacc, wq0 + wi * 16 - q0, frag, bias_mul);
