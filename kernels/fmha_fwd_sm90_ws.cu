@@ -46,6 +46,10 @@
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //
+//   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
+//               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
+//               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
+//
 // Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
 // their scores are masked to -inf, but P V would still meet their values (0 * Inf is NaN), so the
@@ -194,6 +198,15 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     }
 }
 
+#if defined(TIMING) && TIMING
+// per CTA: [0] entry and [1] exit (%globaltimer, ns), [2] the SM, [3] row blocks, [4] entry and [5]
+// exit (clock64), [6] unused, [7] NWG; [8 + r] the key blocks of row block r < TL_ROWS; then from
+// TL_AT, per MMA warpgroup w and row block r, TL_EVENTS clock64 stamps at [TL_AT + (w TL_ROWS + r)
+// TL_EVENTS + e]: e = 0 the row block's start, 1 its Q landed, 2 S_0 and its softmax done, 3 the last
+// softmax done, 4 the last P V done, 5 O's stores issued (0: not reached)
+enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_WORDS = TL_AT + 3 * TL_ROWS * TL_EVENTS, TL_CTAS = 1 << 14 };
+__device__ unsigned long long fmha_fwd_timeline[TL_CTAS][TL_WORDS];
+#endif
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
@@ -221,6 +234,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
     const int hk = h / p.group;
 
+#if defined(TIMING) && TIMING
+    __shared__ unsigned long long tl_[TL_WORDS];
+    if (threadIdx.x == 0) {
+        for (int n = 0; n < TL_WORDS; ++n) tl_[n] = 0;
+        tl_[0] = global_timer_ns();
+        tl_[4] = clock64();
+    }
+#endif
     if (threadIdx.x == 0) {
         mbarrier_init(smem_u32(&sm.q_full), 1);
         mbarrier_init(smem_u32(&sm.q_empty), MMA_THREADS);
@@ -303,17 +324,29 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const float bias_mul = FMHA_LOG2E / acc_scale;
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
+#if defined(TIMING) && TIMING
+    auto stamp = [&](int e) {
+        if ((tid & 127) == 0 && j < TL_ROWS) tl_[TL_AT + (wg * TL_ROWS + j) * TL_EVENTS + e] = clock64();
+    };
+#else
+    auto stamp = [](int) {};
+#endif
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
         const int q0 = row0_of(x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
+        stamp(0);
         const int wq0 = q0 + wg * 64;
         float acc_o[NO * 4];
 #pragma unroll
         for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
         float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
         mbarrier_wait(smem_u32(&sm.q_full), j & 1);
+        stamp(1);
         const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
+#if defined(TIMING) && TIMING
+        if (tid == 0 && j < TL_ROWS) tl_[8 + j] = n;
+#endif
 
         // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
         // sequence's keys and values: zeros, before any MMA warpgroup reads them (uniform over the CTA;
@@ -460,6 +493,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
                 softmax(sacc, 0, corr, keep0);
+                stamp(2);
                 for (int i = 1; i < n; ++i) {
                     wait_k(i);
                     wait_v(i - 1);
@@ -476,6 +510,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
                     softmax(sacc, i, corr, keep);
                 }
+                stamp(3);
                 mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
@@ -486,6 +521,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                stamp(4);
                 mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
             } else {
                 mbarrier_arrive(smem_u32(&sm.q_empty));  // (no key block: Q unread)
@@ -497,9 +533,23 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                                reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
         else
             fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        stamp(5);
         it += n;
         ++j;
     }
     if constexpr (O_STAGE)
         if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
+#if defined(TIMING) && TIMING
+    named_barrier_sync(15, MMA_THREADS);  // (every warpgroup's stamps are in)
+    if (tid == 0) {
+        tl_[1] = global_timer_ns();
+        tl_[5] = clock64();
+        tl_[2] = sm_index();
+        tl_[3] = j;
+        tl_[7] = NWG;
+        const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        if (cta < TL_CTAS)
+            for (int n = 0; n < TL_WORDS; ++n) fmha_fwd_timeline[cta][n] = tl_[n];
+    }
+#endif
 }

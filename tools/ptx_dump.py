@@ -2,13 +2,14 @@
 sm_90a), for showing that a source change leaves the CUDA build unchanged (bench/NOTES.md steps
 24-25): dump a tree before and after the change, then compare.
 
-    PYTHONPATH=<tree> python tools/ptx_dump.py dump OUTDIR [NPROC]   # one .ptx per instance/arch
+    PYTHONPATH=<tree> python tools/ptx_dump.py dump OUTDIR [NPROC [PREFIX]]   # one .ptx per instance/arch
     python tools/ptx_dump.py compare DIR_A DIR_B                     # lists the pairs that differ
 
 Each pair is compiled with NVRTC alone (no GPU: the options of cupy_fmha.compile.offline_compile
 without ptxas's), and comment lines are dropped (NVRTC's header names its build). <tree> is a
 checkout (or a copy of its cupy_fmha/ and kernels/) whose kernels are used: cupy_fmha.compile
-reads kernels/ beside the package it is imported from. A dump skips pairs already in OUTDIR.
+reads kernels/ beside the package it is imported from. A dump skips pairs already in OUTDIR;
+PREFIX keeps only the instances whose names start with it (one source's, e.g. ``fmha_fwd_sm90_ws_``).
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ def _job(args):
         f.write("\n".join(lines) + "\n")
 
 
-def dump(out: str, nproc: int) -> None:
+def dump(out: str, nproc: int, prefix: str = "") -> None:
     os.makedirs(out, exist_ok=True)
     jobs = [(name, arch, out) for name, s in _specs().items() for arch in ("sm_80", "sm_90a")
-            if not (s.target == "sm90a" and arch != "sm_90a") and not os.path.exists(os.path.join(out, f"{name}.{arch}.ptx"))]
+            if name.startswith(prefix) and not (s.target == "sm90a" and arch != "sm_90a") and not os.path.exists(os.path.join(out, f"{name}.{arch}.ptx"))]
     print(f"{len(jobs)} instance/arch pairs to compile", flush=True)
     with ProcessPoolExecutor(nproc, mp_context=multiprocessing.get_context("spawn")) as ex:
         for i, _ in enumerate(ex.map(_job, jobs), 1):
@@ -72,7 +73,8 @@ def compare(a: str, b: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "dump":
-        dump(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count() or 1)
+        dump(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count() or 1,
+             sys.argv[4] if len(sys.argv) > 4 else "")
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         sys.exit(compare(sys.argv[2], sys.argv[3]))
     else:

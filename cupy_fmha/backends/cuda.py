@@ -765,6 +765,9 @@ def experimental_table() -> list[KernelSpec]:
     # (not the fp32 bias at hdim 128: it spills 4 bytes there; that bias target is met without it)
     out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias=True), "BIAS_ACC": 1})
             for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
+    # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
+    out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
+    out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))

@@ -1,0 +1,127 @@
+"""Per-CTA timeline of the ws forward (the TIMING build of fmha_fwd_sm90_ws: thread 0 of each MMA
+warpgroup stamps clock64 at six phases of each of its first four row blocks; the CTA's entry and exit
+go in with %globaltimer too; all into the module's `fmha_fwd_timeline`), FlashAttention's grid, bf16,
+bshd. Issue 11's open forward points are the short ones (hdim 128 s1024 0.84x cuDNN against 0.95 at
+s8192): this says where a row block's time goes besides its key blocks (Q's wait, the first softmax
+without a P V under it, the last P V, O's epilogue) and how long CTAs take to start.
+
+    python3 bench/probe/fwd_timeline.py HDIM SEQLEN [causal] [TILES]   (TILES: more CUPY_FMHA_FWD_WS_TILES entries)
+
+Prints medians in microseconds (clock64 at the SM clock the device attribute gives; globaltimer for
+the CTA-level figures). `report` takes the raw rows, so it runs on made-up ones without a GPU.
+"""
+import os
+import sys
+
+import numpy as np
+
+ROWS, EVENTS = 4, 6  # the kernel's TL_ROWS, TL_EVENTS
+AT = 8 + ROWS  # its TL_AT: [8, AT) key blocks per row block, then the stamps
+WORDS = AT + 3 * ROWS * EVENTS
+EVENT_NAMES = ("start", "Q landed", "S_0 + softmax", "last softmax", "last P V", "O issued")
+
+
+def _med(x) -> float:
+    x = np.asarray(x, dtype=float)
+    return float(np.nanmedian(x)) if np.isfinite(x).any() else float("nan")
+
+
+def report(a: np.ndarray, mhz: float, out=print) -> dict:
+    """Print the phases of the rows ``a`` (int64, one per CTA that ran: WORDS words as the kernel
+    writes them) at an SM clock of ``mhz``; returns the headline figures (us)."""
+    g0, g1, smid, nrow, c0, c1, _, nwg = (a[:, i] for i in range(8))
+    nkb = a[:, 8:AT]
+    st = a[:, AT:].reshape(len(a), 3, ROWS, EVENTS)
+    us = np.where(st > 0, (st - c0[:, None, None, None]) / mhz, np.nan)  # us since the CTA's entry
+    w0 = us[:, 0]
+    out(f"{len(a)} CTAs, {int(nwg[0])} MMA warpgroups, row blocks per CTA {sorted(set(nrow.tolist()))[:6]}, "
+        f"key blocks of row block 0 {int(np.median(nkb[:, 0]))} (median); clock {mhz:.0f} MHz")
+    out("warpgroup 0, row block 0, from the CTA's entry: " + ", ".join(
+        f"{n} {_med(w0[:, 0, e]):.2f}" for e, n in enumerate(EVENT_NAMES)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        steady = np.where(nkb > 1, (w0[:, :, 3] - w0[:, :, 2]) / np.maximum(nkb - 1, 1), np.nan)
+    out(f"per key block in the loop: {_med(steady[:, 0]):.3f} (row block 0), {_med(steady):.3f} (all)")
+    heads = {"per_block": _med(steady), "outside": []}
+    exit_us = (c1 - c0) / mhz
+    for r in range(ROWS):
+        sel = nrow > r
+        if not sel.any():
+            break
+        x = w0[sel, r]
+        end = w0[sel, r + 1, 0] if r + 1 < ROWS else exit_us[sel]
+        last = nrow[sel] == r + 1  # this CTA's last row block: it ends at the exit
+        end = np.where(last | ~np.isfinite(end), exit_us[sel], end)
+        span = end - x[:, 0]
+        extra_t = span - steady[sel, r] * nkb[sel, r]
+        heads["outside"].append(_med(extra_t))
+        out(f"  row block {r} ({sel.sum()} CTAs, {int(np.median(nkb[sel, r]))} key blocks): Q wait {_med(x[:, 1] - x[:, 0]):.2f}, "
+            f"S_0 + softmax {_med(x[:, 2] - x[:, 1]):.2f}, loop {_med(x[:, 3] - x[:, 2]):.2f}, "
+            f"last P V {_med(x[:, 4] - x[:, 3]):.2f}, O {_med(x[:, 5] - x[:, 4]):.2f}, to the next / exit "
+            f"{_med(end - x[:, 5]):.2f}; span {_med(span):.2f}, of it outside the loop's rate {_med(extra_t):.2f} "
+            f"({_med(extra_t / steady[sel, r]):.2f} key blocks)")
+    for w in range(1, int(nwg[0])):
+        out(f"warpgroup {w} minus warpgroup 0, row block 0: " + ", ".join(
+            f"{n} {_med(us[:, w, 0, e] - w0[:, 0, e]):+.2f}" for e, n in enumerate(EVENT_NAMES)))
+    heads["cta"] = float(np.median(g1 - g0)) / 1e3
+    out(f"CTA (globaltimer): whole median {heads['cta']:.2f}; kernel span {(g1.max() - g0.min()) / 1e3:.1f}")
+    gaps = []
+    for sm in np.unique(smid):
+        o = np.argsort(g0[smid == sm])
+        gaps += list(g0[smid == sm][o][1:] - g1[smid == sm][o][:-1])
+    if gaps:
+        out(f"gap between CTAs on an SM (ns): median {np.median(gaps):.0f}, p10 {np.percentile(gaps, 10):.0f}, "
+            f"p90 {np.percentile(gaps, 90):.0f}, n {len(gaps)}")
+    ends = np.array([g1[smid == sm].max() - g0.min() for sm in np.unique(smid)]) / 1e3
+    out(f"SMs done by (from the first CTA's start): p10 {np.percentile(ends, 10):.1f}, median {np.median(ends):.1f}, "
+        f"max {ends.max():.1f} ({len(ends)} SMs)")
+    return heads
+
+
+def main(argv: list[str]) -> None:
+    extra = [x for x in argv[2:] if "=" in x]
+    os.environ["CUPY_FMHA_FWD_WS_TILES"] = ",".join(["TIMING=1", *extra])
+    import cupy as cp
+    import ml_dtypes
+
+    import cupy_fmha
+    from cupy_fmha import compile as C
+    from cupy_fmha.spec import backend_for
+
+    d, s = int(argv[0]), int(argv[1])
+    causal = "causal" in argv[2:]
+    b, h = 16384 // s, 2048 // d
+    rng = np.random.default_rng(0)
+    q, k, v = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(3))
+    call = lambda: cupy_fmha.attention_forward(q, k, v, causal=causal)  # noqa: E731
+    call()
+    dev = cp.cuda.Device()
+    key = next(kk for kk in C._functions if kk[0].source == "fmha_fwd_sm90_ws")
+    spec = key[0]
+    opts = C.nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
+    mod = cp.RawModule(code=C.load_source(spec.source), options=opts)
+    C._functions[key] = mod.get_function(spec.entry)  # (the module whose global this reads)
+    for _ in range(5):
+        call()
+    arr = cp.ndarray((1 << 14, WORDS), cp.uint64, memptr=mod.get_global("fmha_fwd_timeline"))
+    arr.fill(0)
+    cp.cuda.runtime.deviceSynchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    call()
+    stop.record()
+    stop.synchronize()
+    a = cp.asnumpy(arr)
+    a = a[a[:, 0] > 0].astype(np.int64)
+    try:
+        mhz = int(dev.attributes["ClockRate"]) / 1e3  # (the attribute is kHz)
+    except Exception:  # noqa: BLE001
+        mhz = 1980.0
+    print(f"{spec.name} {extra}: d{d} s{s} {'causal' if causal else 'nc'}, b{b} h{h}; "
+          f"kernel {cp.cuda.get_elapsed_time(start, stop) * 1e3:.1f} us (events, with the stamps)")
+    report(a, mhz)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
