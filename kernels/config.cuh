@@ -40,6 +40,12 @@
 //                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
 //                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
 //                thread 0
+//   Q_EARLY      fmha_fwd_sm90_ws (PV_OVERLAP): every MMA thread hands Q back as soon as its last S GEMM of
+//                a row block is complete (before that block's softmax), and the producer loads the
+//                next row block's first K before its Q, so Q's wait no longer holds up the first K
+//   TURN_CARRY   fmha_fwd_sm90_ws (PINGPONG): the last MMA warpgroup passes the turn on after its last
+//                P V of a row block when the CTA has another row block with key blocks, instead of
+//                after its epilogue at the next row block's start
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -153,6 +159,12 @@
 #ifndef BIAS_ACC
 #define BIAS_ACC 0
 #endif
+#ifndef Q_EARLY
+#define Q_EARLY 0
+#endif
+#ifndef TURN_CARRY
+#define TURN_CARRY 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -170,6 +182,8 @@ inline constexpr int nsplit = NSPLIT, overlap = OVERLAP, dq_bulk = DQ_BULK, dq_t
 inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PINGPONG, lse2 = LSE2, fold = FOLD,
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
+// (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
+enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -207,6 +221,8 @@ inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O
 #undef O_STAGE
 #undef DQ_WRITER
 #undef BIAS_ACC
+#undef Q_EARLY
+#undef TURN_CARRY
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -244,4 +260,5 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
+enum : bool { Q_EARLY = config_detail::q_early != 0, TURN_CARRY = config_detail::turn_carry != 0 };
 }  // namespace fmha

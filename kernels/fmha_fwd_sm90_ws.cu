@@ -46,6 +46,13 @@
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //
+//   Q_EARLY=1   (a variant, with PV_OVERLAP; bench/NOTES.md step 80) the MMA threads hand Q back
+//               (q_empty) once their last S GEMM of a row block is complete, before its softmax, the
+//               last P V and O's epilogue, and the producer loads the next row block's first K ahead
+//               of its Q: with PERSIST the next Q and K are in flight that much earlier
+//   TURN_CARRY=1  (a variant, with PINGPONG; step 80) the turn goes on from the last MMA warpgroup's
+//               last P V of a row block to warpgroup 0's first S of the next (when the CTA has one with
+//               key blocks), instead of waiting for the last warpgroup to finish its epilogue
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
 //               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
@@ -74,6 +81,8 @@ static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes pla
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
+static_assert((!Q_EARLY || PV_OVERLAP) && (!TURN_CARRY || PINGPONG),
+              "fmha_fwd_sm90_ws: Q_EARLY is a variant of the PV_OVERLAP pipeline, TURN_CARRY of PINGPONG");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 
 constexpr int MMA_THREADS = 128 * NWG;
@@ -272,15 +281,24 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             const int q0 = row0_of(x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
             if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
-            if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
-            mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-            tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+            // Q once every MMA thread's S GEMMs of the previous row block are complete (Q_EARLY: after the
+            // row block's first K, in the loop, unless it has no key block)
+            if (!Q_EARLY || blk.kb_begin == blk.kb_end) {
+                if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
+                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+            }
             for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
                 if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+                if (Q_EARLY && kb == blk.kb_begin) {  // (the row block's first K went ahead)
+                    if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
+                    mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
+                    tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+                }
                 if constexpr (BIAS) {  // the bias tile of (q0, key block kb), wanted by the softmax after S
                     const int bs = i % BIAS_STAGES;
                     if (i >= BIAS_STAGES) mbarrier_wait(smem_u32(sm.bias_empty(bs)), ((i / BIAS_STAGES) & 1) ^ 1);
@@ -324,6 +342,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const float bias_mul = FMHA_LOG2E / acc_scale;
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
+    bool carried = false;  // TURN_CARRY: the last warpgroup passed warpgroup 0 the turn after its last P V
 #if defined(TIMING) && TIMING
     auto stamp = [&](int e) {
         if ((tid & 127) == 0 && j < TL_ROWS) tl_[TL_AT + (wg * TL_ROWS + j) * TL_EVENTS + e] = clock64();
@@ -480,8 +499,18 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
             };
+            // TURN_CARRY: whether the CTA's next row block has key blocks (then the last warpgroup's last
+            // P V of this one passes the turn on; the rows of a later row block are never past the sequence)
+            bool next_turns = false;
+            if constexpr (TURN_CARRY) {
+                if (x + static_cast<int>(gridDim.x) < nqb) {
+                    int kb0, kb1;
+                    key_block_range(blk.win, row0_of(x + gridDim.x), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, kb0, kb1);
+                    next_turns = kb1 > kb0;
+                }
+            }
             if (n > 0) {
-                if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
+                if (PINGPONG && wg == NWG - 1 && !(TURN_CARRY && carried)) named_barrier_arrive(BAR_TURN, TURN_THREADS);
                 wait_k(0);  // block 0: S_0 and its softmax
                 bias_into_s(0);
                 turn_begin();
@@ -492,6 +521,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
+                if (Q_EARLY && n == 1) mbarrier_arrive(smem_u32(&sm.q_empty));  // (its only S GEMM is complete)
                 softmax(sacc, 0, corr, keep0);
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
@@ -508,16 +538,18 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
+                    if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(&sm.q_empty));  // (the last S GEMM is complete)
                     softmax(sacc, i, corr, keep);
                 }
                 stamp(3);
-                mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
+                if (!Q_EARLY) mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
                 turn_begin();
                 wgmma_fence();
                 gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)]);
-                turn_end(true);
+                turn_end(!(TURN_CARRY && next_turns));
+                carried = TURN_CARRY && next_turns;
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
@@ -525,6 +557,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
             } else {
                 mbarrier_arrive(smem_u32(&sm.q_empty));  // (no key block: Q unread)
+                carried = false;  // (the row block before passed no turn: this one has no key block)
             }
         }
 

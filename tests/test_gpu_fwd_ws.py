@@ -224,3 +224,94 @@ def test_persist_default_group_mode(monkeypatch):
     o, lse, o0, lse0 = _persist_pair(monkeypatch, q, k, v, kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all()) and bool((lse == lse0).all())
     assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
+
+
+# --------------------------------------------------------------------------- row-block hand-over variants
+# Q_EARLY and TURN_CARRY (bench/NOTES.md step 80; backends/cuda.py FWD_WS_HANDOVER_BUILDS, not dispatched
+# yet) change only when Q is handed back and loaded and when the turn passes between row blocks, so O
+# and LSE must be bit-identical to the default build's at the same row blocks per CTA. PERSIST=4 gives
+# each CTA up to three hand-overs; "no keys" puts row blocks without any key block (bottom-right causal,
+# 1000 query rows over 300 keys: the first 700 rows see none) after ones with keys in the same CTA, so
+# TURN_CARRY must not pass a turn into them.
+HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1"]
+HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords
+    "plain": (2, 1000, 1000, 3, dict()),
+    "causal": (2, 1000, 1000, 3, dict(causal=True)),
+    "no keys": (2, 1000, 300, 3, dict(causal=True)),
+    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0))),
+}
+
+
+def _handover_pair(monkeypatch, variant, q, k, v, kw, **extra):
+    """O and LSE at PERSIST=4 of the default build, then of ``variant`` into poisoned outputs."""
+    import cupy_fmha
+
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4")
+    o0, lse0 = cupy_fmha.attention_forward(q, k, v, **kw, **extra)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
+    o = conftest.nan_like(o0.shape, o0.dtype)
+    lse = conftest.nan_like(lse0.shape, lse0.dtype)
+    cupy_fmha.attention_forward(q, k, v, **kw, **extra, out=(o, lse))
+    return o0, lse0, o, lse
+
+
+@pytest.mark.parametrize("variant", HANDOVER)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("shape", list(HANDOVER_SHAPES))
+def test_handover_variants_bit_identical(monkeypatch, variant, d, shape):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw = HANDOVER_SHAPES[shape]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
+    spec = cuda.fwd_spec("fp16", d, d, 90)
+    for item in variant.split(","):
+        key, _, val = item.partition("=")
+        assert spec.macro(key, 0) == int(val), (key, spec.name)
+    rng = cp.random.default_rng(seed_for("fwd-handover", variant, d, shape))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    if shape == "no keys":  # (rows that see no key: O zero, LSE -inf; the rest finite)
+        assert bool((o[:, :700] == 0).all()) and bool(cp.isneginf(lse[:, :, :700]).all())
+        assert bool(cp.isfinite(lse[:, :, 700:]).all())
+    else:
+        assert bool(cp.isfinite(lse).all())
+
+
+@pytest.mark.parametrize("variant", HANDOVER)
+def test_handover_variants_group_mode(monkeypatch, variant):
+    """Group mode, 4 row blocks per CTA: 300 sequences of 0 to 1024 tokens, so a CTA's first row
+    blocks are often past its sequence's end (skipped) and its later ones cut mid-block."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    import numpy as np
+
+    gen = np.random.default_rng(seed_for("fwd-handover-group"))
+    lens = gen.integers(0, 1025, size=300)
+    lens[:3] = (1024, 0, 129)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for("fwd-handover-group-x", variant))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024, causal=True)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
+
+
+@pytest.mark.parametrize("variant", ["Q_EARLY=1", "Q_EARLY=1,TURN_CARRY=1"])
+def test_handover_variants_bias(monkeypatch, variant):
+    """The TMA bias build at hdim 64 (its producer also streams the bias ring across row blocks)."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    rng = cp.random.default_rng(seed_for("fwd-handover-bias", variant))
+    b, s, h, d = 2, 1000, 2, 64
+    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), bias=bias)
+    assert cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2).macro("Q_EARLY", 0) == 1
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool(cp.isfinite(lse).all())

@@ -294,6 +294,31 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
         assert cuda.fwd_ws_spec("bf16", d, d, alibi=True, bias_tma=2).macro("BIAS_ACC", 0) == 0  # (no such build)
 
 
+def test_fwd_ws_handover_variants(monkeypatch):
+    """CUPY_FMHA_FWD_WS_TILES=Q_EARLY=1 / TURN_CARRY=1 (bench/NOTES.md step 80) reach the ws forward's
+    overlapped builds (plain, bias, ALiBi at 64/128) and its ping-pong ones; the serial-pipeline builds
+    (dropout from hdim 128, ALiBi at 256) drop them rather than fail the static_assert; without the
+    switch no dispatched instance carries them."""
+    from cupy_fmha.backends import cuda
+
+    for d in (64, 128, 256):
+        s = fwd_spec("bf16", d, d, 90)
+        assert s.macro("Q_EARLY", 0) == 0 and s.macro("TURN_CARRY", 0) == 0, s.name
+    assert not [s.name for s in cuda.dispatch_table() if "Q_EARLY" in s.name or "TURN_CARRY" in s.name]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_EARLY=1,TURN_CARRY=1")
+    for d in (64, 128, 256):
+        for kw in (dict(), dict(alibi=True) if d < 256 else dict(), dict(bias=True, bias_tma=2) if d < 256 else dict()):
+            s = fwd_spec("bf16", d, d, 90, **kw)
+            assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_EARLY") == 1 and s.macro("TURN_CARRY") == 1, (kw, s.name)
+    for d, kw in ((128, dict(dropout=True)), (256, dict(dropout=True)), (256, dict(alibi=True))):
+        s = fwd_spec("bf16", d, d, 90, **kw)
+        assert s.source == "fmha_fwd_sm90_ws" and not s.macro("PV_OVERLAP", 0), s.name
+        assert s.macro("Q_EARLY", 0) == 0 and s.macro("TURN_CARRY", 0) == 0, s.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PINGPONG=0,Q_EARLY=1,TURN_CARRY=1")
+    s = fwd_spec("bf16", 128, 128, 90)
+    assert (s.macro("Q_EARLY"), s.macro("TURN_CARRY", 0)) == (1, 0), s.name
+
+
 def test_dq_writer_default_by_mode(monkeypatch):
     """BWD_WS_DQ_WRITER puts the dQ writer into the ws backwards' default builds per dQ mode and
     padded head dim (empty today: no instance carries it); the tuning variables override it, and

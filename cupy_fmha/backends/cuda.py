@@ -706,7 +706,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
-    switches = {"FOLD", "O_REG", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -732,8 +732,17 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
+    if not tiles.get("PV_OVERLAP"):
+        tiles.pop("Q_EARLY", None)  # (variants of the overlapped pipeline and of its turns only)
+    if not tiles.get("PINGPONG"):
+        tiles.pop("TURN_CARRY", None)
     return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
 
+
+#: the ws forward's row-block hand-over variants compiled offline (experimental_table; bench/NOTES.md
+#: step 80, not yet run on a GPU, so not dispatched): Q handed back after the last S GEMM and the next
+#: first K loaded ahead of Q (Q_EARLY), and the turn carried over to the next row block (TURN_CARRY)
+FWD_WS_HANDOVER_BUILDS = (dict(Q_EARLY=1), dict(Q_EARLY=1, TURN_CARRY=1), dict(TURN_CARRY=1))
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
 FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1))
@@ -765,6 +774,11 @@ def experimental_table() -> list[KernelSpec]:
     # (not the fp32 bias at hdim 128: it spills 4 bytes there; that bias target is met without it)
     out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias=True), "BIAS_ACC": 1})
             for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
+    # the ws forward's row-block hand-over variants (bench/NOTES.md step 80), on each head dim's entries
+    out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), **variant})
+            for dtype in DTYPES for d in (64, 128, 256) for variant in FWD_WS_HANDOVER_BUILDS]
+    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), **variant})
+            for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
