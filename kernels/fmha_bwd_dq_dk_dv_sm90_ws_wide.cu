@@ -42,6 +42,11 @@
 // too small: dQ leaves by per-thread fp32 atomics into the untiled workspace, and deterministic mode
 // stores the block's rows into its own slab (dq_split_stride) as fmha_bwd_dq_dk_dv_sm90.cu does.
 //
+// TIMING=1 (diagnostics only, bench/probe/wide_timeline.py): thread 0 of each MMA warpgroup sums the
+// clock64 time of each phase of its query-block loop (the stage's wait, GEMM0/2, P and dS, barrier 1,
+// GEMM1/3/4, barrier 2, the dQ staging and hand-over) into `fmha_wide_timeline`, one row per CTA,
+// with the CTA's entry, K/V landed, loop end and exit.
+//
 // Not here: dropout, the elementwise bias (the library routes those to fmha_bwd_dq_dk_dv.cu).
 // Group mode: rows past a sequence's end are zeroed in the edge tiles, as in the ws kernel.
 //
@@ -107,6 +112,15 @@ __device__ __forceinline__ void bwd_wide_dq_writer(Smem& sm, WriterSmem& wsm, in
     }
 }
 
+#if defined(TIMING) && TIMING
+// per CTA: [0] entry and [1] exit (%globaltimer, ns), [2] the SM, [3] query blocks, [4] entry, [5] K/V
+// landed, [6] loop end, [7] exit (clock64, MMA thread 0); from [8], per MMA warpgroup w, WT_PHASES sums
+// of clock64 cycles at [8 + w WT_PHASES + phase]: 0 the stage's wait, 1 GEMM0/2 issued and waited, 2 P
+// and dS formed and stored, 3 barrier 1, 4 GEMM1/3/4 issued and waited, 5 barrier 2, 6 the dQ tile
+// staged and handed over (or added by thread 0)
+enum : int { WT_PHASES = 7, WT_WORDS = 8 + 2 * WT_PHASES, WT_CTAS = 1 << 14 };
+__device__ unsigned long long fmha_wide_timeline[WT_CTAS][WT_WORDS];
+#endif
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                                const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
@@ -118,6 +132,14 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+#if defined(TIMING) && TIMING
+    __shared__ unsigned long long tl_[WT_WORDS];
+    if (threadIdx.x == 0) {
+        for (int n = 0; n < WT_WORDS; ++n) tl_[n] = 0;
+        tl_[0] = global_timer_ns();
+        tl_[4] = clock64();
+    }
+#endif
     WriterSmem& wsm = *reinterpret_cast<WriterSmem*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(Smem));  // (WRITER only)
     int kb, h, b, nhead_q;
     bwd_ws_tile<HEADS_X>(kb, h, b, nhead_q);  // (kb: the key block; heavy ones first under causal masks)
@@ -171,6 +193,20 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
 #pragma unroll
     for (int i = 0; i < NDV * 4; ++i) acc_dv[i] = 0.f;
     mbarrier_wait(smem_u32(&sm.kv), 0);
+#if defined(TIMING) && TIMING
+    // (thread 0 of each warpgroup: the time since its last mark into phase ph's sum, in shared memory)
+    unsigned long long t_mark = clock64();
+    auto mark = [&](int ph) {
+        if ((tid & 127) == 0) {
+            const unsigned long long t = clock64();
+            tl_[8 + wg * WT_PHASES + ph] += t - t_mark;
+            t_mark = t;
+        }
+    };
+    if (tid == 0) tl_[5] = t_mark;
+#else
+    auto mark = [](int) {};
+#endif
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     if (packed && k0 + BLOCK_N > blk.seqlen_k)  // the next sequence's keys: zeros (uniform over the CTA)
         bwd_ws_zero_tails<SWIZZLE, BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS>(sm.k, sm.v, blk.seqlen_k - k0, tid, 3);
@@ -187,6 +223,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         mbarrier_wait(smem_u32(&sm.full[s]), (i / STAGES) & 1);
         if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
             bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
+        mark(0);
 
         // GEMM0 and GEMM2 over this warpgroup's query rows, issued together
         float sacc[NQ * 4], dp[NQ * 4];
@@ -208,6 +245,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         wgmma_wait0();
         fence_operand<NQ * 4>(sacc);
         fence_operand<NQ * 4>(dp);
+        mark(1);
 
         // P^T and dS^T of these rows (one branch per tile, as in the ws kernel), into shared memory
         // (P while GEMM2 still runs, as the ws kernel's SPLIT_PDS, measured 0.98-0.99x here: step 57)
@@ -216,7 +254,9 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
                                frag, KeepWords<NQ>{});
         bwd_store_p_ds<NQ, BLOCK_M>(sacc, dp, sP, sdS, warp_key0, row_wg, frag);
         fence_proxy_async();
+        mark(2);
         named_barrier_sync(1, MMA_THREADS);  // both warpgroups' rows of P^T and dS^T visible
+        mark(3);
 
         // GEMM1, GEMM3 (A = P^T, dS^T from shared memory, K-major; B = dO, Q MN-major, this warpgroup's
         // columns), then GEMM4 (A = dS, the MN-major reading of dS^T; B = K MN-major, this warpgroup's columns)
@@ -238,10 +278,12 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         fence_operand<DK_HALF / 2>(acc_dq);
         fence_operand<NDV * 4>(acc_dv);
         fence_operand<NDK * 4>(acc_dk);
+        mark(4);
         if constexpr (DQ_TILED) {
             // the tile into this block's Q (rows 0-31) and dO (rows 32-63) buffers once both warpgroups'
             // GEMM1/3 have read them; then thread 0 adds it (the other warps go on at once)
             named_barrier_sync(2, MMA_THREADS);
+            mark(5);
             float* sdQ = reinterpret_cast<float*>(wi < 2 ? sm.q[s] : sm.dout[s]);
             stage_dq_tile<NDK, HDIM_Q, true>(sdQ, acc_dq, (wi & 1) * 16, wg * DK_HALF, frag);
             fence_proxy_async();
@@ -296,7 +338,11 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
                 }
             }
         }
+        mark(6);
     }
+#if defined(TIMING) && TIMING
+    if (tid == 0) tl_[6] = clock64();
+#endif
     // dK and dV staged through the K/V/Q/dO buffers (bwd_ws_store_dk_dv): once the last dQ tile's adds
     // have read it out of the Q/dO buffers and both warpgroups' last wgmma are done
     static_assert(2 * BLOCK_N * (HDIM_Q + HDIM_V + 16) <= sizeof(Smem::k) + sizeof(Smem::v) + sizeof(Smem::q) + sizeof(Smem::dout),
@@ -311,4 +357,16 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     bwd_ws_store_dk_dv<BLOCK_N, HDIM_Q, HDIM_V, MMA_THREADS, NDK, NDV>(p, blk, b, h, k0, acc_dk, acc_dv, warp_key0, frag,
                                                                       wg * DK_HALF, wg * DV_HALF, sm.k, tid, 3);
     bulk_wait_read<0>();  // (the rows' copies have read the stage; their writes complete with the grid)
+#if defined(TIMING) && TIMING
+    named_barrier_sync(3, MMA_THREADS);  // (both warpgroups' sums are in)
+    if (tid == 0) {
+        tl_[1] = global_timer_ns();
+        tl_[7] = clock64();
+        tl_[2] = sm_index();
+        tl_[3] = blk.qb_end - blk.qb_begin;
+        const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        if (cta < WT_CTAS)
+            for (int n = 0; n < WT_WORDS; ++n) fmha_wide_timeline[cta][n] = tl_[n];
+    }
+#endif
 }

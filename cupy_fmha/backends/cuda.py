@@ -590,7 +590,7 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
                            **(variant or {})))
     if not tiles.get("DQ_WRITER", 1):
         tiles.pop("DQ_WRITER")  # (off: the default build's name)
-    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "DQ_WRITER", "HEADS_X"}
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "DQ_WRITER", "HEADS_X", "TIMING"}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_WIDE_TILES: unknown entries {sorted(unknown)}")
     if tiles.get("STAGES", 2) < 2:
@@ -782,6 +782,7 @@ def experimental_table() -> list[KernelSpec]:
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
+    out += [bwd_ws_wide_spec("bf16", 256, 256, variant={"TIMING": 1, **w}) for w in ({}, {"DQ_WRITER": 1})]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
