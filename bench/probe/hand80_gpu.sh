@@ -4,10 +4,13 @@
 # and the gaps, bench/probe/fwd_timeline.py); (2) the variants against the default and cuDNN in one
 # process (probe/fwd_variants.py, best of 2 alternations) at the short points issue 11 misses and one
 # long one; (3) their GPU tests (bit-identical to the default build) and compute-sanitizer on small
-# forwards with 2 row blocks per CTA. About 6 minutes. Run bench/probe/fwdtl79_gpu.sh first if time allows.
+# forwards with 2 row blocks per CTA.   bench/probe/hand80_gpu.sh time   (1-2, about 8 minutes)
+#                                       bench/probe/hand80_gpu.sh check  (3, about 4 minutes)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
+for what in "$@"; do
+if [ "$what" = time ]; then
 for v in "" "Q_EARLY=1,TURN_CARRY=1"; do
   t "timeline hdim 128 s1024 '$v'"
   timeout -s KILL 60 python3 bench/probe/fwd_timeline.py 128 1024 $v 2>&1 | grep -v Warn
@@ -17,9 +20,15 @@ t "fwd variants hdim 128 (and two row blocks per CTA from s4096, where the defau
 eval timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants $V PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 \
   --hdim 128 --seqlen 1024,2048,4096 \
   --causal both --rounds 2 --time-limit 130 --out $OUT/fwd80-hd128.json 2>&1 | grep -v "^$" | cut -c1-150
-t "fwd variants hdim 64 and 256"
-eval timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants $V --hdim 64,256 --seqlen 1024,2048 \
-  --causal both --rounds 2 --time-limit 130 --out $OUT/fwd80-hd64-256.json 2>&1 | grep -v "^$" | cut -c1-150
+t "fwd variants hdim 64 (and two row blocks per CTA from s4096)"
+eval timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants $V PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 \
+  --hdim 64 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 130 --out $OUT/fwd80-hd64.json 2>&1 \
+  | grep -v "^$" | cut -c1-150
+t "fwd variants hdim 256"
+eval timeout -s KILL 100 python3 bench/probe/fwd_variants.py --variants $V --hdim 256 --seqlen 1024,2048 \
+  --causal both --rounds 2 --time-limit 80 --out $OUT/fwd80-hd256.json 2>&1 | grep -v "^$" | cut -c1-150
+fi
+if [ "$what" = check ]; then
 t "hand-over tests"
 timeout -s KILL 120 python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "handover or persist" \
   > $OUT/t80.txt 2>&1
@@ -28,5 +37,8 @@ export CUPY_FMHA_FWD_WS_TILES=PERSIST=2,Q_EARLY=1,TURN_CARRY=1
 for tool in memcheck racecheck synccheck; do
   t "compute-sanitizer $tool (PERSIST=2, both variants)"
   timeout -s KILL 60 compute-sanitizer --tool $tool --report-api-errors no python3 bench/probe/sanitize_fwd_ws.py 64,128,256 2>&1 | tail -1
+done
+unset CUPY_FMHA_FWD_WS_TILES
+fi
 done
 t done
