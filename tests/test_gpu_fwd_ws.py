@@ -234,12 +234,18 @@ def test_persist_default_group_mode(monkeypatch):
 # 1000 query rows over 300 keys: the first 700 rows see none) after ones with keys in the same CTA, so
 # TURN_CARRY must not pass a turn into them.
 HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1"]
-HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords
-    "plain": (2, 1000, 1000, 3, dict()),
-    "causal": (2, 1000, 1000, 3, dict(causal=True)),
-    "no keys": (2, 1000, 300, 3, dict(causal=True)),
-    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0))),
+HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, rows that see no key
+    "plain": (2, 1000, 1000, 3, dict(), 0),
+    "causal": (2, 1000, 1000, 3, dict(causal=True), 0),
+    "no keys": (2, 1000, 300, 3, dict(causal=True), 700),
+    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0)), 0),
+    # past FWD_WS_SHORT_SEQLEN, so a diagonal mask at hdim 64 takes three MMA warpgroups too
+    "causal long": (1, 2600, 2600, 2, dict(causal=True), 0),
+    "no keys long": (1, 2600, 700, 2, dict(causal=True), 1900),
 }
+# keys again after row blocks without any (a CTA takes its row blocks last first): a top-left window
+# of 100 keys over 300, so rows from 400 on see none (their O 0 and LSE -inf)
+HANDOVER_TOPLEFT = (2, 1000, 300, 3, dict(mask="t:100,0"))
 
 
 def _handover_pair(monkeypatch, variant, q, k, v, kw, **extra):
@@ -261,7 +267,7 @@ def _handover_pair(monkeypatch, variant, q, k, v, kw, **extra):
 def test_handover_variants_bit_identical(monkeypatch, variant, d, shape):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    b, sq, sk, h, kw = HANDOVER_SHAPES[shape]
+    b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
     spec = cuda.fwd_spec("fp16", d, d, 90)
     for item in variant.split(","):
@@ -273,11 +279,27 @@ def test_handover_variants_bit_identical(monkeypatch, variant, d, shape):
     o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    if shape == "no keys":  # (rows that see no key: O zero, LSE -inf; the rest finite)
-        assert bool((o[:, :700] == 0).all()) and bool(cp.isneginf(lse[:, :, :700]).all())
-        assert bool(cp.isfinite(lse[:, :, 700:]).all())
-    else:
-        assert bool(cp.isfinite(lse).all())
+    # rows that see no key: O zero, LSE -inf; the rest finite
+    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
+    assert bool(cp.isfinite(lse[:, :, dark:]).all())
+
+
+@pytest.mark.parametrize("variant", HANDOVER)
+@pytest.mark.parametrize("d", [64, 128])
+def test_handover_variants_keys_after_none(monkeypatch, variant, d):
+    """A CTA's row blocks without keys first, then ones with keys (the turn starts afresh, and
+    Q_EARLY's producer goes from a row block without key blocks to one with)."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw = HANDOVER_TOPLEFT
+    rng = cp.random.default_rng(seed_for("fwd-handover-topleft", variant, d))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool((o[:, 400:] == 0).all()) and bool(cp.isneginf(lse[:, :, 400:]).all())
+    assert bool(cp.isfinite(lse[:, :, :400]).all())
 
 
 @pytest.mark.parametrize("variant", HANDOVER)
@@ -301,7 +323,7 @@ def test_handover_variants_group_mode(monkeypatch, variant):
     assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
 
 
-@pytest.mark.parametrize("variant", ["Q_EARLY=1", "Q_EARLY=1,TURN_CARRY=1"])
+@pytest.mark.parametrize("variant", HANDOVER)
 def test_handover_variants_bias(monkeypatch, variant):
     """The TMA bias build at hdim 64 (its producer also streams the bias ring across row blocks)."""
     if not conftest.is_sm90():
@@ -311,7 +333,9 @@ def test_handover_variants_bias(monkeypatch, variant):
     q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
     bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
     o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), bias=bias)
-    assert cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2).macro("Q_EARLY", 0) == 1
+    spec = cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2)
+    for item in variant.split(","):
+        assert spec.macro(item.split("=")[0], 0) == 1, (item, spec.name)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool(cp.isfinite(lse).all())

@@ -30,9 +30,12 @@ eval timeout -s KILL 100 python3 bench/probe/fwd_variants.py --variants $V --hdi
 fi
 if [ "$what" = check ]; then
 t "hand-over tests"
-timeout -s KILL 120 python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "handover or persist" \
+# (-v: a turn fault shows as a hang, not a wrong answer; the tests never reported PASSED are the ones that hung)
+timeout -s KILL 150 python3 -m pytest -m gpu -v -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "handover or persist" \
   > $OUT/t80.txt 2>&1
-echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/t80.txt | head -10; tail -1 $OUT/t80.txt
+echo "rc=$?"; grep -E "^FAILED|^ERROR| FAILED | ERROR " $OUT/t80.txt | head -10; tail -1 $OUT/t80.txt
+python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_gpu_fwd_ws.py -k "handover or persist" 2>/dev/null | grep :: \
+  | while read -r id; do grep -qF "$id" <(grep -E "PASSED|FAILED|SKIPPED|ERROR" $OUT/t80.txt) || echo "never finished: $id"; done | head -20
 export CUPY_FMHA_FWD_WS_TILES=PERSIST=2,Q_EARLY=1,TURN_CARRY=1
 for tool in memcheck racecheck synccheck; do
   t "compute-sanitizer $tool (PERSIST=2, both variants)"
