@@ -53,6 +53,10 @@
 //   TURN_CARRY=1  (a variant, with PINGPONG; step 80) the turn goes on from the last MMA warpgroup's
 //               last P V of a row block to warpgroup 0's first S of the next (when the CTA has one with
 //               key blocks), instead of waiting for the last warpgroup to finish its epilogue
+//   Q_STAGES=2  (a variant; step 81) two Q buffers, each with its q_full / q_empty: the producer loads a
+//               row block's Q as soon as the row block before the last one has handed its buffer
+//               back, so with PERSIST the next Q is in place long before the row block starts (where
+//               it fits: the launcher drops it at hdim 256, and at 128 O's stage gives way)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
 //               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
@@ -96,13 +100,13 @@ constexpr int MMA_REGS = ws_mma_regs<NWG>;
 constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
 
 struct Smem {
-    uint16_t q[BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE)
+    uint16_t q[Q_STAGES][BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE); row block j's in j % Q_STAGES
     uint16_t k[STAGES][BLOCK_N * HDIM_Q];
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
     // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
     // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
     // q_empty: every MMA thread's S GEMMs of the row block are complete (the next row block's Q may land)
-    unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
+    unsigned long long q_full[Q_STAGES], q_empty[Q_STAGES], k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
     // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
@@ -252,8 +256,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
 #endif
     if (threadIdx.x == 0) {
-        mbarrier_init(smem_u32(&sm.q_full), 1);
-        mbarrier_init(smem_u32(&sm.q_empty), MMA_THREADS);
+        for (int s = 0; s < Q_STAGES; ++s) {
+            mbarrier_init(smem_u32(&sm.q_full[s]), 1);
+            mbarrier_init(smem_u32(&sm.q_empty[s]), MMA_THREADS);
+        }
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
@@ -284,9 +290,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             // Q once every MMA thread's S GEMMs of the previous row block are complete (Q_EARLY: after the
             // row block's first K, in the loop, unless it has no key block)
             if (!Q_EARLY || blk.kb_begin == blk.kb_end) {
-                if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
-                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+                if (j >= Q_STAGES) mbarrier_wait(smem_u32(&sm.q_empty[j % Q_STAGES]), (j / Q_STAGES - 1) & 1);
+                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
+                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[j % Q_STAGES], tm_q, smem_u32(&sm.q_full[j % Q_STAGES]), h, tq + q0, bq);
             }
             for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
@@ -295,9 +301,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
                 if (Q_EARLY && kb == blk.kb_begin) {  // (the row block's first K went ahead)
-                    if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
-                    mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
-                    tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+                    if (j >= Q_STAGES) mbarrier_wait(smem_u32(&sm.q_empty[j % Q_STAGES]), (j / Q_STAGES - 1) & 1);
+                    mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
+                    tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[j % Q_STAGES], tm_q, smem_u32(&sm.q_full[j % Q_STAGES]), h, tq + q0,
+                                                            bq);
                 }
                 if constexpr (BIAS) {  // the bias tile of (q0, key block kb), wanted by the softmax after S
                     const int bs = i % BIAS_STAGES;
@@ -360,7 +367,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 #pragma unroll
         for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
         float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-        mbarrier_wait(smem_u32(&sm.q_full), j & 1);
+        // this row block's Q buffer (broadcast from lane 0: its descriptors in uniform registers)
+        const int qs = Q_STAGES == 1 ? 0 : __shfl_sync(0xffffffffu, j % Q_STAGES, 0);
+        const uint16_t* sq = sm.q[qs];
+        unsigned long long* q_empty = &sm.q_empty[qs];
+        mbarrier_wait(smem_u32(&sm.q_full[qs]), (j / Q_STAGES) & 1);
         stamp(1);
         const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
 #if defined(TIMING) && TIMING
@@ -388,7 +399,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
                 float sacc[NS * 4];
                 wgmma_fence();
-                gemm_s(sacc, sm.q, sm.k[s], wg);
+                gemm_s(sacc, sq, sm.k[s], wg);
                 const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
@@ -414,7 +425,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
             }
-            mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
+            mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
         } else {
             // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
             // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
@@ -515,13 +526,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 bias_into_s(0);
                 turn_begin();
                 wgmma_fence();
-                gemm_s<BIAS_ACC>(sacc, sm.q, sm.k[uniform_stage(it)], wg);
+                gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
                 const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
-                if (Q_EARLY && n == 1) mbarrier_arrive(smem_u32(&sm.q_empty));  // (its only S GEMM is complete)
+                if (Q_EARLY && n == 1) mbarrier_arrive(smem_u32(q_empty));  // (its only S GEMM is complete)
                 softmax(sacc, 0, corr, keep0);
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
@@ -531,18 +542,18 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     bias_into_s(i);
                     turn_begin();
                     wgmma_fence();
-                    gemm_s<BIAS_ACC>(sacc, sm.q, sm.k[uniform_stage(it + i)], wg);
+                    gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
                     const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
-                    if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(&sm.q_empty));  // (the last S GEMM is complete)
+                    if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(q_empty));  // (the last S GEMM is complete)
                     softmax(sacc, i, corr, keep);
                 }
                 stamp(3);
-                if (!Q_EARLY) mbarrier_arrive(smem_u32(&sm.q_empty));  // every S GEMM of this row block is complete
+                if (!Q_EARLY) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
                 turn_begin();
@@ -556,7 +567,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 stamp(4);
                 mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
             } else {
-                mbarrier_arrive(smem_u32(&sm.q_empty));  // (no key block: Q unread)
+                mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
                 carried = false;  // (the row block before passed no turn: this one has no key block)
             }
         }

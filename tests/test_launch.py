@@ -319,6 +319,26 @@ def test_fwd_ws_handover_variants(monkeypatch):
     assert (s.macro("Q_EARLY"), s.macro("TURN_CARRY", 0)) == (1, 0), s.name
 
 
+def test_fwd_ws_two_q_buffers(monkeypatch):
+    """CUPY_FMHA_FWD_WS_TILES=Q_STAGES=2 (bench/NOTES.md step 81): a second Q buffer where it fits
+    (64 and 128, where O's stage then gives way; the bias builds shrink their ring), none at 256 (the
+    default build, not the older kernel); Q_STAGES=1 is the default's name; other counts are refused."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=1")
+    assert "Q_STAGES" not in fwd_spec("bf16", 128, 128, 90).name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=2")
+    for d in (64, 128):
+        for kw in (dict(), dict(dropout=True), dict(bias=True, bias_tma=2)):
+            s = fwd_spec("bf16", d, d, 90, **kw)
+            assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES") == 2, (kw, s.name)
+            assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT, s.name
+    assert fwd_spec("bf16", 128, 128, 90).macro("O_STAGE") == 0
+    s = fwd_spec("bf16", 256, 256, 90)
+    assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES", 1) == 1, s.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=3")
+    with pytest.raises(ValueError, match="Q_STAGES"):
+        fwd_spec("bf16", 64, 64, 90)
+
+
 def test_dq_writer_default_by_mode(monkeypatch):
     """BWD_WS_DQ_WRITER puts the dQ writer into the ws backwards' default builds per dQ mode and
     padded head dim (empty today: no instance carries it); the tuning variables override it, and

@@ -5,7 +5,8 @@
 # process (probe/fwd_variants.py, best of 2 alternations) at the short points issue 11 misses and one
 # long one; (3) their GPU tests (bit-identical to the default build) and compute-sanitizer on small
 # forwards with 2 row blocks per CTA.   bench/probe/hand80_gpu.sh time   (1-2, about 8 minutes)
-#                                       bench/probe/hand80_gpu.sh check  (3, about 4 minutes)
+#                                       bench/probe/hand80_gpu.sh time2  (step 81's two Q buffers, about 6 minutes)
+#                                       bench/probe/hand80_gpu.sh check  (3, about 5 minutes)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
@@ -28,6 +29,18 @@ t "fwd variants hdim 256"
 eval timeout -s KILL 100 python3 bench/probe/fwd_variants.py --variants $V --hdim 256 --seqlen 1024,2048 \
   --causal both --rounds 2 --time-limit 80 --out $OUT/fwd80-hd256.json 2>&1 | grep -v "^$" | cut -c1-150
 fi
+if [ "$what" = time2 ]; then  # step 81: two Q buffers (at hdim 128 O's stage gives way, so O_REG=1 alone too)
+t "fwd Q_STAGES hdim 128"
+timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants "" O_REG=1 Q_STAGES=2 Q_STAGES=2,TURN_CARRY=1 \
+  Q_EARLY=1,TURN_CARRY=1 --hdim 128 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 130 \
+  --out $OUT/fwd81-hd128.json 2>&1 | grep -v "^$" | cut -c1-150
+t "fwd Q_STAGES hdim 64"
+timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants "" Q_STAGES=2,TURN_CARRY=1 Q_EARLY=1,TURN_CARRY=1 \
+  PERSIST=2 Q_STAGES=2,TURN_CARRY=1,PERSIST=2 --hdim 64 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 130 \
+  --out $OUT/fwd81-hd64.json 2>&1 | grep -v "^$" | cut -c1-150
+t "timeline hdim 64 s1024 with Q_STAGES=2,TURN_CARRY=1"
+timeout -s KILL 60 python3 bench/probe/fwd_timeline.py 64 1024 Q_STAGES=2,TURN_CARRY=1 2>&1 | grep -v Warn
+fi
 if [ "$what" = check ]; then
 t "hand-over tests"
 # (-v: a turn fault shows as a hang, not a wrong answer; the tests never reported PASSED are the ones that hung)
@@ -36,10 +49,12 @@ timeout -s KILL 150 python3 -m pytest -m gpu -v -p no:cacheprovider -n 15 tests/
 echo "rc=$?"; grep -E "^FAILED|^ERROR| FAILED | ERROR " $OUT/t80.txt | head -10; tail -1 $OUT/t80.txt
 python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_gpu_fwd_ws.py -k "handover or persist" 2>/dev/null | grep :: \
   | while read -r id; do grep -qF "$id" <(grep -E "PASSED|FAILED|SKIPPED|ERROR" $OUT/t80.txt) || echo "never finished: $id"; done | head -20
-export CUPY_FMHA_FWD_WS_TILES=PERSIST=2,Q_EARLY=1,TURN_CARRY=1
+for v in PERSIST=2,Q_EARLY=1,TURN_CARRY=1 PERSIST=2,Q_STAGES=2,TURN_CARRY=1; do
+export CUPY_FMHA_FWD_WS_TILES=$v
 for tool in memcheck racecheck synccheck; do
-  t "compute-sanitizer $tool (PERSIST=2, both variants)"
-  timeout -s KILL 60 compute-sanitizer --tool $tool --report-api-errors no python3 bench/probe/sanitize_fwd_ws.py 64,128,256 2>&1 | tail -1
+  t "compute-sanitizer $tool ($v)"
+  timeout -s KILL 55 compute-sanitizer --tool $tool --report-api-errors no python3 bench/probe/sanitize_fwd_ws.py 64,128,256 2>&1 | tail -1
+done
 done
 unset CUPY_FMHA_FWD_WS_TILES
 fi

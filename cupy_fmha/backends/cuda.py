@@ -55,12 +55,13 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_fwd_sm90":  # NWG warpgroups of 64 query rows; blocked Q, K, V x 2
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
-    if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES; mbarriers
-        # (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024 bytes to align the tiles.
-        # BIAS: from the next 1024-byte boundary BIAS_STAGES bias tiles of BIAS_TMA-byte elements and
-        # their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one
+    if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q x Q_STAGES; K, V x STAGES;
+        # mbarriers (q_full, q_empty per Q buffer; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024
+        # bytes to align the tiles. BIAS: from the next 1024-byte boundary BIAS_STAGES bias tiles of
+        # BIAS_TMA-byte elements and their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
-        smem = 2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st)
+        qst = m.get("Q_STAGES", 1)
+        smem = 2 * (qst * bm * dq + st * bn * (dq + dv)) + 8 * (2 * qst + 4 * st)
         align = 1024 if m.get("SWIZZLE") else 0
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
@@ -706,6 +707,10 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
+    if tiles.get("Q_STAGES", 1) not in (1, 2):
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: Q_STAGES must be 1 or 2, got {tiles['Q_STAGES']}")
+    if tiles.get("Q_STAGES") == 1:
+        del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
     switches = {"FOLD", "O_REG", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -736,13 +741,19 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("Q_EARLY", None)  # (variants of the overlapped pipeline and of its turns only)
     if not tiles.get("PINGPONG"):
         tiles.pop("TURN_CARRY", None)
-    return _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    if tiles.get("Q_STAGES", 1) > 1 and spec.macro("SMEM_BYTES") > SMEM_LIMIT:
+        tiles.pop("Q_STAGES")  # (a second Q buffer that does not fit: hdim 256, 192)
+        spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    return spec
 
 
 #: the ws forward's row-block hand-over variants compiled offline (experimental_table; bench/NOTES.md
-#: step 80, not yet run on a GPU, so not dispatched): Q handed back after the last S GEMM and the next
-#: first K loaded ahead of Q (Q_EARLY), and the turn carried over to the next row block (TURN_CARRY)
-FWD_WS_HANDOVER_BUILDS = (dict(Q_EARLY=1), dict(Q_EARLY=1, TURN_CARRY=1), dict(TURN_CARRY=1))
+#: steps 80-81, not yet run on a GPU, so not dispatched): Q handed back after the last S GEMM and the next
+#: first K loaded ahead of Q (Q_EARLY), the turn carried over to the next row block (TURN_CARRY), two
+#: Q buffers (Q_STAGES=2; dropped where they do not fit: hdim 256)
+FWD_WS_HANDOVER_BUILDS = (dict(Q_EARLY=1), dict(Q_EARLY=1, TURN_CARRY=1), dict(TURN_CARRY=1), dict(Q_STAGES=2),
+                          dict(Q_STAGES=2, TURN_CARRY=1))
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
 FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1))
@@ -776,7 +787,8 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
     # the ws forward's row-block hand-over variants (bench/NOTES.md step 80), on each head dim's entries
     out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), **variant})
-            for dtype in DTYPES for d in (64, 128, 256) for variant in FWD_WS_HANDOVER_BUILDS]
+            for dtype in DTYPES for d in (64, 128, 256) for variant in FWD_WS_HANDOVER_BUILDS
+            if d < 256 or "Q_STAGES" not in variant]  # (no second Q buffer at 256: the same builds)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), **variant})
             for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
