@@ -3,7 +3,12 @@ clock64 at entry, K/V landed, first query block done, loop done, dK/dV stores is
 reads done, into the module's `fmha_timeline`), FlashAttention's grid, bf16, bshd. Prints the phases' medians (us, from clock64
 at the SM clock ``--mhz``) and the gaps between consecutive CTAs on one SM (globaltimer, ns).
 
-    python3 bench/probe/timeline58.py HDIM SEQLEN [causal] [TILES]   (TILES: more CUPY_FMHA_BWD_WS_TILES entries)
+    python3 bench/probe/timeline58.py HDIM SEQLEN [causal] [det] [TILES]   (TILES: more CUPY_FMHA_BWD_WS_TILES entries)
+
+``det``: deterministic mode (ordered dQ adds), and the phases by key block (grid x without the
+heads-first grid): if each tile's semaphore admits key block kb only after kb - 1 and the CTAs of a
+head start together, the first query block's time grows with kb (a staircase of one add's hop per
+key block), which the writer thread (DQ_WRITER=1, step 76) does not remove.
 """
 import os
 import sys
@@ -20,11 +25,12 @@ from cupy_fmha.spec import backend_for
 
 d, s = int(sys.argv[1]), int(sys.argv[2])
 causal = "causal" in sys.argv[3:]
+det = "det" in sys.argv[3:]
 b, h = 16384 // s, 2048 // d
 rng = np.random.default_rng(0)
 q, k, v, do = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(4))
 o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
-call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal)
+call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal, deterministic=det)
 call()
 dev = cp.cuda.Device()
 key = next(kk for kk in C._functions if kk[0].source == "fmha_bwd_dq_dk_dv_sm90_ws")
@@ -41,6 +47,7 @@ cp.cuda.runtime.deviceSynchronize()
 call()
 cp.cuda.runtime.deviceSynchronize()
 a = cp.asnumpy(arr)
+rows = np.nonzero(a[:, 0] > 0)[0]  # CTA indices (blockIdx.x fastest)
 a = a[a[:, 0] > 0].astype(np.int64)
 try:
     clk = int(dev.attributes["ClockRate"]) / 1e3  # MHz (the attribute is kHz)
@@ -75,3 +82,11 @@ for nb in sorted(set(nblk.tolist()))[:3] + sorted(set(nblk.tolist()))[-2:]:
     m = nblk == nb
     print(f"  {nb:3d} blocks: {m.sum():5d} CTAs, whole CTA median {np.median(us[m, 5]):.2f} us, to K/V {np.median(us[m, 1]):.2f}, "
           f"first block {np.median(us[m, 2] - us[m, 1]):.2f}, after loop {np.median(us[m, 5] - us[m, 3]):.2f}")
+if det and not spec.macro("HEADS_X", 0):
+    nkb = -(-s // spec.macro("BLOCK_N"))
+    kb = rows % nkb
+    print(f"deterministic, by key block (of {nkb}): first block (us) / whole CTA (us) / to K/V (us), medians")
+    for lo in range(0, nkb, max(1, nkb // 8)):
+        m = (kb >= lo) & (kb < lo + max(1, nkb // 8))
+        print(f"  kb {lo:4d}-{min(nkb, lo + max(1, nkb // 8)) - 1:4d}: {np.median(us[m, 2] - us[m, 1]):7.2f} / "
+              f"{np.median(us[m, 5]):7.2f} / {np.median(us[m, 1]):5.2f}  ({m.sum()} CTAs)")
