@@ -233,7 +233,8 @@ def test_persist_default_group_mode(monkeypatch):
 # each CTA up to three hand-overs; "no keys" puts row blocks without any key block (bottom-right causal,
 # 1000 query rows over 300 keys: the first 700 rows see none) after ones with keys in the same CTA, so
 # TURN_CARRY must not pass a turn into them.
-HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1", "Q_STAGES=2", "Q_STAGES=2,TURN_CARRY=1"]
+HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1", "Q_STAGES=2", "Q_STAGES=2,TURN_CARRY=1",
+            "Q_EARLY=1,Q_STAGES=2,TURN_CARRY=1"]
 HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, rows that see no key
     "plain": (2, 1000, 1000, 3, dict(), 0),
     "causal": (2, 1000, 1000, 3, dict(causal=True), 0),
@@ -248,29 +249,30 @@ HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, rows that see no 
 HANDOVER_TOPLEFT = (2, 1000, 300, 3, dict(mask="t:100,0"))
 
 
-def _handover_pair(monkeypatch, variant, q, k, v, kw, **extra):
-    """O and LSE at PERSIST=4 of the default build, then of ``variant`` into poisoned outputs."""
+def _handover_pair(monkeypatch, variant, q, k, v, kw, persist=4, **extra):
+    """O and LSE at PERSIST=``persist`` of the default build, then of ``variant`` into poisoned outputs."""
     import cupy_fmha
 
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist}")
     o0, lse0 = cupy_fmha.attention_forward(q, k, v, **kw, **extra)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
     o = conftest.nan_like(o0.shape, o0.dtype)
     lse = conftest.nan_like(lse0.shape, lse0.dtype)
     cupy_fmha.attention_forward(q, k, v, **kw, **extra, out=(o, lse))
     return o0, lse0, o, lse
 
 
+@pytest.mark.parametrize("persist", [4, 8])  # (8: up to 21 row blocks per CTA, so each Q buffer is reused)
 @pytest.mark.parametrize("variant", HANDOVER)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("shape", list(HANDOVER_SHAPES))
-def test_handover_variants_bit_identical(monkeypatch, variant, d, shape):
+def test_handover_variants_bit_identical(monkeypatch, variant, d, shape, persist):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     if "Q_STAGES" in variant and d == 256:
         pytest.skip("no second Q buffer at hdim 256 (fwd_ws_spec drops it: the default build)")
     b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
     spec = cuda.fwd_spec("fp16", d, d, 90)
     for item in variant.split(","):
         key, _, val = item.partition("=")
@@ -278,7 +280,7 @@ def test_handover_variants_bit_identical(monkeypatch, variant, d, shape):
     rng = cp.random.default_rng(seed_for("fwd-handover", variant, d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     # rows that see no key: O zero, LSE -inf; the rest finite
@@ -326,18 +328,39 @@ def test_handover_variants_group_mode(monkeypatch, variant):
 
 
 @pytest.mark.parametrize("variant", HANDOVER)
-def test_handover_variants_bias(monkeypatch, variant):
-    """The TMA bias build at hdim 64 (its producer also streams the bias ring across row blocks)."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_handover_variants_bias(monkeypatch, variant, d):
+    """The TMA bias builds (the producer also streams the bias ring across row blocks; at hdim 128
+    two Q buffers leave room for one bias tile instead of two)."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    rng = cp.random.default_rng(seed_for("fwd-handover-bias", variant))
-    b, s, h, d = 2, 1000, 2, 64
+    rng = cp.random.default_rng(seed_for("fwd-handover-bias", variant, d))
+    b, s, h = 2, 1000, 2
     q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
     bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
     o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), bias=bias)
     spec = cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2)
     for item in variant.split(","):
-        assert spec.macro(item.split("=")[0], 0) == 1, (item, spec.name)
+        key, _, val = item.partition("=")
+        assert spec.macro(key, 0) == int(val), (item, spec.name)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool(cp.isfinite(lse).all())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_two_q_buffers_dropout(monkeypatch, d):
+    """Q_STAGES=2 on the dropout builds (at hdim 128 the serial pipeline): the same keep mask and
+    arithmetic, so bit-identical to the default build, over 8 row blocks per CTA."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    rng = cp.random.default_rng(seed_for("fwd-q2-dropout", d))
+    b, s, h = 1, 1000, 2
+    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(causal=True, dropout_p=0.2, seed=7, offset=3)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, "Q_STAGES=2", q, k, v, kw, persist=8)
+    spec = cuda.fwd_spec("fp16", d, d, 90, dropout=True)
+    assert spec.macro("Q_STAGES") == 2 and spec.macro("DROPOUT") == 1, spec.name
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool(cp.isfinite(lse).all())

@@ -332,6 +332,7 @@ def test_fwd_ws_two_q_buffers(monkeypatch):
             assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES") == 2, (kw, s.name)
             assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT, s.name
     assert fwd_spec("bf16", 128, 128, 90).macro("O_STAGE") == 0
+    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("BIAS_STAGES") == 1  # (2 with one Q buffer)
     s = fwd_spec("bf16", 256, 256, 90)
     assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES", 1) == 1, s.name
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=3")

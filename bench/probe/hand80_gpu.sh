@@ -6,7 +6,8 @@
 # long one; (3) their GPU tests (bit-identical to the default build) and compute-sanitizer on small
 # forwards with 2 row blocks per CTA.   bench/probe/hand80_gpu.sh time   (1-2, about 8 minutes)
 #                                       bench/probe/hand80_gpu.sh time2  (step 81's two Q buffers, about 6 minutes)
-#                                       bench/probe/hand80_gpu.sh check  (3, about 5 minutes)
+#                                       bench/probe/hand80_gpu.sh check  (3's tests, about 5 minutes)
+#                                       bench/probe/hand80_gpu.sh sanitize  (3's compute-sanitizer runs, about 6 minutes)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
@@ -44,12 +45,14 @@ fi
 if [ "$what" = check ]; then
 t "hand-over tests"
 # (-v: a turn fault shows as a hang, not a wrong answer; the tests never reported PASSED are the ones that hung)
-timeout -s KILL 150 python3 -m pytest -m gpu -v -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "handover or persist" \
+timeout -s KILL 400 python3 -m pytest -m gpu -v -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "handover or persist or two_q" \
   > $OUT/t80.txt 2>&1
 echo "rc=$?"; grep -E "^FAILED|^ERROR| FAILED | ERROR " $OUT/t80.txt | head -10; tail -1 $OUT/t80.txt
-python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_gpu_fwd_ws.py -k "handover or persist" 2>/dev/null | grep :: \
+python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_gpu_fwd_ws.py -k "handover or persist or two_q" 2>/dev/null | grep :: \
   | while read -r id; do grep -qF "$id" <(grep -E "PASSED|FAILED|SKIPPED|ERROR" $OUT/t80.txt) || echo "never finished: $id"; done | head -20
-for v in PERSIST=2,Q_EARLY=1,TURN_CARRY=1 PERSIST=2,Q_STAGES=2,TURN_CARRY=1; do
+fi
+if [ "$what" = sanitize ]; then  # (PERSIST=8: sanitize_fwd_ws.py's 700-row calls put 4-6 row blocks in one CTA, so both Q buffers are reused)
+for v in PERSIST=8,Q_EARLY=1,TURN_CARRY=1 PERSIST=8,Q_STAGES=2,TURN_CARRY=1; do
 export CUPY_FMHA_FWD_WS_TILES=$v
 for tool in memcheck racecheck synccheck; do
   t "compute-sanitizer $tool ($v)"

@@ -791,6 +791,8 @@ def experimental_table() -> list[KernelSpec]:
             if d < 256 or "Q_STAGES" not in variant]  # (no second Q buffer at 256: the same builds)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), **variant})
             for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
+    out += [fwd_ws_spec(dtype, 128, 128, dropout=True, tiles={**fwd_ws_tiles(128, dropout=True), "Q_STAGES": 2})
+            for dtype in DTYPES]  # (two Q buffers on the serial pipeline)
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
