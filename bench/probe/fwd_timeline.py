@@ -84,8 +84,7 @@ def main(argv: list[str]) -> None:
     import ml_dtypes
 
     import cupy_fmha
-    from cupy_fmha import compile as C
-    from cupy_fmha.spec import backend_for
+    import timing_build as T
 
     d, s = int(argv[0]), int(argv[1])
     causal = "causal" in argv[2:]
@@ -94,28 +93,16 @@ def main(argv: list[str]) -> None:
     q, k, v = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(3))
     call = lambda: cupy_fmha.attention_forward(q, k, v, causal=causal)  # noqa: E731
     call()
-    dev = cp.cuda.Device()
-    key = next(kk for kk in C._functions if kk[0].source == "fmha_fwd_sm90_ws")
-    spec = key[0]
-    opts = C.nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
-    mod = cp.RawModule(code=C.load_source(spec.source), options=opts)
-    C._functions[key] = mod.get_function(spec.entry)  # (the module whose global this reads)
-    for _ in range(5):
-        call()
-    arr = cp.ndarray((1 << 14, WORDS), cp.uint64, memptr=mod.get_global("fmha_fwd_timeline"))
-    arr.fill(0)
-    cp.cuda.runtime.deviceSynchronize()
+    mod, spec = T.swap_in("fmha_fwd_sm90_ws")
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    call()
-    stop.record()
-    stop.synchronize()
-    a = cp.asnumpy(arr)
-    a = a[a[:, 0] > 0].astype(np.int64)
-    try:
-        mhz = int(dev.attributes["ClockRate"]) / 1e3  # (the attribute is kHz)
-    except Exception:  # noqa: BLE001
-        mhz = 1980.0
+
+    def timed():
+        start.record()
+        call()
+        stop.record()
+
+    _, a = T.read_timeline(mod, "fmha_fwd_timeline", (1 << 14, WORDS), timed, warmup=5)
+    mhz = T.sm_mhz()
     print(f"{spec.name} {extra}: d{d} s{s} {'causal' if causal else 'nc'}, b{b} h{h}; "
           f"kernel {cp.cuda.get_elapsed_time(start, stop) * 1e3:.1f} us (events, with the stamps)")
     report(a, mhz)

@@ -20,8 +20,7 @@ import ml_dtypes
 import numpy as np
 
 import cupy_fmha
-from cupy_fmha import compile as C
-from cupy_fmha.spec import backend_for
+import timing_build as T
 
 d, s = int(sys.argv[1]), int(sys.argv[2])
 causal = "causal" in sys.argv[3:]
@@ -32,27 +31,9 @@ q, k, v, do = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(m
 o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
 call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal, deterministic=det)
 call()
-dev = cp.cuda.Device()
-key = next(kk for kk in C._functions if kk[0].source == "fmha_bwd_dq_dk_dv_sm90_ws")
-spec = key[0]
-opts = C.nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
-mod = cp.RawModule(code=C.load_source(spec.source), options=opts)
-C._functions[key] = mod.get_function(spec.entry)
-for _ in range(5):
-    call()
-tl = mod.get_global("fmha_timeline")
-arr = cp.ndarray((1 << 15, 16), cp.uint64, memptr=tl)
-arr.fill(0)
-cp.cuda.runtime.deviceSynchronize()
-call()
-cp.cuda.runtime.deviceSynchronize()
-a = cp.asnumpy(arr)
-rows = np.nonzero(a[:, 0] > 0)[0]  # CTA indices (blockIdx.x fastest)
-a = a[a[:, 0] > 0].astype(np.int64)
-try:
-    clk = int(dev.attributes["ClockRate"]) / 1e3  # MHz (the attribute is kHz)
-except Exception:  # noqa: BLE001
-    clk = 1980.0
+mod, spec = T.swap_in("fmha_bwd_dq_dk_dv_sm90_ws")
+rows, a = T.read_timeline(mod, "fmha_timeline", (1 << 15, 16), call, warmup=5)  # (rows: CTA indices, blockIdx.x fastest)
+clk = T.sm_mhz()
 g0, g4, smid, nblk = a[:, 0], a[:, 5], a[:, 6], a[:, 7]
 c = a[:, 8:14] - a[:, 8:9]
 us = c / clk

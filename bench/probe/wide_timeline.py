@@ -51,8 +51,7 @@ def main(argv: list[str]) -> None:
     import ml_dtypes
 
     import cupy_fmha
-    from cupy_fmha import compile as C
-    from cupy_fmha.spec import backend_for
+    import timing_build as T
 
     d, s = 256, int(argv[0])
     causal = "causal" in argv[1:]
@@ -62,25 +61,9 @@ def main(argv: list[str]) -> None:
     o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
     call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal)  # noqa: E731
     call()
-    dev = cp.cuda.Device()
-    key = next(kk for kk in C._functions if kk[0].source == "fmha_bwd_dq_dk_dv_sm90_ws_wide")
-    spec = key[0]
-    opts = C.nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
-    mod = cp.RawModule(code=C.load_source(spec.source), options=opts)
-    C._functions[key] = mod.get_function(spec.entry)  # (the module whose global this reads)
-    for _ in range(3):
-        call()
-    arr = cp.ndarray((1 << 14, WORDS), cp.uint64, memptr=mod.get_global("fmha_wide_timeline"))
-    arr.fill(0)
-    cp.cuda.runtime.deviceSynchronize()
-    call()
-    cp.cuda.runtime.deviceSynchronize()
-    a = cp.asnumpy(arr)
-    a = a[a[:, 0] > 0].astype(np.int64)
-    try:
-        mhz = int(dev.attributes["ClockRate"]) / 1e3  # (the attribute is kHz)
-    except Exception:  # noqa: BLE001
-        mhz = 1980.0
+    mod, spec = T.swap_in("fmha_bwd_dq_dk_dv_sm90_ws_wide")
+    _, a = T.read_timeline(mod, "fmha_wide_timeline", (1 << 14, WORDS), call)
+    mhz = T.sm_mhz()
     print(f"{spec.name} {extra}: d{d} s{s} {'causal' if causal else 'nc'}, b{b} h{h}")
     report(a, mhz, d)
 
