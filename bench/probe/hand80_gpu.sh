@@ -13,6 +13,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
 for what in "$@"; do
 if [ "$what" = time ]; then
+t "precompile the variants (in parallel, so fwd_variants.py's time limit goes to timing)"
+timeout -s KILL 150 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128,256 --dtypes bf16 --fwd-ws-variants "" \
+  Q_EARLY=1 TURN_CARRY=1 Q_EARLY=1,TURN_CARRY=1 PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 TIMING=1 TIMING=1,Q_EARLY=1,TURN_CARRY=1 2>&1 | tail -3
 for v in "" "Q_EARLY=1,TURN_CARRY=1"; do
   t "timeline hdim 128 s1024 '$v'"
   timeout -s KILL 60 python3 bench/probe/fwd_timeline.py 128 1024 $v 2>&1 | grep -v Warn
@@ -31,6 +34,10 @@ eval timeout -s KILL 100 python3 bench/probe/fwd_variants.py --variants $V --hdi
   --causal both --rounds 2 --time-limit 80 --out $OUT/fwd80-hd256.json 2>&1 | grep -v "^$" | cut -c1-150
 fi
 if [ "$what" = time2 ]; then  # step 81: two Q buffers (at hdim 128 O's stage gives way, so O_REG=1 alone too)
+t "precompile"
+timeout -s KILL 150 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128 --dtypes bf16 --fwd-ws-variants "" O_REG=1 \
+  Q_STAGES=2 Q_STAGES=2,TURN_CARRY=1 Q_EARLY=1,TURN_CARRY=1 PERSIST=2 Q_STAGES=2,TURN_CARRY=1,PERSIST=2 \
+  TIMING=1,Q_STAGES=2,TURN_CARRY=1 2>&1 | tail -3
 t "fwd Q_STAGES hdim 128"
 timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants "" O_REG=1 Q_STAGES=2 Q_STAGES=2,TURN_CARRY=1 \
   Q_EARLY=1,TURN_CARRY=1 --hdim 128 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 130 \

@@ -8,7 +8,11 @@ options, so the cache keys match what the tests and benchmarks ask for later).
 Instances: for fp16 and bf16, the head dims of tests/test_gpu_fwd_ws.py (32 ... 128), with and
 without ALiBi, on this device: the forward (the default choice and, at padded head dims 64/128,
 the warp-specialized forward under each ``CUPY_FMHA_FWD_WS_TILES`` value given) and the
-backward's kernels (and the ws backward under each ``--bwd-ws-variants`` value). Prints the count and the time taken."""
+backward's kernels (and the ws backward under each ``--bwd-ws-variants`` value). Prints the count and the time taken.
+
+``--only-fwd-ws --hdims 64,128 --dtypes bf16``: just the warp-specialized forward under each variant (and its
+short-diagonal build), for an A/B of variants (bench/probe/fwd_variants.py), whose first point would
+otherwise compile every variant one after the other inside its time limit."""
 
 from __future__ import annotations
 
@@ -51,6 +55,21 @@ def _specs(variants: list[str], bwd_variants: tuple[str, ...] = ()) -> list:
     return list(seen.values())
 
 
+def _fwd_ws_specs(variants: list[str], hdims, dtypes) -> list:
+    from cupy_fmha.backends import cuda
+
+    seen: dict = {}
+    for v in variants:
+        os.environ["CUPY_FMHA_FWD_WS_TILES"] = v
+        for dtype in dtypes:
+            for d in hdims:
+                for short in (False, True):
+                    s = cuda.fwd_ws_spec(dtype, d, d, short=short)
+                    seen.setdefault(s.name, s)
+    os.environ.pop("CUPY_FMHA_FWD_WS_TILES", None)
+    return list(seen.values())
+
+
 def _build(spec) -> str:
     from cupy_fmha.compile import get_function
 
@@ -63,8 +82,14 @@ def main() -> None:
     ap.add_argument("--fwd-ws-variants", nargs="*", default=[""], help="CUPY_FMHA_FWD_WS_TILES values")
     ap.add_argument("--bwd-ws-variants", nargs="*", default=[], help="CUPY_FMHA_BWD_WS_TILES values")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--only-fwd-ws", action="store_true", help="only the ws forward under each --fwd-ws-variants value")
+    ap.add_argument("--hdims", default="64,128,256", help="with --only-fwd-ws: comma-separated head dims")
+    ap.add_argument("--dtypes", default="bf16,fp16", help="with --only-fwd-ws: comma-separated dtypes")
     args = ap.parse_args()
-    specs = _specs(args.fwd_ws_variants, tuple(args.bwd_ws_variants))
+    if args.only_fwd_ws:
+        specs = _fwd_ws_specs(args.fwd_ws_variants, [int(x) for x in args.hdims.split(",")], args.dtypes.split(","))
+    else:
+        specs = _specs(args.fwd_ws_variants, tuple(args.bwd_ws_variants))
     t0 = time.perf_counter()
     failed = 0
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
