@@ -14,11 +14,11 @@ T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
 for what in "$@"; do
 if [ "$what" = time ]; then
 t "precompile the variants (in parallel, so fwd_variants.py's time limit goes to timing)"
-timeout -s KILL 150 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128,256 --dtypes bf16 --fwd-ws-variants "" \
+timeout -s KILL 120 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128,256 --dtypes bf16 --fwd-ws-variants "" \
   Q_EARLY=1 TURN_CARRY=1 Q_EARLY=1,TURN_CARRY=1 PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 TIMING=1 TIMING=1,Q_EARLY=1,TURN_CARRY=1 2>&1 | tail -3
 for v in "" "Q_EARLY=1,TURN_CARRY=1"; do
   t "timeline hdim 128 s1024 '$v'"
-  timeout -s KILL 60 python3 bench/probe/fwd_timeline.py 128 1024 $v 2>&1 | grep -v Warn
+  timeout -s KILL 50 python3 bench/probe/fwd_timeline.py 128 1024 $v 2>&1 | grep -v Warn
 done
 V='"" Q_EARLY=1 TURN_CARRY=1 Q_EARLY=1,TURN_CARRY=1'
 t "fwd variants hdim 128 (and two row blocks per CTA from s4096, where the default takes one)"
@@ -26,12 +26,12 @@ eval timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants $V PERSI
   --hdim 128 --seqlen 1024,2048,4096 \
   --causal both --rounds 2 --time-limit 130 --out $OUT/fwd80-hd128.json 2>&1 | grep -v "^$" | cut -c1-150
 t "fwd variants hdim 64 (and two row blocks per CTA from s4096)"
-eval timeout -s KILL 150 python3 bench/probe/fwd_variants.py --variants $V PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 \
-  --hdim 64 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 130 --out $OUT/fwd80-hd64.json 2>&1 \
+eval timeout -s KILL 130 python3 bench/probe/fwd_variants.py --variants $V PERSIST=2 Q_EARLY=1,TURN_CARRY=1,PERSIST=2 \
+  --hdim 64 --seqlen 1024,2048,4096 --causal both --rounds 2 --time-limit 110 --out $OUT/fwd80-hd64.json 2>&1 \
   | grep -v "^$" | cut -c1-150
 t "fwd variants hdim 256"
-eval timeout -s KILL 100 python3 bench/probe/fwd_variants.py --variants $V --hdim 256 --seqlen 1024,2048 \
-  --causal both --rounds 2 --time-limit 80 --out $OUT/fwd80-hd256.json 2>&1 | grep -v "^$" | cut -c1-150
+eval timeout -s KILL 80 python3 bench/probe/fwd_variants.py --variants $V --hdim 256 --seqlen 1024,2048 \
+  --causal both --rounds 2 --time-limit 60 --out $OUT/fwd80-hd256.json 2>&1 | grep -v "^$" | cut -c1-150
 fi
 if [ "$what" = time2 ]; then  # step 81: two Q buffers (at hdim 128 O's stage gives way, so O_REG=1 alone too)
 t "precompile"
