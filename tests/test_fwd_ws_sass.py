@@ -38,7 +38,11 @@ def _runs_of_gemms(sass: list[str]) -> list[list[str]]:
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("variant", [dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
-                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)], ids=lambda v: ",".join(v))
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1),
+                                     # the row-block hand-over variants (bench/NOTES.md steps 80-81) keep it too
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, Q_EARLY=1, TURN_CARRY=1),
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, Q_STAGES=2, TURN_CARRY=1)],
+                         ids=lambda v: ",".join(v))
 def test_softmax_runs_between_the_two_waits(d, variant):
     spec = cuda.fwd_ws_spec("bf16", d, d, tiles=dict(NWG=2, BLOCK_N=128, **variant))
     sass = C.sass_instructions(spec)
