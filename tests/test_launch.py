@@ -111,9 +111,11 @@ def test_ws_backward_routing(monkeypatch):
     # its tuning variable takes only its own entries, and at least two stages (a stage goes back a block late)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_STAGE=0")
     assert bwd_specs("bf16", 256, 256, 90).dq_dk_dv.macro("DQ_TILED") == 0
-    # the dQ writer variant (not dispatched by default): its mbarriers and jobs, 32 bytes per stage,
-    # only where dQ is staged
+    # the dQ writer (by default at 256 since step 83: BWD_WS_DQ_WRITER): its mbarriers and jobs, 32
+    # bytes per stage, only where dQ is staged
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_WIDE_TILES")
+    assert bwd_specs("bf16", 256, 256, 90).dq_dk_dv.macro("DQ_WRITER") == 1
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=0")
     plain = {hv: bwd_specs("bf16", 256, hv, 90).dq_dk_dv for hv in (128, 256)}
     assert plain[256].macro("DQ_WRITER", 0) == 0
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_WIDE_TILES", "DQ_WRITER=1")
@@ -124,6 +126,7 @@ def test_ws_backward_routing(monkeypatch):
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_WIDE_TILES")
     # ... and the ws build's (hdim 64 and 128): two mbarriers and the job, 40 bytes; not in the
     # dropout or bias builds
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DQ_WRITER=0")
     plain = {d: bwd_specs("bf16", d, d, 90).dq_dk_dv for d in (64, 128)}
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DQ_WRITER=1")
     for d in (64, 128):
@@ -282,8 +285,9 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
     dropout build with a bias) ignore it, and without the switch no instance carries it."""
     from cupy_fmha.backends import cuda
 
-    for d in (64, 128):
-        assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).macro("BIAS_ACC", 0) == 0
+    # by default at hdim 64 (FWD_WS_BIAS_BY_HDIM: 1.35x plain against 1.52x, bench/NOTES.md step 83), not at 128
+    assert fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2).macro("BIAS_ACC", 0) == 1
+    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("BIAS_ACC", 0) == 0
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "BIAS_ACC=1")
     for d in (64, 128):
         for n in (2, 4):
@@ -342,13 +346,16 @@ def test_fwd_ws_two_q_buffers(monkeypatch):
 
 def test_dq_writer_default_by_mode(monkeypatch):
     """BWD_WS_DQ_WRITER puts the dQ writer into the ws backwards' default builds per dQ mode and
-    padded head dim (empty today: no instance carries it); the tuning variables override it, and
-    the bias and dropout builds never take it."""
+    padded head dim (the measured table: atomic 256, deterministic all three); the tuning
+    variables override it, and the bias and dropout builds never take it."""
     from cupy_fmha.backends import cuda
 
     for det in (False, True):
         for d in (64, 128, 256):
-            assert bwd_specs("bf16", d, d, 90, deterministic=det).dq_dk_dv.macro("DQ_WRITER", 0) == 0
+            want = int(d in cuda.BWD_WS_DQ_WRITER["deterministic" if det else "atomic"])
+            assert bwd_specs("bf16", d, d, 90, deterministic=det).dq_dk_dv.macro("DQ_WRITER", 0) == want, (d, det)
+    assert bwd_specs("bf16", 128, 128, 90).dq_dk_dv.macro("DQ_WRITER", 0) == 0  # (atomic at 128: 1.02x the time)
+    assert bwd_specs("bf16", 64, 64, 90).dq_dk_dv.macro("DQ_WRITER", 0) == 0
     monkeypatch.setattr(cuda, "BWD_WS_DQ_WRITER", {"atomic": (128,), "deterministic": (64, 128, 256)})
     for d, atomic in ((64, 0), (128, 1), (256, 0)):
         assert bwd_specs("bf16", d, d, 90).dq_dk_dv.macro("DQ_WRITER", 0) == atomic, d

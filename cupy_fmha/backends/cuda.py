@@ -481,10 +481,13 @@ BWD_WS_BIAS_HDIMS = (64, 128)
 #: Where the ws backwards build the dQ writer by default (``DQ_WRITER=1``: a producer thread adds the
 #: dQ tiles and waits for the ordered adds' turns instead of an MMA thread; bench/NOTES.md steps 75-76),
 #: by dQ mode ("atomic", "deterministic"): the padded head dims (64, 128: fmha_bwd_dq_dk_dv_sm90_ws;
-#: 256: the wide build, by its larger head dim). Empty until a GPU run has measured the writers
-#: (``bench/probe/time78_gpu.sh``); ``CUPY_FMHA_BWD_WS_TILES`` / ``CUPY_FMHA_BWD_WS_WIDE_TILES``
-#: (``DQ_WRITER=0`` or ``=1``) override it either way.
-BWD_WS_DQ_WRITER: dict[str, tuple[int, ...]] = {"atomic": (), "deterministic": ()}
+#: 256: the wide build, by its larger head dim), by measurement on the H200 (bench/NOTES.md step 83,
+#: ``bench/probe/time78_gpu.sh``, bf16 b4 h16 s4096): deterministic mode 1.15-1.19x the atomic backward
+#: with the writer against 1.44-1.52x without (hdim 64, 128), the wide backward 0.88-0.91x the time
+#: at s2048-8192 causal and not; not in atomic mode at 128 (1.02x the time) or 64 (0.99x, and its build's
+#: wgmma descriptors leave the uniform registers: 60 R2UR, tests/test_bwd_ws_sass.py).
+#: ``CUPY_FMHA_BWD_WS_TILES`` / ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (``DQ_WRITER=0`` or ``=1``) override it.
+BWD_WS_DQ_WRITER: dict[str, tuple[int, ...]] = {"atomic": (256,), "deterministic": (64, 128, 256)}
 
 
 def _dq_writer_default(hdim: int, deterministic: bool) -> dict[str, int]:
@@ -587,8 +590,8 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
     dim rounded up to 128)."""
     d = max(pad_hdim(hdim_q, 128), pad_hdim(hdim_v, 128))
     tiles = _override("CUPY_FMHA_BWD_WS_WIDE_TILES",
-                      dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1, **_dq_writer_default(d, deterministic),
-                           **(variant or {})))
+                      {**dict(NWG=2, BLOCK_N=64, BLOCK_M=64, SWIZZLE=1), **_dq_writer_default(d, deterministic),
+                       **(variant or {})})
     if not tiles.get("DQ_WRITER", 1):
         tiles.pop("DQ_WRITER")  # (off: the default build's name)
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "SWIZZLE", "STAGES", "DQ_STAGE", "DQ_WRITER", "HEADS_X", "TIMING"}
@@ -655,7 +658,7 @@ FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
 #: three (FWD_WS_BY_HDIM) spill 96-576 bytes beside the bias tile's addressing at 160 registers
-FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2)}
+FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2, BIAS_ACC=1)}
 #: ... and under a diagonal mask over at most FWD_WS_SHORT_SEQLEN query rows (use_fwd_ws_short): two
 #: MMA warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
 #: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
