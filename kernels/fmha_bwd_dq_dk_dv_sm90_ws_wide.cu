@@ -93,7 +93,12 @@ struct WriterSmem {
 };
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory: the launcher
 // passes 1024 bytes more (SMEM_BYTES)
-static_assert(sizeof(Smem) + (WRITER ? sizeof(WriterSmem) : 0) + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
+#if defined(TIMING) && TIMING
+enum : int { TIMING_BYTES = 8 * (8 + 2 * 7) };  // (WT_WORDS words after the layout: derived_macros)
+#else
+enum : int { TIMING_BYTES = 0 };
+#endif
+static_assert(sizeof(Smem) + (WRITER ? sizeof(WriterSmem) : 0) + TIMING_BYTES + 1024 == SMEM_BYTES, "fmha_bwd_dq_dk_dv_sm90_ws_wide: shared-memory layout and backends/cuda.py's SMEM_BYTES (derived_macros) disagree");
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_N * HDIM_V % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0,
               "TMA destinations must stay 1024-byte aligned");
@@ -133,7 +138,9 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
 #if defined(TIMING) && TIMING
-    __shared__ unsigned long long tl_[WT_WORDS];
+    static_assert(TIMING_BYTES == 8 * WT_WORDS, "the timing words after the layout");
+    unsigned long long* tl_ = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(Smem) +
+                                                                    (WRITER ? sizeof(WriterSmem) : 0));
     if (threadIdx.x == 0) {
         for (int n = 0; n < WT_WORDS; ++n) tl_[n] = 0;
         tl_[0] = global_timer_ns();

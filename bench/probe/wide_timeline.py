@@ -6,7 +6,7 @@ Issue 10's hdim-256 backward is at 0.84-0.89x cuDNN with the tensor pipe busy 37
 dS, barrier 1, GEMM1/3/4, barrier 2 and the dQ staging, per warpgroup, against the block's tensor
 work at the SM's peak rate (4096 bf16 FLOP per cycle).
 
-    python3 bench/probe/wide_timeline.py SEQLEN [causal] [TILES]   (TILES: more CUPY_FMHA_BWD_WS_WIDE_TILES entries, e.g. DQ_WRITER=1)
+    python3 bench/probe/wide_timeline.py SEQLEN [causal] [TILES]   (TILES: more CUPY_FMHA_BWD_WS_WIDE_TILES entries, e.g. DQ_WRITER=0)
 
 `report` takes the raw rows, so it runs on made-up ones without a GPU.
 """

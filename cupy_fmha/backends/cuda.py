@@ -105,6 +105,8 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         staged = 1 if dq <= dv and m.get("DQ_STAGE", 1) else 0
         if staged and m.get("DQ_WRITER", 0):  # the writer's dq_full mbarriers and jobs (24 bytes) per stage
             smem += (8 + 24) * st
+        if m.get("TIMING", 0):  # the diagnostics build's phase sums (WT_WORDS words), after the layout: a static
+            smem += 8 * (8 + 2 * 7)  # array would push the 1024-aligned dynamic one past the limit
         return dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=staged, DQ_ORDERED=staged, SMEM_BYTES=smem + 1024)
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
@@ -799,7 +801,7 @@ def experimental_table() -> list[KernelSpec]:
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
-    out += [bwd_ws_wide_spec("bf16", 256, 256, variant={"TIMING": 1, **w}) for w in ({}, {"DQ_WRITER": 1})]
+    out += [bwd_ws_wide_spec("bf16", 256, 256, variant={"TIMING": 1, **w}) for w in ({}, {"DQ_WRITER": 0})]
     # the ws forward's pipeline variants (FWD_WS_VARIANTS), not dispatched by default
     for variant in FWD_WS_BUILDS:
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles=dict(NWG=2, BLOCK_N=128, **variant))
