@@ -81,16 +81,13 @@ def main(argv: list[str]) -> None:
     extra = [x for x in argv[2:] if "=" in x]
     os.environ["CUPY_FMHA_FWD_WS_TILES"] = ",".join(["TIMING=1", *extra])
     import cupy as cp
-    import ml_dtypes
 
     import cupy_fmha
     import timing_build as T
 
     d, s = int(argv[0]), int(argv[1])
     causal = "causal" in argv[2:]
-    b, h = 16384 // s, 2048 // d
-    rng = np.random.default_rng(0)
-    q, k, v = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(3))
+    b, h, (q, k, v) = T.grid_inputs(d, s, 3)
     call = lambda: cupy_fmha.attention_forward(q, k, v, causal=causal)  # noqa: E731
     call()
     mod, spec = T.swap_in("fmha_fwd_sm90_ws")

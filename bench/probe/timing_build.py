@@ -13,6 +13,16 @@ from cupy_fmha import compile as C
 from cupy_fmha.spec import backend_for
 
 
+def grid_inputs(d: int, s: int, n: int):
+    """(batch, nhead, n arrays): FlashAttention's grid at head dim ``d`` and seqlen ``s`` (batch * s =
+    16384, nhead * d = 2048), bf16 bshd standard normals (seed 0), the inputs every TIMING probe uses."""
+    import ml_dtypes
+
+    b, h = 16384 // s, 2048 // d
+    rng = np.random.default_rng(0)
+    return b, h, [cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(n)]
+
+
 def swap_in(source: str):
     """(module, spec) of the compiled instance of ``source`` (one call must have compiled it), now
     the function the library launches."""

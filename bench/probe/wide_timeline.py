@@ -47,17 +47,13 @@ def report(a: np.ndarray, mhz: float, hdim: int = 256, out=print) -> dict:
 def main(argv: list[str]) -> None:
     extra = [x for x in argv[1:] if "=" in x]
     os.environ["CUPY_FMHA_BWD_WS_WIDE_TILES"] = ",".join(["TIMING=1", *extra])
-    import cupy as cp
-    import ml_dtypes
 
     import cupy_fmha
     import timing_build as T
 
     d, s = 256, int(argv[0])
     causal = "causal" in argv[1:]
-    b, h = 16384 // s, 2048 // d
-    rng = np.random.default_rng(0)
-    q, k, v, do = (cp.asarray(rng.standard_normal((b, s, h, d), np.float32).astype(ml_dtypes.bfloat16)) for _ in range(4))
+    b, h, (q, k, v, do) = T.grid_inputs(d, s, 4)
     o, lse = cupy_fmha.attention_forward(q, k, v, causal=causal)
     call = lambda: cupy_fmha.attention_backward(do, q, k, v, o, lse, causal=causal)  # noqa: E731
     call()
