@@ -778,7 +778,8 @@ def experimental_table() -> list[KernelSpec]:
         out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**dict(NWG=2, BLOCK_N=128, BLOCK_M=64), **variant})
                 for dtype in DTYPES for d in (64, 128) for alibi in (False, True)
                 if "BLOCK_M" not in variant or d == 64]  # (at hdim 128 BLOCK_M=64 is the default)
-    # the ws backward's dQ writer (bench/NOTES.md step 76), on each head dim's table entries
+    # the ws backward's dQ writer (bench/NOTES.md step 76; dispatched in deterministic mode since step 83,
+    # so these stay for the atomic builds), on each head dim's table entries
     out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d), "DQ_WRITER": 1}, heads_x=hx)
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for hx in (0, 1, 2)]
     # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
@@ -813,7 +814,10 @@ def experimental_table() -> list[KernelSpec]:
             out += [_mk("fmha_fwd_sm90", dtype, "sm90a", HDIM_Q=d, HDIM_V=d, **tiles,
                         **({"WG_SKIP": 1} if skip else {}), **feature_macros(alibi, False, False))
                     for alibi in (False, True) for skip in skips if not (alibi and skip)]
-    return out
+    # (variants since adopted, e.g. the dQ writer in deterministic mode or BIAS_ACC at hdim 64, are
+    # the dispatch table's now: each instance once, in the table that dispatches it)
+    dispatched = {s.name for s in dispatch_table()}
+    return list({s.name: s for s in out if s.name not in dispatched}.values())
 
 
 def dropout_mask_spec() -> KernelSpec:
