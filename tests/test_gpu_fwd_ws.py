@@ -164,6 +164,19 @@ def test_group_mode_extra(case):
     check_group(inp, o, lse, g, mkw)
 
 
+def _group_300(len_key, data_key):
+    """Group mode over 300 sequences of 0 to 1024 tokens (the first three 1024, 0 and 129; 2 heads,
+    hdim 128, fp16, causal): q, k, v and the API keywords, lengths and data seeded by the keys."""
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for(len_key)).integers(0, 1025, size=300)
+    lens[:3] = (1024, 0, 129)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for(*data_key))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    return q, k, v, dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024, causal=True)
+
+
 def _persist_pair(monkeypatch, q, k, v, kw):
     """O and LSE of the default launch (FWD_WS_PERSIST's choice) written into poisoned outputs,
     then of one row block per CTA (PERSIST=0)."""
@@ -208,19 +221,12 @@ def test_persist_default_group_mode(monkeypatch):
     bit-identical to one row block per CTA, LSE's -inf tails and every O row written."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    import numpy as np
     from cupy_fmha import launch as L
 
-    gen = np.random.default_rng(seed_for("fwd-ws-persist-group"))
-    lens = gen.integers(0, 1025, size=300)
-    lens[:3] = (1024, 0, 129)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     spec = cuda.fwd_spec("fp16", 128, 128, 90)
     assert L.fwd_launch(spec, 300, 2, 1024).grid[0] == 2  # (4 per CTA)
-    rng = cp.random.default_rng(seed_for("fwd-ws-persist-group-x"))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024, causal=True)
+    q, k, v, kw = _group_300("fwd-ws-persist-group", ("fwd-ws-persist-group-x",))
     o, lse, o0, lse0 = _persist_pair(monkeypatch, q, k, v, kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all()) and bool((lse == lse0).all())
     assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
@@ -312,15 +318,8 @@ def test_handover_variants_group_mode(monkeypatch, variant):
     blocks are often past its sequence's end (skipped) and its later ones cut mid-block."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    import numpy as np
 
-    gen = np.random.default_rng(seed_for("fwd-handover-group"))
-    lens = gen.integers(0, 1025, size=300)
-    lens[:3] = (1024, 0, 129)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
-    rng = cp.random.default_rng(seed_for("fwd-handover-group-x", variant))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024, causal=True)
+    q, k, v, kw = _group_300("fwd-handover-group", ("fwd-handover-group-x", variant))
     o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
