@@ -30,3 +30,8 @@ for r in data:
     print("   pipes:", ", ".join(f"{k.split('__')[1].replace('.avg.pct_of_peak_sustained_active', '')} {v:.1f}" for v, k in pipes[:12] if v > 0.5))
     st = sorted(((num(v) or 0, k) for k, v in m.items() if "issue_stalled" in k and k.endswith("per_issue_active.ratio")), reverse=True)
     print("   stalls/issue:", ", ".join(f"{k.split('stalled_')[1].split('_per')[0]} {v:.2f}" for v, k in st[:10] if v > 0.01))
+    extra = [k for k in m if any(w in k for w in ("gmma", "data_bank", "pipe_xu.sum", "mem_shared.sum", "cycles_elapsed.avg",
+                                                   "smsp__cycles_active.avg", "dram__throughput.avg.pct", "pipe_uniform.sum",
+                                                   "launch__shared_mem_per_block", "launch__grid_size"))]
+    for key in sorted(set(extra)):
+        print(f"   {key} = {m[key]}")
