@@ -57,6 +57,9 @@
 //               row block's Q as soon as the row block before the last one has handed its buffer
 //               back, so with PERSIST the next Q is in place long before the row block starts (where
 //               it fits: the launcher drops it at hdim 256, and at 128 O's stage gives way)
+//   O_VEC=1     (a variant of O's stage; bench/NOTES.md step 84) each warp sends its 16 staged rows with
+//               16-byte vector stores from every lane (whole rows per instruction) instead of lane 0's
+//               16 bulk row copies
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
 //               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
@@ -190,7 +193,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
     stage += wi * 16 * O_PITCH;
     row0 += wi * 16;
-    if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
+    if (!O_VEC && lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -201,10 +204,24 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
             *reinterpret_cast<uint32_t*>(stage + rl * O_PITCH + f.col(n, 0)) =
                 pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
     }
+    const int rows = min(16, blk.seqlen_q - row0);
+    if constexpr (O_VEC) {  // the warp's rows in 16-byte pieces, 512 bytes of whole rows per store instruction
+        __syncwarp();
+        constexpr int PIECES = HDIM_V / 8;  // per row of the stage
+        const int lane = lane_of(threadIdx.x);
+#pragma unroll
+        for (int t = 0; t < HDIM_V / 16; ++t) {
+            const int r = (lane + 32 * t) / PIECES, c = (lane + 32 * t) % PIECES;
+            if (r < rows && 8 * c < p.hdim_v)
+                *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * c) =
+                    *reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * c);
+        }
+        __syncwarp();  // (every lane has read the stage before the warp's next row block writes it)
+        return;
+    }
     fence_proxy_async();
     __syncwarp();
     if (lead) {
-        const int rows = min(16, blk.seqlen_q - row0);
         for (int r = 0; r < rows; ++r)
             bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
         bulk_commit();

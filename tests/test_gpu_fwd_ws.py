@@ -239,8 +239,10 @@ def test_persist_default_group_mode(monkeypatch):
 # each CTA up to three hand-overs; "no keys" puts row blocks without any key block (bottom-right causal,
 # 1000 query rows over 300 keys: the first 700 rows see none) after ones with keys in the same CTA, so
 # TURN_CARRY must not pass a turn into them.
+# O_VEC (step 84: the staged O rows leave in 16-byte stores instead of bulk copies; O_REG=0 so that hdim 64
+# stages too) changes only how the same rounded values reach global memory, and rides along here.
 HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1", "Q_STAGES=2", "Q_STAGES=2,TURN_CARRY=1",
-            "Q_EARLY=1,Q_STAGES=2,TURN_CARRY=1"]
+            "Q_EARLY=1,Q_STAGES=2,TURN_CARRY=1", "O_REG=0,O_VEC=1"]
 HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, rows that see no key
     "plain": (2, 1000, 1000, 3, dict(), 0),
     "causal": (2, 1000, 1000, 3, dict(causal=True), 0),

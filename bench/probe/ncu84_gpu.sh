@@ -20,17 +20,32 @@ for what in "$@"; do
 if [ "$what" = ncu ]; then
   run ours-128 fmha_fwd python3 bench/probe/once.py fwd 128 8192
   run cudnn-128 . python3 bench/probe/once_torch.py fwd 128 8192 cudnn
-  run ours-128-causal fmha_fwd python3 bench/probe/once.py fwd 128 8192 causal
   run ours-64 fmha_fwd python3 bench/probe/once.py fwd 64 8192
-  run cudnn-64 . python3 bench/probe/once_torch.py fwd 64 8192 cudnn
 fi
-if [ "$what" = source ]; then
-  t "source counters, ours hdim 128 s8192"
+if [ "$what" = source ]; then  # (s1024: 16 heads of 8 row blocks, the epilogue's share is 8x s8192's)
+for s in 8192 1024; do
+  t "source counters, ours hdim 128 s$s"
   timeout -s KILL 150 ncu --profile-from-start off --section SourceCounters --section WarpStateStats -k regex:fmha_fwd \
-     -o /tmp/fwd128 python3 bench/probe/once.py fwd 128 8192 > /tmp/ncu.log 2>&1; echo "rc=$?"
-  timeout -s KILL 60 ncu -i /tmp/fwd128.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2> /tmp/src.err
+     -o /tmp/fwd128_$s python3 bench/probe/once.py fwd 128 $s > /tmp/ncu.log 2>&1; echo "rc=$?"
+  timeout -s KILL 60 ncu -i /tmp/fwd128_$s.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2> /tmp/src.err
   echo "rc=$?"; python3 bench/probe/ncu_inst.py /tmp/src.csv 0.4 || tail -5 /tmp/src.err
-  gzip -c /tmp/src.csv > $OUT/fwd128_src.csv.gz
+  gzip -c /tmp/src.csv > $OUT/fwd128_s${s}_src.csv.gz
+done
+fi
+if [ "$what" = fold ]; then  # the folded softmax at hdim 128 (step 37's in-process A/B was within its noise)
+  t "ab FOLD=1 at hdim 128"
+  timeout -s KILL 200 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=FOLD=1 --rounds 2 --tag fold84 --out $OUT -- \
+     --hdim 128 --seqlen 1024,4096,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -12
+fi
+if [ "$what" = vec ]; then  # O_VEC: the staged rows in 16-byte stores (hdim 64: staged at all, against O_REG)
+  t "precompile"
+  timeout -s KILL 100 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128 --dtypes bf16 --fwd-ws-variants "" O_VEC=1 O_REG=0,O_VEC=1 2>&1 | tail -2
+  t "ab O_VEC=1 at hdim 128"
+  timeout -s KILL 200 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_VEC=1 --rounds 2 --tag ovec84-128 --out $OUT -- \
+     --hdim 128 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -10
+  t "ab O_REG=0,O_VEC=1 at hdim 64"
+  timeout -s KILL 150 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_VEC=1 --rounds 2 --tag ovec84-64 --out $OUT -- \
+     --hdim 64 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -10
 fi
 done
 t done

@@ -716,7 +716,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: Q_STAGES must be 1 or 2, got {tiles['Q_STAGES']}")
     if tiles.get("Q_STAGES") == 1:
         del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
-    switches = {"FOLD", "O_REG", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "O_VEC", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
