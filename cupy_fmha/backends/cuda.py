@@ -799,6 +799,9 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
     out += [fwd_ws_spec(dtype, 128, 128, dropout=True, tiles={**fwd_ws_tiles(128, dropout=True), "Q_STAGES": 2})
             for dtype in DTYPES]  # (two Q buffers on the serial pipeline)
+    # O's staged rows in 16-byte stores (O_VEC, step 84; at 64 without the table's O_REG, so staged at all)
+    out += [fwd_ws_spec(dtype, d, d, tiles={**{k: v for k, v in fwd_ws_tiles(d).items() if k != "O_REG"}, "O_VEC": 1})
+            for dtype in DTYPES for d in (64, 128)]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
