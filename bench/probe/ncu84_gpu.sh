@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
 SEC="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats"
-MET="--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed_pipe_xu.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg,sm__inst_executed_pipe_uniform.sum"
+MET="--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed_pipe_xu.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg,sm__inst_executed_pipe_uniform.sum,lts__t_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed,gpc__cycles_elapsed.avg.per_second"
 n=0
 run() { local tag=$1 kern=$2; shift 2; n=$((n+1)); t "ncu $tag: $*"
   timeout -s KILL 150 ncu --profile-from-start off $SEC $MET --csv --page raw -k regex:"$kern" "$@" > $OUT/ncu84_$n.csv 2> $OUT/ncu84_$n.err

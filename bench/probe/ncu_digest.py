@@ -32,6 +32,7 @@ for r in data:
     print("   stalls/issue:", ", ".join(f"{k.split('stalled_')[1].split('_per')[0]} {v:.2f}" for v, k in st[:10] if v > 0.01))
     extra = [k for k in m if any(w in k for w in ("gmma", "data_bank", "pipe_xu.sum", "mem_shared.sum", "cycles_elapsed.avg",
                                                    "smsp__cycles_active.avg", "dram__throughput.avg.pct", "pipe_uniform.sum",
-                                                   "launch__shared_mem_per_block", "launch__grid_size"))]
+                                                   "launch__shared_mem_per_block", "launch__grid_size", "lts__throughput.avg.pct",
+                                                   "lts__t_bytes.sum.per_second", "gpc__cycles_elapsed.avg.per_second"))]
     for key in sorted(set(extra)):
         print(f"   {key} = {m[key]}")
