@@ -60,6 +60,14 @@
 //   O_VEC=1     (a variant of O's stage; bench/NOTES.md step 84) each warp sends its 16 staged rows with
 //               16-byte vector stores from every lane (whole rows per instruction) instead of lane 0's
 //               16 bulk row copies
+//   CLUSTER=2   (a variant; bench/NOTES.md step 85) CTAs in clusters of two (x-adjacent: two row blocks of
+//               one head), each producer loading half of every K and V tile into both CTAs (TMA
+//               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP. A stage
+//               is refilled only after the MMA warps of both CTAs have released it: `empty` and
+//               `k_empty` count one arrival per MMA warp of either CTA (lane 0 arrives here and on the
+//               peer's barrier). Both CTAs must walk the same key blocks in the same order, so the
+//               launcher takes it only without masks, in batch mode, with an even number of row
+//               blocks and of CTAs along x (launch.fwd_launch); swizzled tiles.
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
 //               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
@@ -73,6 +81,12 @@
 // (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the bias as
 // a 4-D (batch, heads, rows, keys) map, 1 along broadcast dimensions, in builds with BIAS, else
 // zeros, unread), then FwdParams by value, as fmha_fwd_sm90.
+// (__cluster_dims__ needs the macro itself: config.cuh turns it into fmha::CLUSTER and undefines it)
+#if defined(CLUSTER) && CLUSTER == 2
+#define FMHA_FWD_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define FMHA_FWD_CLUSTER_DIMS
+#endif
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -91,8 +105,26 @@ static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns o
 static_assert((!Q_EARLY || PV_OVERLAP) && (!TURN_CARRY || PINGPONG),
               "fmha_fwd_sm90_ws: Q_EARLY is a variant of the PV_OVERLAP pipeline, TURN_CARRY of PINGPONG");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
+static_assert(CLUSTER == 1 || (CLUSTER == 2 && SWIZZLE), "fmha_fwd_sm90_ws: clusters of two CTAs, over swizzled tiles");
 
 constexpr int MMA_THREADS = 128 * NWG;
+// arrivals that release a K / V stage: every MMA thread, or with CLUSTER one per MMA warp of each CTA
+// (an enumerator: a namespace-scope constexpr variable would appear in every build's PTX)
+enum : int { STAGE_ARRIVALS = CLUSTER > 1 ? CLUSTER * NWG * 4 : MMA_THREADS };
+
+// An MMA thread's release of a K / V stage (`empty` or `k_empty`) once its reads are complete; with
+// CLUSTER the warp's lane 0 arrives for the warp, here and on the peer CTA's barrier.
+__device__ __forceinline__ void release_stage(unsigned long long* bar, unsigned peer) {
+    if constexpr (CLUSTER > 1) {
+        __syncwarp();
+        if (lane_of(threadIdx.x) == 0) {
+            mbarrier_arrive(smem_u32(bar));
+            mbarrier_arrive_cluster(smem_u32(bar), peer);
+        }
+    } else {
+        mbarrier_arrive(smem_u32(bar));
+    }
+}
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
 // turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
@@ -237,7 +269,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
 enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_WORDS = TL_AT + 3 * TL_ROWS * TL_EVENTS, TL_CTAS = 1 << 14 };
 __device__ unsigned long long fmha_fwd_timeline[TL_CTAS][TL_WORDS];
 #endif
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) FMHA_FWD_CLUSTER_DIMS
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
                  const __grid_constant__ FwdParams p) {
@@ -280,8 +312,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
-            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
-            mbarrier_init(smem_u32(&sm.k_empty[s]), MMA_THREADS);
+            mbarrier_init(smem_u32(&sm.empty[s]), STAGE_ARRIVALS);
+            mbarrier_init(smem_u32(&sm.k_empty[s]), STAGE_ARRIVALS);
         }
         if constexpr (BIAS)
             for (int s = 0; s < BIAS_STAGES; ++s) {
@@ -291,6 +323,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         mbarrier_init_fence();
     }
     __syncthreads();
+    // CLUSTER: the peer's barriers are initialized before anyone arrives on them or loads into its tiles
+    if constexpr (CLUSTER > 1) cluster_sync();
+    const unsigned rank = CLUSTER > 1 ? cluster_ctarank() : 0, peer = rank ^ 1;
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
@@ -316,7 +351,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
                 if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
+                if constexpr (CLUSTER > 1)  // (half of the tile, into both CTAs; the peer sends the other half)
+                    tma_load_tile_multicast<BLOCK_N, HDIM_Q, CLUSTER>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N,
+                                                                      bq, rank);
+                else
+                    tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
                 if (Q_EARLY && kb == blk.kb_begin) {  // (the row block's first K went ahead)
                     if (j >= Q_STAGES) mbarrier_wait(smem_u32(&sm.q_empty[j % Q_STAGES]), (j / Q_STAGES - 1) & 1);
                     mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
@@ -332,7 +371,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 }
                 if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
+                if constexpr (CLUSTER > 1)
+                    tma_load_tile_multicast<BLOCK_N, HDIM_V, CLUSTER>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N,
+                                                                      bq, rank);
+                else
+                    tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
             }
             ++j;
         }
@@ -440,7 +483,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
+                release_stage(&sm.empty[s], peer);  // K and V of this stage are read
             }
             mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
         } else {
@@ -519,7 +562,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
+                if (i >= 2) release_stage(&sm.empty[(it + i - 2) % STAGES], peer);  // V of block i-2 is read
                 rescale_o<NO>(acc_o, corr);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
@@ -548,7 +591,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
-                mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
+                release_stage(&sm.k_empty[it % STAGES], peer);  // K of block 0 is read
                 if (Q_EARLY && n == 1) mbarrier_arrive(smem_u32(q_empty));  // (its only S GEMM is complete)
                 softmax(sacc, 0, corr, keep0);
                 stamp(2);
@@ -565,7 +608,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
-                    mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
+                    release_stage(&sm.k_empty[(it + i) % STAGES], peer);  // K of this stage is read
                     if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(q_empty));  // (the last S GEMM is complete)
                     softmax(sacc, i, corr, keep);
                 }
@@ -582,7 +625,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 stamp(4);
-                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
+                release_stage(&sm.empty[(it + n - 1) % STAGES], peer);  // V of the last block is read
             } else {
                 mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
                 carried = false;  // (the row block before passed no turn: this one has no key block)
@@ -600,6 +643,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
     if constexpr (O_STAGE)
         if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
+    // CLUSTER: neither CTA exits while the peer may still arrive on its barriers (the producers have
+    // exited: exited threads count as arrived)
+    if constexpr (CLUSTER > 1) cluster_sync();
 #if defined(TIMING) && TIMING
     named_barrier_sync(15, MMA_THREADS);  // (every warpgroup's stamps are in)
     if (tid == 0) {

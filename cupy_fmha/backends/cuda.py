@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_cluster", "FWD_WS_CLUSTER_HDIMS", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -716,6 +716,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: Q_STAGES must be 1 or 2, got {tiles['Q_STAGES']}")
     if tiles.get("Q_STAGES") == 1:
         del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
+    tiles.pop("CLUSTER", None)  # (per problem: fwd_ws_cluster)
     switches = {"FOLD", "O_REG", "O_VEC", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -751,6 +752,35 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("Q_STAGES")  # (a second Q buffer that does not fit: hdim 256, 192)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     return spec
+
+
+#: padded head dims at which the ws forward runs in clusters of two CTAs that share their K and V
+#: loads (CLUSTER=2, TMA multicast; bench/NOTES.md step 85) wherever :func:`fwd_ws_cluster` allows it;
+#: ``CUPY_FMHA_FWD_WS_TILES=CLUSTER=2`` / ``CLUSTER=1`` asks for it at every head dim / none
+FWD_WS_CLUSTER_HDIMS: tuple[int, ...] = ()
+
+
+def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, masked: bool, group_mode: bool) -> KernelSpec:
+    """``spec`` (a forward instance from :func:`fwd_spec`), or the same ws-forward build in clusters
+    of two CTAs (``-D CLUSTER=2``: adjacent row blocks of one head, each CTA loading half of every
+    K and V tile into both) where :data:`FWD_WS_CLUSTER_HDIMS` (or ``CUPY_FMHA_FWD_WS_TILES``'s
+    CLUSTER) asks for it and the problem lets the two CTAs of a pair walk the same key blocks in the
+    same order: no mask (``masked``: causal or a window), batch mode, no bias ring (nor dropout:
+    not built in clusters), an even number
+    of row blocks of ``seqlen_q`` rows and an even grid along x (:func:`cupy_fmha.launch.fwd_launch`)."""
+    from ..launch import fwd_launch
+
+    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or masked or group_mode or spec.macro("BIAS", 0)
+            or spec.macro("DROPOUT", 0)):  # (dropout: its builds are not tested in clusters)
+        return spec
+    asked = _override("CUPY_FMHA_FWD_WS_TILES", {}).get("CLUSTER")
+    if asked is None:
+        asked = 2 if max(spec.macro("HDIM_Q"), spec.macro("HDIM_V")) in FWD_WS_CLUSTER_HDIMS else 1
+    if asked != 2:
+        return spec
+    if -(-seqlen_q // spec.macro("BLOCK_M")) % 2 or fwd_launch(spec, batch, nhead_q, seqlen_q).grid[0] % 2:
+        return spec
+    return _mk(spec.source, spec.dtype, spec.target, **dict(spec.macros), CLUSTER=2)
 
 
 #: the ws forward's row-block hand-over variants compiled offline (experimental_table; bench/NOTES.md
@@ -799,6 +829,9 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
     out += [fwd_ws_spec(dtype, 128, 128, dropout=True, tiles={**fwd_ws_tiles(128, dropout=True), "Q_STAGES": 2})
             for dtype in DTYPES]  # (two Q buffers on the serial pipeline)
+    # clusters of two CTAs sharing their K / V loads (CLUSTER=2, step 85), plain and ALiBi, on each head dim's entries
+    out += [_mk("fmha_fwd_sm90_ws", dtype, "sm90a", **dict(fwd_ws_spec(dtype, d, d, alibi=alibi).macros), CLUSTER=2)
+            for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True)]
     # O's staged rows in 16-byte stores (O_VEC, step 84; at 64 without the table's O_REG, so staged at all)
     out += [fwd_ws_spec(dtype, d, d, tiles={**{k: v for k, v in fwd_ws_tiles(d).items() if k != "O_REG"}, "O_VEC": 1})
             for dtype in DTYPES for d in (64, 128)]
