@@ -112,6 +112,12 @@ constexpr int MMA_THREADS = 128 * NWG;
 // (an enumerator: a namespace-scope constexpr variable would appear in every build's PTX)
 enum : int { STAGE_ARRIVALS = CLUSTER > 1 ? CLUSTER * NWG * 4 : MMA_THREADS };
 
+// The producer's wait for a K / V stage's release (with CLUSTER, at cluster scope: the peer's MMA
+// warps arrive too)
+__device__ __forceinline__ void wait_released(unsigned long long* bar, unsigned parity) {
+    if constexpr (CLUSTER > 1) mbarrier_wait_cluster(smem_u32(bar), parity);
+    else mbarrier_wait(smem_u32(bar), parity);
+}
 // An MMA thread's release of a K / V stage (`empty` or `k_empty`) once its reads are complete; with
 // CLUSTER the warp's lane 0 arrives for the warp, here and on the peer CTA's barrier.
 __device__ __forceinline__ void release_stage(unsigned long long* bar, unsigned peer) {
@@ -324,6 +330,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
     __syncthreads();
     // CLUSTER: the peer's barriers are initialized before anyone arrives on them or loads into its tiles
+    // (no device-side check of the launcher's promise, even row blocks and CTAs: a __trap here made
+    // ptxas spill 16 bytes at hdim 256; launch.fwd_launch refuses such grids)
     if constexpr (CLUSTER > 1) cluster_sync();
     const unsigned rank = CLUSTER > 1 ? cluster_ctarank() : 0, peer = rank ^ 1;
 
@@ -349,7 +357,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
-                if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
+                if (i >= STAGES) wait_released(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s], parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
                 if constexpr (CLUSTER > 1)  // (half of the tile, into both CTAs; the peer sends the other half)
                     tma_load_tile_multicast<BLOCK_N, HDIM_Q, CLUSTER>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N,
@@ -369,7 +377,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     tma_load_bias<BLOCK_M, BLOCK_N, BIAS_TMA>(sm.bias_tile(bs), tm_bias, smem_u32(sm.bias_full(bs)),
                                                               p.bias.sq ? q0 : 0, kb * BLOCK_N, bias_h, bias_b);
                 }
-                if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
+                if (PV_OVERLAP && i >= STAGES) wait_released(&sm.empty[s], parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
                 if constexpr (CLUSTER > 1)
                     tma_load_tile_multicast<BLOCK_N, HDIM_V, CLUSTER>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N,

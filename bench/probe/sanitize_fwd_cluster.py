@@ -9,6 +9,7 @@ import inspect
 import os
 
 import cupy as cp
+import ml_dtypes
 
 import cupy_fmha
 from cupy_fmha import plan as P
@@ -30,7 +31,7 @@ def run(d, dtype, sq, sk, hq=2, hk=2, persist=0, **kw):
 
 for d in (64, 128, 256):
     bm = 192 if d == 64 else 128
-    for dtype in (cp.float16, cp.bfloat16 if hasattr(cp, "bfloat16") else cp.float16):
+    for dtype in (cp.float16, ml_dtypes.bfloat16):
         run(d, dtype, 2 * bm - 1, 161)
         run(d, dtype, 4 * bm, 300, persist=2)
         run(d, dtype, 2 * bm, 37, hq=4, hk=2)

@@ -112,6 +112,17 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(unsigned bar, unsigned r
         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
         "}\n" :: "r"(bar), "r"(rank) : "memory");
 }
+// mbarrier_wait at cluster scope: the phase's arrivals from other CTAs of the cluster (release.cluster)
+// are ordered before what this thread does after it
+__device__ __forceinline__ void mbarrier_wait_cluster(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
 __device__ __forceinline__ void tma_load_4d_multicast(unsigned dst, const TmaMap& m, unsigned bar, unsigned short mask,
                                                       int c0, int c1, int c2, int c3) {
     asm volatile(
