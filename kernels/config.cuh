@@ -48,6 +48,8 @@
 //                after its epilogue at the next row block's start
 //   Q_STAGES     fmha_fwd_sm90_ws: Q buffers (1, or 2: the next row block's Q loads while this one runs)
 //   O_VEC        fmha_fwd_sm90_ws (O_STAGE): the staged rows leave in 16-byte vector stores, not bulk copies
+//   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
+//                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S
 //   CLUSTER      fmha_fwd_sm90_ws: CTAs per thread-block cluster (1, or 2: each CTA of a pair loads half of
 //                every K and V tile into both, TMA multicast)
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
@@ -178,6 +180,9 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
+#ifndef O_IN_Q
+#define O_IN_Q 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -196,7 +201,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
-enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_vec = O_VEC, cluster = CLUSTER };
+enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_vec = O_VEC, cluster = CLUSTER, o_in_q = O_IN_Q };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -238,6 +243,7 @@ enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_
 #undef TURN_CARRY
 #undef Q_STAGES
 #undef O_VEC
+#undef O_IN_Q
 #undef CLUSTER  // (fmha_fwd_sm90_ws.cu reads the macro before this header for __cluster_dims__)
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
@@ -276,6 +282,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { Q_EARLY = config_detail::q_early != 0, TURN_CARRY = config_detail::turn_carry != 0, O_VEC = config_detail::o_vec != 0 };
+enum : bool { Q_EARLY = config_detail::q_early != 0, TURN_CARRY = config_detail::turn_carry != 0, O_VEC = config_detail::o_vec != 0,
+             O_IN_Q = config_detail::o_in_q != 0 };
 enum : int { Q_STAGES = config_detail::q_stages, CLUSTER = config_detail::cluster };
 }  // namespace fmha

@@ -60,6 +60,11 @@
 //   O_VEC=1     (a variant of O's stage; bench/NOTES.md step 84) each warp sends its 16 staged rows with
 //               16-byte vector stores from every lane (whole rows per instruction) instead of lane 0's
 //               16 bulk row copies
+//   O_IN_Q=1    (a variant where O's own stage does not fit: hdim 192 and 256; step 86) each warp stages
+//               its 16 rows of O in the rows of the Q buffer its warpgroup's S GEMMs read (128-byte
+//               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
+//               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
+//               row block hands Q back (q_empty) after that, not after its last S GEMM
 //   CLUSTER=2   (a variant; bench/NOTES.md step 85) CTAs in clusters of two (x-adjacent: two row blocks of
 //               one head), each producer loading half of every K and V tile into both CTAs (TMA
 //               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP. A stage
@@ -106,6 +111,8 @@ static_assert((!Q_EARLY || PV_OVERLAP) && (!TURN_CARRY || PINGPONG),
               "fmha_fwd_sm90_ws: Q_EARLY is a variant of the PV_OVERLAP pipeline, TURN_CARRY of PINGPONG");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(CLUSTER == 1 || (CLUSTER == 2 && SWIZZLE), "fmha_fwd_sm90_ws: clusters of two CTAs, over swizzled tiles");
+static_assert(!O_IN_Q || (!O_STAGE && !Q_EARLY && SWIZZLE && HDIM_Q == HDIM_V),
+              "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // arrivals that release a K / V stage: every MMA thread, or with CLUSTER one per MMA warp of each CTA
@@ -263,6 +270,51 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
         for (int r = 0; r < rows; ++r)
             bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
         bulk_commit();
+    }
+}
+
+// O_IN_Q epilogue of one warp's 16 rows from row0 (wi: the warp in its warpgroup): O scaled by 1/l,
+// rounded and written into the warp's rows of the Q buffer `tile` (BLOCK_M rows, 128-byte swizzled
+// slabs of 64 columns; this warpgroup's rows from 64 wg, which only its own S GEMMs read, all complete
+// by now), then read back in 16-byte pieces and stored as whole rows (rows past the sequence skipped).
+// The caller hands Q back after it (every lane's reads are done once its stores have issued).
+template <int NO>
+__device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
+                                                    int wg, const float* acc_o, const float row_max[2],
+                                                    const float row_sum[2], const AccFrag& f, uint16_t* tile) {
+    uint16_t* og = fwd_out_rows(p, b, h);
+    if (((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) != 0) {
+        fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
+        return;
+    }
+    float* lse_g = fwd_lse_row(p, b, h, blk.lse_pitch);
+    float inv[2], row_lse[2];
+    finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
+    unsigned char* base = reinterpret_cast<unsigned char*>(tile);
+    const int tr0 = wg * 64 + wi * 16;  // the warp's first row of the tile
+    row0 += wi * 16;
+    // (byte of 16-byte piece j of tile row tr: slab j / 8, piece j % 8 swizzled by the row)
+    auto piece = [&](int tr, int j) { return (j >> 3) * (BLOCK_M * 128) + tr * 128 + (((j & 7) ^ (tr & 7)) << 4); };
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int rl = f.row(2 * r);
+        if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            const int col = f.col(n, 0);
+            *reinterpret_cast<uint32_t*>(base + piece(tr0 + rl, col >> 3) + 2 * (col & 7)) =
+                pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
+        }
+    }
+    __syncwarp();
+    const int rows = min(16, blk.seqlen_q - row0), lane = lane_of(threadIdx.x);
+    constexpr int PIECES = HDIM_V / 8;  // per row
+#pragma unroll
+    for (int t = 0; t < HDIM_V / 16; ++t) {
+        const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
+        if (r < rows && 8 * j < p.hdim_v)
+            *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) =
+                *reinterpret_cast<const uint4*>(base + piece(tr0 + r, j));
     }
 }
 
@@ -493,7 +545,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 release_stage(&sm.empty[s], peer);  // K and V of this stage are read
             }
-            mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
+            if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
         } else {
             // Iteration i: wait for P_{i-2} V_{i-2}, rescale O to block i-1's maxima and make P_{i-1}
             // the A operand; issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back (two commit
@@ -621,7 +673,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     softmax(sacc, i, corr, keep);
                 }
                 stamp(3);
-                if (!Q_EARLY) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
+                if (!Q_EARLY && !O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
                 turn_begin();
@@ -635,7 +687,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 stamp(4);
                 release_stage(&sm.empty[(it + n - 1) % STAGES], peer);  // V of the last block is read
             } else {
-                mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
+                if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
                 carried = false;  // (the row block before passed no turn: this one has no key block)
             }
         }
@@ -643,8 +695,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if constexpr (O_STAGE)
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
                                reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
+        else if constexpr (O_IN_Q)
+            fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
         else
             fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        if constexpr (O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
         stamp(5);
         it += n;
         ++j;

@@ -296,6 +296,44 @@ def test_handover_variants_bit_identical(monkeypatch, variant, d, shape, persist
     assert bool(cp.isfinite(lse[:, :, dark:]).all())
 
 
+@pytest.mark.parametrize("persist", [0, 4])
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("shape", list(HANDOVER_SHAPES))
+def test_o_in_q_bit_identical(monkeypatch, d, shape, persist):
+    """O_IN_Q (step 86: O staged in Q's buffer where its own stage is off, hdim 64 and 256; Q handed
+    back after the epilogue) stores the same rounded values: bit-identical to the default build, also
+    when the next row block's Q waits for that hand-back (PERSIST=4) and for rows without keys."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},O_IN_Q=1")
+    assert cuda.fwd_spec("fp16", d, d, 90).macro("O_IN_Q") == 1
+    rng = cp.random.default_rng(seed_for("fwd-o-in-q", d, shape))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    o0, lse0, o, lse = _handover_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, persist)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
+
+
+def test_o_in_q_group_mode(monkeypatch):
+    """O_IN_Q in group mode at hdim 256 (rows past a sequence's end skipped; O's alignment fallback
+    never taken here): bit-identical to the default build."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for("fwd-o-in-q-group")).integers(0, 700, size=40)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for("fwd-o-in-q-group-x"))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 256), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
 @pytest.mark.parametrize("variant", HANDOVER)
 @pytest.mark.parametrize("d", [64, 128])
 def test_handover_variants_keys_after_none(monkeypatch, variant, d):

@@ -717,7 +717,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
     if tiles.get("Q_STAGES") == 1:
         del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
     tiles.pop("CLUSTER", None)  # (per problem: fwd_ws_cluster)
-    switches = {"FOLD", "O_REG", "O_VEC", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "O_VEC", "O_IN_Q", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -748,6 +748,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if not tiles.get("PINGPONG"):
         tiles.pop("TURN_CARRY", None)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE") or tiles.get("Q_EARLY")):
+        tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
+        spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("Q_STAGES", 1) > 1 and spec.macro("SMEM_BYTES") > SMEM_LIMIT:
         tiles.pop("Q_STAGES")  # (a second Q buffer that does not fit: hdim 256, 192)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
@@ -832,6 +835,10 @@ def experimental_table() -> list[KernelSpec]:
     # clusters of two CTAs sharing their K / V loads (CLUSTER=2, step 85), plain and ALiBi, on each head dim's entries
     out += [_mk("fmha_fwd_sm90_ws", dtype, "sm90a", **dict(fwd_ws_spec(dtype, d, d, alibi=alibi).macros), CLUSTER=2)
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True)]
+    # O staged in Q's buffer where its own stage is off (O_IN_Q, step 86), plain and ALiBi; hdim 64 and 256
+    # (at 192 the build spills 68-92 bytes)
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_Q": 1})
+            for dtype in DTYPES for d in (64, 256) for alibi in (False, True)]  # (64: O_REG there, no stage)
     # O's staged rows in 16-byte stores (O_VEC, step 84; at 64 without the table's O_REG, so staged at all)
     out += [fwd_ws_spec(dtype, d, d, tiles={**{k: v for k, v in fwd_ws_tiles(d).items() if k != "O_REG"}, "O_VEC": 1})
             for dtype in DTYPES for d in (64, 128)]
