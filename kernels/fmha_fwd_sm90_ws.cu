@@ -70,9 +70,12 @@
 //               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP. A stage
 //               is refilled only after the MMA warps of both CTAs have released it: `empty` and
 //               `k_empty` count one arrival per MMA warp of either CTA (lane 0 arrives here and on the
-//               peer's barrier). Both CTAs must walk the same key blocks in the same order, so the
-//               launcher takes it only without masks, in batch mode, with an even number of row
-//               blocks and of CTAs along x (launch.fwd_launch); swizzled tiles.
+//               peer's barrier). Both CTAs walk the same key blocks in the same order: the union of
+//               the two row blocks' ranges (under a mask they differ); a block outside a CTA's own
+//               range is a phantom there, whose stage its MMA warps only wait for and release. So the
+//               launcher takes it in batch mode with an even number of row blocks and of CTAs along x
+//               (launch.fwd_launch: the CTAs x and x ^ 1 then hold adjacent row blocks at every step);
+//               swizzled tiles, no bias ring.
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
 //               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
@@ -110,7 +113,8 @@ static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns o
 static_assert((!Q_EARLY || PV_OVERLAP) && (!TURN_CARRY || PINGPONG),
               "fmha_fwd_sm90_ws: Q_EARLY is a variant of the PV_OVERLAP pipeline, TURN_CARRY of PINGPONG");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
-static_assert(CLUSTER == 1 || (CLUSTER == 2 && SWIZZLE), "fmha_fwd_sm90_ws: clusters of two CTAs, over swizzled tiles");
+static_assert(CLUSTER == 1 || (CLUSTER == 2 && SWIZZLE && !BIAS && !Q_EARLY),
+              "fmha_fwd_sm90_ws: clusters of two CTAs, over swizzled tiles, without a bias ring or Q_EARLY");
 static_assert(!O_IN_Q || (!O_STAGE && !Q_EARLY && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 
@@ -254,12 +258,16 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
         __syncwarp();
         constexpr int PIECES = HDIM_V / 8;  // per row of the stage
         const int lane = lane_of(threadIdx.x);
+        uint4 piece[HDIM_V / 16];  // (all loads first, unconditionally: the stage is read in full)
 #pragma unroll
         for (int t = 0; t < HDIM_V / 16; ++t) {
             const int r = (lane + 32 * t) / PIECES, c = (lane + 32 * t) % PIECES;
-            if (r < rows && 8 * c < p.hdim_v)
-                *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * c) =
-                    *reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * c);
+            piece[t] = *reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * c);
+        }
+#pragma unroll
+        for (int t = 0; t < HDIM_V / 16; ++t) {
+            const int r = (lane + 32 * t) / PIECES, c = (lane + 32 * t) % PIECES;
+            if (r < rows && 8 * c < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * c) = piece[t];
         }
         __syncwarp();  // (every lane has read the stage before the warp's next row block writes it)
         return;
@@ -309,13 +317,17 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
     __syncwarp();
     const int rows = min(16, blk.seqlen_q - row0), lane = lane_of(threadIdx.x);
     constexpr int PIECES = HDIM_V / 8;  // per row
+    uint4 got[HDIM_V / 16];  // (all loads first, unconditionally: the warp's rows are read in full)
+#pragma unroll
+    for (int t = 0; t < HDIM_V / 16; ++t) got[t] = *reinterpret_cast<const uint4*>(base + piece(tr0 + (lane + 32 * t) / PIECES, (lane + 32 * t) % PIECES));
 #pragma unroll
     for (int t = 0; t < HDIM_V / 16; ++t) {
         const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
-        if (r < rows && 8 * j < p.hdim_v)
-            *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) =
-                *reinterpret_cast<const uint4*>(base + piece(tr0 + r, j));
+        if (r < rows && 8 * j < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
     }
+    // (the next row block's Q comes by TMA into these bytes after the caller's hand-back: order this
+    // thread's generic writes of them before it)
+    fence_proxy_async();
 }
 
 #if defined(TIMING) && TIMING
@@ -406,7 +418,16 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[j % Q_STAGES], tm_q, smem_u32(&sm.q_full[j % Q_STAGES]), h, tq + q0, bq);
             }
-            for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
+            int kb_lo = blk.kb_begin, kb_hi = blk.kb_end;
+            if constexpr (CLUSTER > 1) {  // (the union with the peer's row block, x ^ 1)
+                int p0, p1;
+                key_block_range(blk.win, row0_of(x ^ 1), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, p0, p1);
+                if (p1 > p0) {
+                    kb_lo = kb_hi > kb_lo ? min(kb_lo, p0) : p0;
+                    kb_hi = max(kb_hi, p1);
+                }
+            }
+            for (int kb = kb_lo; kb < kb_hi; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
                 if (i >= STAGES) wait_released(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s], parity);
@@ -469,6 +490,19 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const float bias_mul = FMHA_LOG2E / acc_scale;
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
+    // CLUSTER: `count` phantom blocks at ring position it: wait until each stage's K and V have landed
+    // (the peer reads them; the producer may not refill a stage whose copy is still in flight), then
+    // release it as if read
+    auto pass_phantoms = [&](int count) {
+        for (int c = 0; c < count; ++c, ++it) {
+            const int s = it % STAGES;
+            const unsigned phase = (it / STAGES) & 1;
+            mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
+            mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
+            if constexpr (PV_OVERLAP) release_stage(&sm.k_empty[s], peer);
+            release_stage(&sm.empty[s], peer);
+        }
+    };
     bool carried = false;  // TURN_CARRY: the last warpgroup passed warpgroup 0 the turn after its last P V
 #if defined(TIMING) && TIMING
     auto stamp = [&](int e) {
@@ -497,6 +531,18 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 #if defined(TIMING) && TIMING
         if (tid == 0 && j < TL_ROWS) tl_[8 + j] = n;
 #endif
+        // CLUSTER: the phantom blocks of the union with the peer's row block (the producer's range) before
+        // and after this row block's own; each stage only waited for (landed) and released
+        int tail = 0;
+        if constexpr (CLUSTER > 1) {
+            int p0, p1, lead = 0;
+            key_block_range(blk.win, row0_of(x ^ 1), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, p0, p1);
+            if (p1 > p0) {
+                lead = n > 0 ? max(0, blk.kb_begin - p0) : p1 - p0;
+                tail = n > 0 ? max(0, p1 - blk.kb_end) : 0;
+            }
+            pass_phantoms(lead);
+        }
 
         // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
         // sequence's keys and values: zeros, before any MMA warpgroup reads them (uniform over the CTA;
@@ -702,6 +748,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if constexpr (O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
         stamp(5);
         it += n;
+        if constexpr (CLUSTER > 1) pass_phantoms(tail);
         ++j;
     }
     if constexpr (O_STAGE)

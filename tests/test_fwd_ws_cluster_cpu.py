@@ -56,11 +56,16 @@ def test_taken_without_a_mask(asked, d):
     assert plan.launch.grid[0] % 2 == 0
 
 
-@pytest.mark.parametrize("over", [dict(causal=True), dict(window_size=(100, 100)), dict(mask="t:100,0"),
-                                  dict(dropout_p=0.1)])
-def test_not_taken_with_a_mask_or_dropout(asked, over):
+@pytest.mark.parametrize("over", [dict(causal=True), dict(window_size=(100, 100)), dict(mask="t:100,0")])
+def test_taken_with_a_mask(asked, over):
+    """(the pair walks the union of its key ranges)"""
     spec = _plan(**over).spec
-    assert spec.macro("CLUSTER", 1) == 1, spec.name
+    assert spec.macro("CLUSTER") == 2, spec.name
+
+
+def test_not_taken_with_dropout(asked):
+    spec = _plan(dropout_p=0.1).spec
+    assert spec.macro("DROPOUT") == 1 and spec.macro("CLUSTER", 1) == 1, spec.name
 
 
 def test_not_taken_with_a_bias_ring(asked):

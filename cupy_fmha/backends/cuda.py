@@ -766,15 +766,16 @@ FWD_WS_CLUSTER_HDIMS: tuple[int, ...] = ()
 def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, masked: bool, group_mode: bool) -> KernelSpec:
     """``spec`` (a forward instance from :func:`fwd_spec`), or the same ws-forward build in clusters
     of two CTAs (``-D CLUSTER=2``: adjacent row blocks of one head, each CTA loading half of every
-    K and V tile into both) where :data:`FWD_WS_CLUSTER_HDIMS` (or ``CUPY_FMHA_FWD_WS_TILES``'s
-    CLUSTER) asks for it and the problem lets the two CTAs of a pair walk the same key blocks in the
-    same order: no mask (``masked``: causal or a window), batch mode, no bias ring (nor dropout:
-    not built in clusters), an even number
-    of row blocks of ``seqlen_q`` rows and an even grid along x (:func:`cupy_fmha.launch.fwd_launch`)."""
+    K and V tile into both; under a mask (``masked``: causal or a window) both walk the union of
+    their key ranges, the blocks outside a CTA's own passed over) where :data:`FWD_WS_CLUSTER_HDIMS`
+    (or ``CUPY_FMHA_FWD_WS_TILES``'s CLUSTER) asks for it and the problem keeps the pairs in step:
+    batch mode, no bias ring (nor dropout: not built in clusters), an even number of row blocks of
+    ``seqlen_q`` rows and an even grid along x (:func:`cupy_fmha.launch.fwd_launch`)."""
     from ..launch import fwd_launch
 
-    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or masked or group_mode or spec.macro("BIAS", 0)
-            or spec.macro("DROPOUT", 0)):  # (dropout: its builds are not tested in clusters)
+    del masked  # (any mask: the kernel walks the union of a pair's key ranges)
+    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or group_mode or spec.macro("BIAS", 0)
+            or spec.macro("DROPOUT", 0) or spec.macro("Q_EARLY", 0)):  # (dropout: its builds are not tested in clusters)
         return spec
     asked = _override("CUPY_FMHA_FWD_WS_TILES", {}).get("CLUSTER")
     if asked is None:
