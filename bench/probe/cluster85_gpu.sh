@@ -21,11 +21,11 @@ if [ "$what" = ab ]; then
   t "precompile"
   timeout -s KILL 90 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128,256 --dtypes bf16 --fwd-ws-variants "" 2>&1 | tail -1
   t "ab CLUSTER=2, hdim 128"
-  timeout -s KILL 220 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=CLUSTER=2 --rounds 2 --tag cluster85-128 --out $OUT -- \
-     --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --causal no --mode fwd 2>&1 | grep -v '^\$' | tail -8
+  timeout -s KILL 250 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=CLUSTER=2 --rounds 2 --tag cluster85-128 --out $OUT -- \
+     --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -12
   t "ab CLUSTER=2, hdim 64 and 256"
   timeout -s KILL 160 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=CLUSTER=2 --rounds 2 --tag cluster85-64-256 --out $OUT -- \
-     --hdim 64,256 --seqlen 2048,8192 --dtype bf16 --causal no --mode fwd 2>&1 | grep -v '^\$' | tail -8
+     --hdim 64,256 --seqlen 2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -10
 fi
 if [ "$what" = ncu ]; then
   M="--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second,gpc__cycles_elapsed.avg.per_second,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum"
