@@ -422,9 +422,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             if constexpr (CLUSTER > 1) {  // (the union with the peer's row block, x ^ 1)
                 int p0, p1;
                 key_block_range(blk.win, row0_of(x ^ 1), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, p0, p1);
-                if (p1 > p0) {
-                    kb_lo = kb_hi > kb_lo ? min(kb_lo, p0) : p0;
-                    kb_hi = max(kb_hi, p1);
+                if (p1 > p0) {  // (an empty own range [a, a) may lie past p1: then the union is the peer's alone)
+                    const bool own = kb_hi > kb_lo;
+                    kb_lo = own ? min(kb_lo, p0) : p0;
+                    kb_hi = own ? max(kb_hi, p1) : p1;
                 }
             }
             for (int kb = kb_lo; kb < kb_hi; ++kb, ++i) {

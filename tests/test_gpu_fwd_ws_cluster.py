@@ -81,6 +81,11 @@ SHAPES = {
     "window": (1, 1000, 1200, 2, 2, dict(window_size=(200, 50))),
     "no keys": (2, 1000, 300, 2, 2, dict(causal=True)),  # (bottom-right: rows 0-699 see no key)
     "top-left window": (2, 1000, 300, 2, 2, dict(mask="t:100,0")),  # (rows from 400 see none)
+    # a row block without keys after its peer's (its empty range [a, a) lies past the peer's end: 80- and
+    # 112-key blocks at hdim 256 / 192, rows 384-511 see none while 256-383 see key block 1)
+    "top-left window, short keys": (1, 1024, 160, 2, 2, dict(mask="t:100,0")),
+    # past FWD_WS_SHORT_SEQLEN, so hdim 64 takes three MMA warpgroups (192-row blocks: 14) under the mask
+    "causal long": (1, 2600, 2600, 2, 2, dict(causal=True)),
 }
 
 
