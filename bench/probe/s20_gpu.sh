@@ -10,4 +10,5 @@ stage 150 bench/probe/cluster85_gpu.sh test
 stage 200 bench/probe/cluster85_gpu.sh ab
 stage 60 bench/probe/cluster85_gpu.sh ncu
 stage 120 bench/probe/epi86_gpu.sh ab
+stage 100 bench/probe/ncu84_gpu.sh fold
 echo "=== s20 done at $(( $(date +%s) - T0 )) s"
