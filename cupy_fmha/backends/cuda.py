@@ -774,17 +774,24 @@ def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, ma
     from ..launch import fwd_launch
 
     del masked  # (any mask: the kernel walks the union of a pair's key ranges)
-    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or group_mode or spec.macro("BIAS", 0)
+    clustered = _fwd_ws_clustered(spec)
+    if clustered is spec or group_mode:
+        return spec
+    if -(-seqlen_q // spec.macro("BLOCK_M")) % 2 or fwd_launch(spec, batch, nhead_q, seqlen_q).grid[0] % 2:
+        return spec
+    return clustered
+
+
+def _fwd_ws_clustered(spec: KernelSpec) -> KernelSpec:
+    """The CLUSTER=2 build of a ws-forward instance where it exists and is asked for (the table
+    :data:`FWD_WS_CLUSTER_HDIMS` or ``CUPY_FMHA_FWD_WS_TILES``), whatever the problem; else ``spec``."""
+    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or spec.macro("BIAS", 0)
             or spec.macro("DROPOUT", 0) or spec.macro("Q_EARLY", 0)):  # (dropout: its builds are not tested in clusters)
         return spec
     asked = _override("CUPY_FMHA_FWD_WS_TILES", {}).get("CLUSTER")
     if asked is None:
         asked = 2 if max(spec.macro("HDIM_Q"), spec.macro("HDIM_V")) in FWD_WS_CLUSTER_HDIMS else 1
-    if asked != 2:
-        return spec
-    if -(-seqlen_q // spec.macro("BLOCK_M")) % 2 or fwd_launch(spec, batch, nhead_q, seqlen_q).grid[0] % 2:
-        return spec
-    return _mk(spec.source, spec.dtype, spec.target, **dict(spec.macros), CLUSTER=2)
+    return _mk(spec.source, spec.dtype, spec.target, **dict(spec.macros), CLUSTER=2) if asked == 2 else spec
 
 
 #: the ws forward's row-block hand-over variants compiled offline (experimental_table; bench/NOTES.md
@@ -894,6 +901,8 @@ def dispatch_table() -> list[KernelSpec]:
                                              heads_x=hx).dq_dk_dv for n in (0, *tma) for det in (False, True)
                                    for hx in ((1, BWD_WS_HEADS_GROUP) if max(hq, hv) <= 128 else (1,)))):
                         seen.setdefault(spec.name, spec)
+                        clustered = _fwd_ws_clustered(spec)  # (FWD_WS_CLUSTER_HDIMS: the plan may take it)
+                        seen.setdefault(clustered.name, clustered)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)
     return list(seen.values())
