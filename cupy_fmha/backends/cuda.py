@@ -640,8 +640,10 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: not timed).
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
-#: 128 keys at 128: 144-192 measured 2-13% slower (step 62).
-FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80)}
+#: 128 keys at 128: 144-192 measured 2-13% slower (step 62). O_IN_Q at 256 (O staged in the
+#: warpgroup's rows of Q's buffer, then 16-byte stores of whole rows): 0.95-1.00x the time (step 86);
+#: at 64 1.00-1.07x, so not there.
+FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80, O_IN_Q=1)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
