@@ -161,13 +161,13 @@ def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:
     return backend_for(cc).use_wg_skip(diagonal, seqlen_q)
 
 
-def fwd_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, masked: bool, group_mode: bool,
+def fwd_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, group_mode: bool,
                 cc: int = 90) -> KernelSpec:
     """``spec`` or, where the backend runs it in clusters of CTAs that share their loads for this
-    problem (batch, heads, query rows, ``masked``: causal or a window, ``group_mode``), that build
+    problem (batch, heads, query rows, ``group_mode``), that build
     (see :func:`cupy_fmha.backends.cuda.fwd_ws_cluster`; other backends: ``spec``)."""
     pick = getattr(backend_for(cc), "fwd_ws_cluster", None)
-    return pick(spec, batch, nhead_q, seqlen_q, masked, group_mode) if pick else spec
+    return pick(spec, batch, nhead_q, seqlen_q, group_mode) if pick else spec
 
 
 def use_fwd_ws_short(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

@@ -60,14 +60,16 @@
 //   O_VEC=1     (a variant of O's stage; bench/NOTES.md step 84) each warp sends its 16 staged rows with
 //               16-byte vector stores from every lane (whole rows per instruction) instead of lane 0's
 //               16 bulk row copies
-//   O_IN_Q=1    (a variant where O's own stage does not fit: hdim 192 and 256; step 86) each warp stages
+//   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
 //               its 16 rows of O in the rows of the Q buffer its warpgroup's S GEMMs read (128-byte
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
 //   CLUSTER=2   (a variant; bench/NOTES.md step 85) CTAs in clusters of two (x-adjacent: two row blocks of
 //               one head), each producer loading half of every K and V tile into both CTAs (TMA
-//               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP. A stage
+//               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP (measured
+//               1.24-1.42x the time at hdim 128: the loop is not L2-bound, and the cross-CTA releases
+//               stall; not dispatched). A stage
 //               is refilled only after the MMA warps of both CTAs have released it: `empty` and
 //               `k_empty` count one arrival per MMA warp of either CTA (lane 0 arrives here and on the
 //               peer's barrier). Both CTAs walk the same key blocks in the same order: the union of
@@ -219,6 +221,27 @@ __device__ __forceinline__ KeepBits<BLOCK_N / 8> keep_bits(const FwdBlock& blk, 
     return kb;
 }
 
+// Whether O's rows can leave in 16-byte pieces (the API's outputs always can; else 4-byte stores)
+__device__ __forceinline__ bool o_rows_aligned(const FwdParams& p, const uint16_t* og) {
+    return ((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) == 0;
+}
+// A warp's `rows` (of 16) staged O rows to global memory in 16-byte pieces, whole rows per store
+// instruction: all the warp's pieces read first (`at(r, j)`: piece j of staged row r), then stored
+// where the row is in the sequence and the piece inside hdim_v (O_VEC, O_IN_Q).
+template <typename At>
+__device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, int row0, int rows, At at) {
+    constexpr int PIECES = HDIM_V / 8;  // per row
+    const int lane = lane_of(threadIdx.x);
+    uint4 got[HDIM_V / 16];
+#pragma unroll
+    for (int t = 0; t < HDIM_V / 16; ++t) got[t] = *at((lane + 32 * t) / PIECES, (lane + 32 * t) % PIECES);
+#pragma unroll
+    for (int t = 0; t < HDIM_V / 16; ++t) {
+        const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
+        if (r < rows && 8 * j < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
+    }
+}
+
 // O_STAGE epilogue of one warp's 16 rows from row0 (wi: the warp in its warpgroup, whose rows of
 // the stage are wi * 16 ..): O scaled by 1/l and rounded into the stage, then lane 0 sends the rows
 // to global memory with one cp.async.bulk each (rows past the sequence skipped), instead of every
@@ -232,7 +255,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
                                                const AccFrag& f, uint16_t* stage) {
     uint16_t* og = fwd_out_rows(p, b, h);
-    if (((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) != 0) {
+    if (!o_rows_aligned(p, og)) {
         fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
         return;
     }
@@ -256,19 +279,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     const int rows = min(16, blk.seqlen_q - row0);
     if constexpr (O_VEC) {  // the warp's rows in 16-byte pieces, 512 bytes of whole rows per store instruction
         __syncwarp();
-        constexpr int PIECES = HDIM_V / 8;  // per row of the stage
-        const int lane = lane_of(threadIdx.x);
-        uint4 piece[HDIM_V / 16];  // (all loads first, unconditionally: the stage is read in full)
-#pragma unroll
-        for (int t = 0; t < HDIM_V / 16; ++t) {
-            const int r = (lane + 32 * t) / PIECES, c = (lane + 32 * t) % PIECES;
-            piece[t] = *reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * c);
-        }
-#pragma unroll
-        for (int t = 0; t < HDIM_V / 16; ++t) {
-            const int r = (lane + 32 * t) / PIECES, c = (lane + 32 * t) % PIECES;
-            if (r < rows && 8 * c < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * c) = piece[t];
-        }
+        fwd_send_rows(p, og, row0, rows, [&](int r, int j) { return reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * j); });
         __syncwarp();  // (every lane has read the stage before the warp's next row block writes it)
         return;
     }
@@ -291,7 +302,7 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
                                                     int wg, const float* acc_o, const float row_max[2],
                                                     const float row_sum[2], const AccFrag& f, uint16_t* tile) {
     uint16_t* og = fwd_out_rows(p, b, h);
-    if (((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) != 0) {
+    if (!o_rows_aligned(p, og)) {
         fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
         return;
     }
@@ -315,16 +326,8 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
         }
     }
     __syncwarp();
-    const int rows = min(16, blk.seqlen_q - row0), lane = lane_of(threadIdx.x);
-    constexpr int PIECES = HDIM_V / 8;  // per row
-    uint4 got[HDIM_V / 16];  // (all loads first, unconditionally: the warp's rows are read in full)
-#pragma unroll
-    for (int t = 0; t < HDIM_V / 16; ++t) got[t] = *reinterpret_cast<const uint4*>(base + piece(tr0 + (lane + 32 * t) / PIECES, (lane + 32 * t) % PIECES));
-#pragma unroll
-    for (int t = 0; t < HDIM_V / 16; ++t) {
-        const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
-        if (r < rows && 8 * j < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
-    }
+    fwd_send_rows(p, og, row0, min(16, blk.seqlen_q - row0),
+                  [&](int r, int j) { return reinterpret_cast<const uint4*>(base + piece(tr0 + r, j)); });
     // (the next row block's Q comes by TMA into these bytes after the caller's hand-back: order this
     // thread's generic writes of them before it)
     fence_proxy_async();

@@ -96,7 +96,7 @@ def test_even_row_blocks_and_ctas(monkeypatch, s, persist, taken):
 
 def test_launcher_refuses_odd_grids(monkeypatch):
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
-    spec = cuda.fwd_ws_cluster(cuda.fwd_spec("fp16", 128, 128, 90), 2, 2, 1000, False, False)
+    spec = cuda.fwd_ws_cluster(cuda.fwd_spec("fp16", 128, 128, 90), 2, 2, 1000, False)
     assert spec.macro("CLUSTER", 1) == 1  # (not asked for: the table is empty)
     clustered = cuda._mk(spec.source, spec.dtype, spec.target, **dict(spec.macros), CLUSTER=2, PERSIST=0)
     with pytest.raises(ValueError, match="even number of row blocks"):

@@ -765,17 +765,16 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
 FWD_WS_CLUSTER_HDIMS: tuple[int, ...] = ()
 
 
-def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, masked: bool, group_mode: bool) -> KernelSpec:
+def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, group_mode: bool) -> KernelSpec:
     """``spec`` (a forward instance from :func:`fwd_spec`), or the same ws-forward build in clusters
     of two CTAs (``-D CLUSTER=2``: adjacent row blocks of one head, each CTA loading half of every
-    K and V tile into both; under a mask (``masked``: causal or a window) both walk the union of
-    their key ranges, the blocks outside a CTA's own passed over) where :data:`FWD_WS_CLUSTER_HDIMS`
+    K and V tile into both; under any mask both walk the union of their key ranges, the blocks
+    outside a CTA's own passed over) where :data:`FWD_WS_CLUSTER_HDIMS`
     (or ``CUPY_FMHA_FWD_WS_TILES``'s CLUSTER) asks for it and the problem keeps the pairs in step:
     batch mode, no bias ring (nor dropout: not built in clusters), an even number of row blocks of
     ``seqlen_q`` rows and an even grid along x (:func:`cupy_fmha.launch.fwd_launch`)."""
     from ..launch import fwd_launch
 
-    del masked  # (any mask: the kernel walks the union of a pair's key ranges)
     clustered = _fwd_ws_clustered(spec)
     if clustered is spec or group_mode:
         return spec
