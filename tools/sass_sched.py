@@ -1,0 +1,225 @@
+"""How long one warp takes through a stretch of a kernel's machine code, from the schedule ptxas
+wrote into it: offline (NVRTC + nvdisasm, no GPU), for predicting what a change to a softmax or an
+epilogue does before it is timed (bench/NOTES.md step 87).
+
+Every sm_90 instruction carries its scheduling controls in bits 105-125 of its 128-bit word (the
+layout public reverse-engineering of Volta and later documented: stall cycles 4 bits, yield 1,
+write scoreboard 3, read scoreboard 3, wait mask 6, operand reuse 4). ptxas sets the stall count to
+the fixed latency the next instruction must wait for, so the stalls of a stretch are what ncu calls
+`wait` stalls; variable-latency results (MUFU, SHFL, shared-memory loads) go through the six
+scoreboards, for which this model assumes latencies (LATENCY below, cycles; published
+microbenchmarks of Ampere and Hopper put them near these). One warp alone is simulated in order:
+an instruction issues when the previous one's stall count has passed and every scoreboard in its
+wait mask is released, and MUFU takes 8 cycles per warp instruction (16 results per clock per SM,
+4 per SM sub-partition). Other warps sharing the sub-partition, bank conflicts and the tensor cores
+are not modelled: the result is a lower bound on the stretch's latency, with the issue slots and
+the MUFU time that two warps on a sub-partition share.
+
+    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|all] [--edge] [--flip N,..] [--list]
+
+The build is the library's (`fwd_ws_spec`), so ``CUPY_FMHA_FWD_WS_TILES=KEY=V,...`` selects a
+variant as everywhere else. ``softmax``: the steady-state softmax of the overlapped pipeline, from
+the wait for S_i (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) to the loop's next mbarrier wait, taking the
+branch past the mask tests (``--edge``: falling into them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+#: assumed latencies (cycles) of results that go through a scoreboard
+LATENCY = {"MUFU": 18, "SHFL": 24, "LDS": 30, "LDSM": 30, "S2R": 20, "S2UR": 20, "LDC": 20, "ULDC": 20,
+           "F2I": 14, "I2F": 14, "default": 20}
+#: a register operand read out by a store or a transfer, releasing its read scoreboard
+READ_LATENCY = 8
+MUFU_INTERVAL = 8
+
+
+@dataclass
+class Ins:
+    addr: int
+    text: str
+    stall: int
+    wb: int  # write scoreboard, 7: none
+    rb: int  # read scoreboard, 7: none
+    wait: int  # mask of scoreboards waited for
+
+    @property
+    def op(self) -> str:
+        body = re.sub(r"^@!?U?P\w+\s+", "", self.text)
+        return body.split()[0] if body else ""
+
+
+_LINE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\* (0x[0-9a-f]+) \*/\s*$")
+_HI = re.compile(r"^\s+/\* (0x[0-9a-f]+) \*/\s*$")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def parse(sass_hex: str) -> tuple[list[Ins], dict[str, int]]:
+    """nvdisasm ``-c -hex`` output -> instructions in code order, and label -> instruction index."""
+    out: list[Ins] = []
+    labels: dict[str, int] = {}
+    pending = None
+    for line in sass_hex.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(out)
+            continue
+        m = _LINE.match(line)
+        if m:
+            pending = (int(m.group(1), 16), m.group(2))
+            continue
+        m = _HI.match(line)
+        if m and pending is not None:
+            ctl = int(m.group(1), 16) >> 41
+            out.append(Ins(pending[0], pending[1], ctl & 15, (ctl >> 5) & 7, (ctl >> 8) & 7, (ctl >> 11) & 63))
+            pending = None
+    return out, labels
+
+
+def sass_hex(spec) -> str:
+    from cupy.cuda import nvrtc
+
+    from cupy_fmha import compile as C
+
+    tool = C.nvdisasm_path()
+    if tool is None:
+        sys.exit("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    prog = nvrtc.createProgram(C.load_source(spec.source), f"{spec.name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, [*C.nvrtc_options(spec, "sm_90a"), *C._nvrtc_include_dirs()])
+        cubin = C._whole_elf(nvrtc.getCUBIN(prog))
+    finally:
+        nvrtc.destroyProgram(prog)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", "-hex", f.name], capture_output=True, text=True, check=True).stdout
+
+
+_BRANCH = re.compile(r"BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)")
+
+
+def _walk(ins: list[Ins], labels: dict[str, int], start: int, end: int, take_conditional: bool,
+          flip: frozenset) -> list[Ins]:
+    """The instructions from ``start`` up to ``end`` along one path: an unconditional forward branch
+    to a label inside is followed; conditional ones (numbered from 0 in path order) are taken when
+    ``take_conditional``, except those whose number is in ``flip`` (the other way); branches out of
+    the stretch or backwards fall through."""
+    path, i, seen = [], start, 0
+    while i < end:
+        x = ins[i]
+        path.append(x)
+        m = _BRANCH.search(x.text)
+        if m and i < labels.get(m.group(1), -1) < end:
+            take = True
+            if x.text.startswith("@"):
+                take = take_conditional != (seen in flip)
+                seen += 1
+            if take:
+                i = labels[m.group(1)]
+                continue
+        i += 1
+    return path
+
+
+def _first(ins: list[Ins], what: str, lo: int = 0) -> int:
+    for i in range(lo, len(ins)):
+        if ins[i].text.startswith(what):
+            return i
+    raise SystemExit(f"no `{what}` in the machine code: not the overlapped pipeline (PV_OVERLAP=1)?")
+
+
+def softmax_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> list[Ins]:
+    """The steady-state softmax of the overlapped forward: after the first ``WARPGROUP.DEPBAR.LE
+    gsb0, 0x1`` up to the next ``SYNCS.PHASECHK``, conditional branches taken (the first one skips the
+    mask tests; flip 0 for an edge tile)."""
+    start = _first(ins, "WARPGROUP.DEPBAR.LE gsb0, 0x1") + 1
+    end = next(i for i in range(start, len(ins)) if ins[i].op.startswith("SYNCS.PHASECHK"))
+    return _walk(ins, labels, start, end, True, flip)
+
+
+def operands_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> list[Ins]:
+    """The overlapped forward's loop from the wait for P_{i-2} V_{i-2} (its last ``WARPGROUP.DEPBAR.LE
+    gsb0, 0x0`` before the steady-state GEMMs) to their ``WARPGROUP.ARRIVE``: O's rescale, P packed,
+    the turn's barrier (counted as issued at once); conditional branches taken (LAZY_RESCALE's skipped
+    rescale is then the path)."""
+    d1 = _first(ins, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    end = max(i for i in range(d1) if ins[i].text.startswith("WARPGROUP.ARRIVE"))
+    start = max(i for i in range(end) if ins[i].text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    return _walk(ins, labels, start, end, True, flip)
+
+
+@dataclass
+class Timing:
+    instructions: int
+    cycles: int  # one warp, alone
+    fixed_wait: int  # cycles of stall counts above 1 (ncu's `wait`)
+    scoreboard_wait: int  # cycles waited on scoreboards
+    mufu: int
+    mufu_wait: int  # cycles an MUFU waited for the unit
+
+
+def simulate(path: list[Ins], trace=None) -> Timing:
+    t, ready, mufu_free = 0, [0] * 6, 0
+    fixed = sb = mw = mufu = 0
+    for x in path:
+        need = max([ready[b] for b in range(6) if x.wait >> b & 1] + [t])
+        sb += need - t
+        issue = need
+        if x.op.startswith("MUFU"):
+            mufu += 1
+            if mufu_free > issue:
+                mw += mufu_free - issue
+                issue = mufu_free
+            mufu_free = issue + MUFU_INTERVAL
+        if x.wb != 7:
+            ready[x.wb] = max(ready[x.wb], issue + LATENCY.get(x.op.split(".")[0], LATENCY["default"]))
+        if x.rb != 7:
+            ready[x.rb] = max(ready[x.rb], issue + READ_LATENCY)
+        if trace is not None:
+            trace(issue, x)
+        fixed += max(0, x.stall - 1)
+        t = issue + max(1, x.stall)
+    return Timing(len(path), t, fixed, sb, mufu, mw)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=["fwd-ws"])
+    ap.add_argument("dtype")
+    ap.add_argument("hdim_q", type=int)
+    ap.add_argument("hdim_v", type=int)
+    ap.add_argument("--region", choices=["softmax", "operands", "all"], default="softmax")
+    ap.add_argument("--edge", action="store_true", help="softmax: the path through the mask tests (--flip 0)")
+    ap.add_argument("--flip", default="", help="comma-separated numbers of conditional branches (from 0, in path "
+                    "order) to go the other way: fall through instead of taking")
+    ap.add_argument("--list", action="store_true", help="print each instruction with its issue cycle")
+    a = ap.parse_args(argv)
+    from cupy_fmha.backends.cuda import fwd_ws_spec
+
+    spec = fwd_ws_spec(a.dtype, a.hdim_q, a.hdim_v)
+    ins, labels = parse(sass_hex(spec))
+    flip = frozenset(int(v) for v in a.flip.split(",") if v) | (frozenset({0}) if a.edge else frozenset())
+    if a.region == "all":
+        path = ins
+    elif a.region == "operands":
+        path = operands_path(ins, labels, flip)
+    else:
+        path = softmax_path(ins, labels, flip)
+    trace = (lambda t, x: print(f"{t:6d}  {x.stall:2d} {'w' + str(x.wb) if x.wb != 7 else '  '} "
+                                f"{'m%02x' % x.wait if x.wait else '   '}  {x.text}")) if a.list else None
+    r = simulate(path, trace)
+    print(f"{spec.name}  {a.region}{' (edge)' if a.edge else ''}: {r.instructions} instructions, "
+          f"{r.cycles} cycles for one warp alone; fixed-latency stalls {r.fixed_wait}, scoreboard waits "
+          f"{r.scoreboard_wait}, MUFU {r.mufu} ({MUFU_INTERVAL * r.mufu} cycles of the unit; waited {r.mufu_wait})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
