@@ -107,12 +107,19 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // softmax_row: the step both forms share for row slot r once the row's new maximum mx (log2 units,
 // -inf for a row that saw nothing yet) is known: P = exp2(s * mul - max) in place (mul 1 for scores
 // already scaled, the scale itself for FOLDED: one FFMA), the running sum, the correction of O.
+// LAZY_RESCALE (without RESCALE; FlashAttention-4's conditional rescaling): the running maximum moves
+// only when the block's exceeds it by more than LAZY_RESCALE, so most blocks' corr is exactly 1 and
+// the caller skips O's rescale (rescale_o_lazy); P then reaches at most 2^LAZY_RESCALE, and O and
+// the LSE (max + log2 of the sum, both taken against the same stale maximum) are unchanged in exact
+// arithmetic.
 template <int NS, int NO, bool RESCALE>
 __device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                             int r, float mx, float mul) {
     constexpr int E = AccFrag::SLOT_ELEMS;
+    if constexpr (LAZY_RESCALE > 0 && !RESCALE)  // (the old maximum stays while mx is at most LAZY_RESCALE above it)
+        mx = row_max[r] != -FMHA_INF && mx - row_max[r] <= static_cast<float>(LAZY_RESCALE) ? row_max[r] : mx;
     const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
-    const float cr = fast_exp2(row_max[r] - m_use);
+    const float cr = fast_exp2(row_max[r] - m_use);  // (1 where the maximum stayed)
     corr[r] = cr;
     row_max[r] = mx;
     float sum = 0.f;
@@ -120,8 +127,13 @@ __device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_ma
     for (int n = 0; n < NS; ++n)
 #pragma unroll
         for (int c = 0; c < E; c += 2) {
-            s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] * mul - m_use);
-            s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] * mul - m_use);
+            if (n % 8 >= 8 - EXP_EMU) {  // (EXP_EMU: these tiles' exponentials on the FMA pipes)
+                s[4 * n + E * r + c] = poly_exp2(s[4 * n + E * r + c] * mul - m_use);
+                s[4 * n + E * r + c + 1] = poly_exp2(s[4 * n + E * r + c + 1] * mul - m_use);
+            } else {
+                s[4 * n + E * r + c] = fast_exp2(s[4 * n + E * r + c] * mul - m_use);
+                s[4 * n + E * r + c + 1] = fast_exp2(s[4 * n + E * r + c + 1] * mul - m_use);
+            }
             sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
         }
     row_sum[r] = row_sum[r] * cr + sum;
@@ -133,17 +145,46 @@ __device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_ma
     }
 }
 
-// softmax_p's FOLDED form: the scores stay unscaled; the row's extreme is taken over them (the
-// maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
-// -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
-// multiply per element and a subtract.
-template <int NS, int NO, bool RESCALE>
-__device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
-                                                 float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                                 const AccFrag& f, int seqlen_k) {
-    const bool pos = scale_log2 > 0.f;  // (uniform: the launch's scale)
-    if (edge) {
-        const float masked = pos ? -FMHA_INF : FMHA_INF;  // scales to -inf
+// The mask test of a tile that crosses a mask or sequence edge: each score (rows row0 + f.row(e),
+// columns k0 + f.col(n, e)) the window or the sequence's end hides becomes `masked`. MASK_ROWS: from
+// each row slot's visible columns [lo, hi) counted from the thread's first column, so each element is
+// one compare with a constant offset per bound (1: both bounds everywhere; 2: the lower one only where
+// a warp vote says it crosses the warp's columns, which a causal diagonal never does: two copies of
+// the loop, and 4 bytes of spill at hdim 256); else Window::visible per element. The same elements
+// either way.
+template <int NS>
+__device__ __forceinline__ void mask_tile(float* s, float masked, const Window& win, int row0, int k0, const AccFrag& f,
+                                          int seqlen_k) {
+    if constexpr (MASK_ROWS > 0) {
+        constexpr int E = AccFrag::SLOT_ELEMS;
+        const int jb = k0 + f.col(0, 0);  // (f.col(n, e) - f.col(0, 0) folds to a constant)
+        // visible: j >= i - y + 1, j < i + x, j < seqlen_k
+        int lo[AccFrag::ROW_SLOTS], hi[AccFrag::ROW_SLOTS];
+        bool lower = false;
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
+            lo[r] = row0 + f.row(E * r) - win.y + 1 - jb;
+            hi[r] = min(row0 + f.row(E * r) + win.x, seqlen_k) - jb;
+            lower |= lo[r] > 0;
+        }
+        if (MASK_ROWS == 1 || f.any(lower)) {  // (uniform over the warp)
+#pragma unroll
+            for (int n = 0; n < NS; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = f.col(n, e) - f.col(0, 0), r = e / E;
+                    s[4 * n + e] = c >= lo[r] && c < hi[r] ? s[4 * n + e] : masked;
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NS; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = f.col(n, e) - f.col(0, 0), r = e / E;
+                    s[4 * n + e] = c < hi[r] ? s[4 * n + e] : masked;
+                }
+        }
+    } else {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -152,6 +193,57 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
                 s[4 * n + e] = win.visible(i, j, seqlen_k) ? s[4 * n + e] : masked;
             }
     }
+}
+
+// SMAX_TREE: the extreme (MAX: largest, else smallest) of row slot r's scores of this thread (its
+// NS * SLOT_ELEMS values) by a pairwise tree, about log2 of that many dependent steps instead of one
+// per pair; the result is the chain's (a maximum does not round, whatever the order).
+template <int NS, bool MAX>
+__device__ __forceinline__ float slot_extreme_tree(const float* s, int r) {
+    constexpr int E = AccFrag::SLOT_ELEMS, K = NS * E;
+    float v[K];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int c = 0; c < E; ++c) v[n * E + c] = s[4 * n + E * r + c];
+#pragma unroll
+    for (int w = 1; w < K; w *= 2)
+#pragma unroll
+        for (int i = 0; i + w < K; i += 2 * w) v[i] = MAX ? fmaxf(v[i], v[i + w]) : fminf(v[i], v[i + w]);
+    return v[0];
+}
+
+// softmax_p's FOLDED form: the scores stay unscaled; the row's extreme is taken over them (the
+// maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
+// -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
+// multiply per element and a subtract. POS: the sign of scale_log2 (SMAX_TREE: one copy of the
+// whole step per sign, so that neither row slot's code is split by the test).
+template <int NS, int NO, bool RESCALE, bool POS>
+__device__ __forceinline__ void softmax_p_folded_signed(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                                        float scale_log2, bool edge, const Window& win, int row0, int k0,
+                                                        const AccFrag& f, int seqlen_k) {
+    if (edge) mask_tile<NS>(s, POS ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
+    float ext[AccFrag::ROW_SLOTS];  // each row's largest scaled score, in unscaled units
+#pragma unroll
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) ext[r] = slot_extreme_tree<NS, POS>(s, r);
+#pragma unroll
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) ext[r] = POS ? f.reduce_max(ext[r]) : -f.reduce_max(-ext[r]);
+#pragma unroll
+    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
+        softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, fmaxf(row_max[r], ext[r] * scale_log2), scale_log2);
+}
+
+template <int NS, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
+                                                 float scale_log2, bool edge, const Window& win, int row0, int k0,
+                                                 const AccFrag& f, int seqlen_k) {
+    const bool pos = scale_log2 > 0.f;  // (uniform: the launch's scale)
+    if constexpr (SMAX_TREE) {
+        if (pos) softmax_p_folded_signed<NS, NO, RESCALE, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+        else softmax_p_folded_signed<NS, NO, RESCALE, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+        return;
+    }
+    if (edge) mask_tile<NS>(s, pos ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
     constexpr int E = AccFrag::SLOT_ELEMS;
 #pragma unroll
     for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
@@ -196,16 +288,17 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
             if constexpr (ALIBI) s[4 * n + e] += alibi(row0 + f.row(e), k0 + f.col(n, e));
         }
     if constexpr (BIAS && Bias::PAIRS) bias.template add<NS>(s, row0 - tile_row0, f);
-    if (edge) {
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = row0 + f.row(e), j = k0 + f.col(n, e);
-                s[4 * n + e] = win.visible(i, j, seqlen_k) ? s[4 * n + e] : -FMHA_INF;
-            }
-    }
+    if (edge) mask_tile<NS>(s, -FMHA_INF, win, row0, k0, f, seqlen_k);
     constexpr int E = AccFrag::SLOT_ELEMS, T = AccFrag::KEEP_TILES;
+    if constexpr (SMAX_TREE) {  // (both slots' trees, then both slots' shuffles: the same maxima)
+        float mx[AccFrag::ROW_SLOTS];
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) mx[r] = fmaxf(row_max[r], slot_extreme_tree<NS, true>(s, r));
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) mx[r] = f.reduce_max(mx[r]);
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, mx[r], 1.f);
+    } else {
 #pragma unroll
     for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
         float mx = row_max[r];
@@ -214,6 +307,7 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
 #pragma unroll
             for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
         softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, f.reduce_max(mx), 1.f);
+    }
     }
     if constexpr (DROPOUT) {
         // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused
@@ -254,6 +348,18 @@ __device__ __forceinline__ void rescale_o(float* acc_o, const float corr[2]) {
         for (int n = 0; n < NO; ++n)
 #pragma unroll
             for (int c = 0; c < E; ++c) acc_o[4 * n + E * r + c] *= corr[r];
+}
+
+// rescale_o, skipped by the whole warp when every corr of its rows is 1 (LAZY_RESCALE: the maxima stayed)
+template <int NO>
+__device__ __forceinline__ void rescale_o_lazy(float* acc_o, const float corr[2], const AccFrag& f) {
+    if constexpr (LAZY_RESCALE > 0) {
+        bool moved = false;
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) moved |= corr[r] != 1.f;
+        if (!f.any(moved)) return;
+    }
+    rescale_o<NO>(acc_o, corr);
 }
 
 // Forward, one key block: softmax_p with O rescaled at once.

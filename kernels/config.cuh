@@ -50,6 +50,17 @@
 //   O_VEC        fmha_fwd_sm90_ws (O_STAGE): the staged rows leave in 16-byte vector stores, not bulk copies
 //   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
 //                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S
+//   SMAX_TREE    the forward softmax (attention.cuh, softmax_p): each row slot's maximum by a pairwise
+//                tree over the thread's scores instead of one chain, both slots before their quad
+//                shuffles, and the folded form's sign test around the whole step (the same values)
+//   MASK_ROWS    the forward softmax (attention.cuh, mask_tile): the mask test of an edge tile from each
+//                row's visible columns, one compare per bound (1), the lower only where it crosses (2)
+//   LAZY_RESCALE the forward softmax of the overlapped pipeline (softmax_row without RESCALE): a row keeps
+//                its running maximum while a block's is at most this much larger (log2 units; P up to
+//                2^LAZY_RESCALE), and O is rescaled only when a row of the warp moved it (0: always)
+//   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
+//                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
+//                MUFU.EX2 (0: none)
 //   CLUSTER      fmha_fwd_sm90_ws: CTAs per thread-block cluster (1, or 2: each CTA of a pair loads half of
 //                every K and V tile into both, TMA multicast)
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
@@ -183,6 +194,18 @@
 #ifndef O_IN_Q
 #define O_IN_Q 0
 #endif
+#ifndef SMAX_TREE
+#define SMAX_TREE 0
+#endif
+#ifndef EXP_EMU
+#define EXP_EMU 0
+#endif
+#ifndef MASK_ROWS
+#define MASK_ROWS 0
+#endif
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -201,7 +224,9 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
-enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_vec = O_VEC, cluster = CLUSTER, o_in_q = O_IN_Q };
+enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_vec = O_VEC, cluster = CLUSTER, o_in_q = O_IN_Q,
+             smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
+             lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -244,6 +269,10 @@ enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_
 #undef Q_STAGES
 #undef O_VEC
 #undef O_IN_Q
+#undef SMAX_TREE
+#undef EXP_EMU
+#undef MASK_ROWS
+#undef LAZY_RESCALE
 #undef CLUSTER  // (fmha_fwd_sm90_ws.cu reads the macro before this header for __cluster_dims__)
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
@@ -283,6 +312,7 @@ inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
 enum : bool { Q_EARLY = config_detail::q_early != 0, TURN_CARRY = config_detail::turn_carry != 0, O_VEC = config_detail::o_vec != 0,
-             O_IN_Q = config_detail::o_in_q != 0 };
-enum : int { Q_STAGES = config_detail::q_stages, CLUSTER = config_detail::cluster };
+             O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
+enum : int { Q_STAGES = config_detail::q_stages, CLUSTER = config_detail::cluster, EXP_EMU = config_detail::exp_emu,
+             LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

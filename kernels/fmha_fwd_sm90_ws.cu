@@ -65,6 +65,7 @@
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
+//   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
 //   CLUSTER=2   (a variant; bench/NOTES.md step 85) CTAs in clusters of two (x-adjacent: two row blocks of
 //               one head), each producer loading half of every K and V tile into both CTAs (TMA
 //               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP (measured
@@ -79,8 +80,10 @@
 //               (launch.fwd_launch: the CTAs x and x ^ 1 then hold adjacent row blocks at every step);
 //               swizzled tiles, no bias ring.
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
-//               clock64 at six phases of each of its first TL_ROWS row blocks, and the CTA's entry and
-//               exit (%globaltimer too) go into the module's `fmha_fwd_timeline`, one row per CTA.
+//               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
+//               seven phases of every loop iteration (PV_OVERLAP; the boundaries approximate: clock64
+//               does not fence independent arithmetic), and the CTA's entry and exit (%globaltimer
+//               too) go into the module's `fmha_fwd_timeline`, one row per CTA.
 //
 // Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
@@ -338,8 +341,15 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
 // exit (clock64), [6] unused, [7] NWG; [8 + r] the key blocks of row block r < TL_ROWS; then from
 // TL_AT, per MMA warpgroup w and row block r, TL_EVENTS clock64 stamps at [TL_AT + (w TL_ROWS + r)
 // TL_EVENTS + e]: e = 0 the row block's start, 1 its Q landed, 2 S_0 and its softmax done, 3 the last
-// softmax done, 4 the last P V done, 5 O's stores issued (0: not reached)
-enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_WORDS = TL_AT + 3 * TL_ROWS * TL_EVENTS, TL_CTAS = 1 << 14 };
+// softmax done, 4 the last P V done, 5 O's stores issued (0: not reached). Then from TL_PH_AT, per
+// MMA warpgroup w, the cycles its thread 0 spent in each phase of the overlapped pipeline's loop
+// iterations (key blocks i >= 1 of every row block; bench/NOTES.md step 87), summed, at
+// [TL_PH_AT + w (TL_PHASES + 1) + k]: k = 0 waiting for K_i and V_{i-1} to land, 1 for P_{i-2} V_{i-2}
+// (wgmma.wait_group 0), 2 V's hand-back, O's rescale and P_{i-1} packed, 3 the turn (and BIAS_ACC's
+// bias tile), 4 issuing S_i and P_{i-1} V_{i-1} (and the keep bits), 5 waiting for S_i, 6 K's
+// hand-back and the softmax; [.. + TL_PHASES] the iterations counted
+enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_PHASES = 7, TL_PH_AT = TL_AT + 3 * TL_ROWS * TL_EVENTS,
+             TL_WORDS = TL_PH_AT + 3 * (TL_PHASES + 1), TL_CTAS = 1 << 14 };
 __device__ unsigned long long fmha_fwd_timeline[TL_CTAS][TL_WORDS];
 #endif
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) FMHA_FWD_CLUSTER_DIMS
@@ -512,8 +522,27 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto stamp = [&](int e) {
         if ((tid & 127) == 0 && j < TL_ROWS) tl_[TL_AT + (wg * TL_ROWS + j) * TL_EVENTS + e] = clock64();
     };
+    // the loop's phase sums (every thread keeps them, thread 0 of the warpgroup reports: no branch)
+    unsigned long long ph_[TL_PHASES + 1] = {}, ph_t = 0;
+    bool ph_on = false;
+    auto phase = [&](int k) {
+        if (ph_on) {
+            const unsigned long long t = clock64();
+            ph_[k] += t - ph_t;
+            ph_t = t;
+        }
+    };
+    auto phases = [&](bool on) {
+        ph_on = on;
+        if (on) {
+            ph_t = clock64();
+            ++ph_[TL_PHASES];
+        }
+    };
 #else
     auto stamp = [](int) {};
+    auto phase = [](int) {};
+    auto phases = [](bool) {};
 #endif
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
         const int q0 = row0_of(x);
@@ -672,13 +701,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                phase(1);
                 if (i >= 2) release_stage(&sm.empty[(it + i - 2) % STAGES], peer);  // V of block i-2 is read
-                rescale_o<NO>(acc_o, corr);
+                rescale_o_lazy<NO>(acc_o, corr, frag);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
                 // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                phase(2);
             };
             // TURN_CARRY: whether the CTA's next row block has key blocks (then the last warpgroup's last
             // P V of this one passes the turn on; the rows of a later row block are never past the sequence)
@@ -706,22 +737,29 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 softmax(sacc, 0, corr, keep0);
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
+                    phases(true);
                     wait_k(i);
                     wait_v(i - 1);
+                    phase(0);
                     next_pv_operands(i);
                     bias_into_s(i);
                     turn_begin();
+                    phase(3);
                     wgmma_fence();
                     gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
                     const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
+                    phase(4);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
+                    phase(5);
                     release_stage(&sm.k_empty[(it + i) % STAGES], peer);  // K of this stage is read
                     if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(q_empty));  // (the last S GEMM is complete)
                     softmax(sacc, i, corr, keep);
+                    phase(6);
                 }
+                phases(false);
                 stamp(3);
                 if (!Q_EARLY && !O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
@@ -761,6 +799,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // exited: exited threads count as arrived)
     if constexpr (CLUSTER > 1) cluster_sync();
 #if defined(TIMING) && TIMING
+    if ((tid & 127) == 0)
+#pragma unroll
+        for (int k = 0; k <= TL_PHASES; ++k) tl_[TL_PH_AT + wg * (TL_PHASES + 1) + k] = ph_[k];
     named_barrier_sync(15, MMA_THREADS);  // (every warpgroup's stamps are in)
     if (tid == 0) {
         tl_[1] = global_timer_ns();

@@ -518,6 +518,25 @@ def test_forward_ws_variant_switch(monkeypatch):
         cuda.fwd_ws_spec("bf16", 128, 128)
 
 
+def test_ws_softmax_variant_switches(monkeypatch):
+    """The step-87 softmax variants (SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE): named in the instance
+    when on, left out at 0 (the default instance's name), EXP_EMU and LAZY_RESCALE bounded (tiles of 8;
+    P up to 2^LAZY_RESCALE, which float16 holds to 15)."""
+    from cupy_fmha.backends import cuda
+
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    base = cuda.fwd_ws_spec("bf16", 128, 128)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SMAX_TREE=0,MASK_ROWS=0,EXP_EMU=0,LAZY_RESCALE=0")
+    assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SMAX_TREE=1,MASK_ROWS=1,EXP_EMU=2,LAZY_RESCALE=8")
+    spec = cuda.fwd_ws_spec("bf16", 128, 128)
+    assert [spec.macro(k) for k in ("SMAX_TREE", "MASK_ROWS", "EXP_EMU", "LAZY_RESCALE")] == [1, 1, 2, 8]
+    for bad in ("EXP_EMU=9", "EXP_EMU=-1", "LAZY_RESCALE=16", "LAZY_RESCALE=-2", "MASK_ROWS=3"):
+        monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", bad)
+        with pytest.raises(ValueError, match=bad.split("=")[0]):
+            cuda.fwd_ws_spec("bf16", 128, 128)
+
+
 def test_ws_switches_by_head_dim(monkeypatch):
     """The measured per-head-dim switches (bench/NOTES.md steps 36, 37): the ws backward's LSE2 and
     the ws forward's FOLD are on at hdim 64 (also for head dims that pad to 64) and out of the

@@ -29,7 +29,8 @@ wide = _load("wide_timeline")
 
 def test_kernel_layouts_match_the_probes():
     src = (PROBE.parent.parent / "kernels" / "fmha_fwd_sm90_ws.cu").read_text()
-    assert f"TL_ROWS = {fwd.ROWS}, TL_EVENTS = {fwd.EVENTS}, TL_AT = 8 + TL_ROWS" in src
+    assert f"TL_ROWS = {fwd.ROWS}, TL_EVENTS = {fwd.EVENTS}, TL_AT = 8 + TL_ROWS, TL_PHASES = {len(fwd.PHASES)}" in src
+    assert "TL_PH_AT = TL_AT + 3 * TL_ROWS * TL_EVENTS" in src and "TL_WORDS = TL_PH_AT + 3 * (TL_PHASES + 1)" in src
     src = (PROBE.parent.parent / "kernels" / "fmha_bwd_dq_dk_dv_sm90_ws_wide.cu").read_text()
     assert f"WT_PHASES = {len(wide.PHASES)}, WT_WORDS = 8 + 2 * WT_PHASES" in src
 
@@ -55,6 +56,10 @@ def _fwd_rows(ctas=300, blocks=8, per_block=2200, outside=(500, 2500, 1200, 600)
                 at = fwd.AT + (w * fwd.ROWS + r) * fwd.EVENTS
                 a[at:at + fwd.EVENTS] = ev
             t = ev[5] - 300 + 100  # (warpgroup 0's O issued, then the next row block)
+        for w in range(2):  # the loop's phases: (10, 20, ..., 70) + 5 w cycles per iteration
+            at = fwd.PH_AT + w * (len(fwd.PHASES) + 1)
+            a[at:at + len(fwd.PHASES)] = (np.arange(1, len(fwd.PHASES) + 1) * 10 + 5 * w) * nr * (blocks - 1)
+            a[at + len(fwd.PHASES)] = nr * (blocks - 1)
         a[5] = t + 400
         a[1] = a[0] + int((a[5] - a[4]) / 1.98)
         rows.append(a)
@@ -70,6 +75,8 @@ def test_fwd_timeline_report():
     assert heads["outside"][0] == pytest.approx(want, abs=0.01)
     assert any("warpgroup 1 minus warpgroup 0" in line and "+0.15" in line for line in lines), lines
     assert any(line.startswith("gap between CTAs") for line in lines)
+    assert heads["phases"][0]["K, V landed"] == pytest.approx(10) and heads["phases"][1]["softmax"] == pytest.approx(75)
+    assert any("warpgroup 1, cycles per loop iteration" in line and "sum 315" in line for line in lines), lines
 
 
 def test_wide_timeline_report():

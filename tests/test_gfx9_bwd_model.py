@@ -280,6 +280,7 @@ C host_mfma(V a, V b, C c) {
 #define __builtin_amdgcn_logf(x) std::log2(x)
 #define __builtin_amdgcn_fence(o, s)
 #define __builtin_amdgcn_wave_barrier()
+#define __builtin_amdgcn_ballot_w64(p) ((unsigned long long)(p))  // (one lane at a time: AccFrag::any)
 #define __builtin_amdgcn_mfma_f32_32x32x16_f16(a, b, c, x, y, z) host_mfma(a, b, c)
 #define __builtin_amdgcn_mfma_f32_32x32x16_bf16(a, b, c, x, y, z) host_mfma(a, b, c)
 #define __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, c, x, y, z) host_mfma(a, b, c)

@@ -270,6 +270,17 @@ def _handover_pair(monkeypatch, variant, q, k, v, kw, persist=4, **extra):
     return o0, lse0, o, lse
 
 
+def _bias_pair(monkeypatch, tag, variant, d, persist):
+    """:func:`_handover_pair` on a causal fp16 forward with a [b, h, s, s] fp16 bias (the TMA bias
+    build at hdim ``d``), and the variant's instance spec."""
+    rng = cp.random.default_rng(seed_for(tag, variant, d))
+    b, s, h = 2, 1000, 2
+    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
+    pair = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), persist, bias=bias)
+    return (*pair, cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2))
+
+
 @pytest.mark.parametrize("persist", [4, 8])  # (8: up to 21 row blocks per CTA, so each Q buffer is reused)
 @pytest.mark.parametrize("variant", HANDOVER)
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -373,12 +384,7 @@ def test_handover_variants_bias(monkeypatch, variant, d):
     two Q buffers leave room for one bias tile instead of two)."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    rng = cp.random.default_rng(seed_for("fwd-handover-bias", variant, d))
-    b, s, h = 2, 1000, 2
-    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), bias=bias)
-    spec = cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2)
+    o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-handover-bias", variant, d, 4)
     for item in variant.split(","):
         key, _, val = item.partition("=")
         assert spec.macro(key, 0) == int(val), (item, spec.name)
@@ -410,3 +416,123 @@ def test_two_q_buffers_dropout(monkeypatch, d):
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool(cp.isfinite(lse).all())
+
+
+# SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
+# folded softmax's sign test around the whole step) takes the maxima in another order, and MASK_ROWS
+# (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)
+# decides the same elements: a maximum does not round, so O and LSE must be bit-identical to the default
+# build's, with windows crossing both bounds, ALiBi, dropout, a negative softmax_scale (the folded form's
+# minimum at hdim 64) and group mode too.
+# (SMAX_TREE with MASK_ROWS=1, as experimental_table builds them: identity of the pair implies each one's,
+# and a failure is bisected with the single switches by hand; MASK_ROWS=2, the causal loop, at 64 and 128)
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=2"]
+EXACT_EXTRA = {
+    "alibi": dict(causal=True),
+    "dropout": dict(dropout_p=0.2, seed=7, offset=3),
+    "negscale": dict(mask="b", softmax_scale=-0.07),
+    "two bounds": dict(mask="t:130,40"),
+}
+
+
+@pytest.mark.parametrize("variant", EXACT_VARIANTS)
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+@pytest.mark.parametrize("shape", [*HANDOVER_SHAPES, *EXACT_EXTRA])
+def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    if variant == "MASK_ROWS=2" and d > 128:
+        pytest.skip("MASK_ROWS=2 is built at 64 and 128 (it spills at 256)")
+    if shape in EXACT_EXTRA:
+        b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(EXACT_EXTRA[shape]), 0
+        if shape == "alibi":
+            kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125], dtype=cp.float32)
+    else:
+        b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
+    spec = cuda.fwd_spec("fp16", d, d, 90, alibi="alibi_slopes" in kw, dropout="dropout_p" in kw)
+    for item in variant.split(","):
+        key, _, val = item.partition("=")
+        assert spec.macro(key) == int(val), spec.name
+    rng = cp.random.default_rng(seed_for("fwd-exact-softmax", variant, d, shape))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, 0)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
+
+
+@pytest.mark.parametrize("variant", EXACT_VARIANTS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_exact_softmax_variants_group_mode(monkeypatch, variant, d):
+    """... in group mode (sequences ending inside key blocks: the seqlen_k bound of MASK_ROWS), causal."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for("fwd-exact-group", d)).integers(0, 700, size=30)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for("fwd-exact-group-x", d))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, 0)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
+@pytest.mark.parametrize("variant", EXACT_VARIANTS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_exact_softmax_variants_bias(monkeypatch, variant, d):
+    """... on the TMA bias builds (at hdim 64 BIAS_ACC's folded softmax, at 128 the scaled one with the
+    bias tile added), causal. (A variant that made ptxas contract the bias add differently would show
+    here as a one-ulp difference, as Q_EARLY's did in test_handover_variants_bias.)"""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
+    for item in variant.split(","):
+        key, _, val = item.partition("=")
+        assert spec.macro(key) == int(val), spec.name
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
+_EXP2_PROBE = r"""
+#include "arch/arch.cuh"
+extern "C" __global__ void poly_exp2_probe(const float* x, float* y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmha::poly_exp2(x[i]);
+}
+"""
+
+
+def test_poly_exp2_on_the_device():
+    """The EXP_EMU exponential (kernels/arch/sm80/instr.cuh poly_exp2, step 87) against its NumPy
+    replica (cupy_fmha.softmax_exp), from below -127 to past LAZY_RESCALE's range above 0: within one
+    float32 unit (the replica's fma rounds twice), the special values exactly (+0.0 below -126 and for
+    -inf, NaN kept, the integers' exact powers of two), and within the replica's error bound of 2^x."""
+    import numpy as np
+
+    from cupy_fmha import compile as C
+    from cupy_fmha import softmax_exp as E
+
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only (the variant's kernels)")
+    rng = np.random.default_rng(seed_for("poly-exp2"))
+    x = np.concatenate([rng.uniform(-130, 0, 1 << 20), np.linspace(-127.5, 16, 1 << 18), np.arange(-130, 128),
+                        [-np.inf, np.nan, -0.0, 1e-7, -1e-30, -3e38]]).astype(np.float32)
+    mod = cp.RawModule(code=C.expand_includes(_EXP2_PROBE), options=("-std=c++17", "-arch=sm_90a"))
+    y = cp.full(x.size, cp.nan, dtype=cp.float32)
+    mod.get_function("poly_exp2_probe")(((x.size + 255) // 256,), (256,), (cp.asarray(x), y, np.int32(x.size)))
+    got, want = cp.asnumpy(y), E.poly_exp2(x)
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got), nan)
+    ulps = np.abs(got[~nan].view(np.int32).astype(np.int64) - want[~nan].view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1, (ulps.max(), x[~nan][ulps.argmax()])  # (0 in a review's exact-fma emulation)
+    low = x < -126
+    assert np.all(got[low] == 0) and not np.signbit(got[low]).any()
+    ints = (x == np.round(x)) & (x >= -126) & (x < 128)
+    assert np.array_equal(got[ints], np.exp2(x[ints].astype(np.float64)).astype(np.float32))
+    ok = (x >= -126) & (x < 128)
+    rel = np.abs(got[ok].astype(np.float64) / np.exp2(x[ok].astype(np.float64)) - 1)
+    assert rel.max() <= E.MAX_REL_ERROR + 1.2e-7, rel.max()

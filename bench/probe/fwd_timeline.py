@@ -1,6 +1,7 @@
 """Per-CTA timeline of the ws forward (the TIMING build of fmha_fwd_sm90_ws: thread 0 of each MMA
-warpgroup stamps clock64 at six phases of each of its first four row blocks; the CTA's entry and exit
-go in with %globaltimer too; all into the module's `fmha_fwd_timeline`), FlashAttention's grid, bf16,
+warpgroup stamps clock64 at six phases of each of its first four row blocks and sums the cycles of
+seven phases of every loop iteration; the CTA's entry and exit go in with %globaltimer too; all into
+the module's `fmha_fwd_timeline`), FlashAttention's grid, bf16,
 bshd. Issue 11's open forward points are the short ones (hdim 128 s1024 0.84x cuDNN against 0.95 at
 s8192): this says where a row block's time goes besides its key blocks (Q's wait, the first softmax
 without a P V under it, the last P V, O's epilogue) and how long CTAs take to start.
@@ -17,8 +18,12 @@ import numpy as np
 
 ROWS, EVENTS = 4, 6  # the kernel's TL_ROWS, TL_EVENTS
 AT = 8 + ROWS  # its TL_AT: [8, AT) key blocks per row block, then the stamps
-WORDS = AT + 3 * ROWS * EVENTS
 EVENT_NAMES = ("start", "Q landed", "S_0 + softmax", "last softmax", "last P V", "O issued")
+#: the loop's phases (TL_PHASES of them, summed per MMA warpgroup from TL_PH_AT, then the count of
+#: iterations), in the kernel's order
+PHASES = ("K, V landed", "P V done", "rescale + P", "turn", "issue", "S done", "softmax")
+PH_AT = AT + 3 * ROWS * EVENTS
+WORDS = PH_AT + 3 * (len(PHASES) + 1)
 
 
 def _med(x) -> float:
@@ -31,7 +36,7 @@ def report(a: np.ndarray, mhz: float, out=print) -> dict:
     writes them) at an SM clock of ``mhz``; returns the headline figures (us)."""
     g0, g1, smid, nrow, c0, c1, _, nwg = (a[:, i] for i in range(8))
     nkb = a[:, 8:AT]
-    st = a[:, AT:].reshape(len(a), 3, ROWS, EVENTS)
+    st = a[:, AT:PH_AT].reshape(len(a), 3, ROWS, EVENTS)
     us = np.where(st > 0, (st - c0[:, None, None, None]) / mhz, np.nan)  # us since the CTA's entry
     w0 = us[:, 0]
     out(f"{len(a)} CTAs, {int(nwg[0])} MMA warpgroups, row blocks per CTA {sorted(set(nrow.tolist()))[:6]}, "
@@ -62,6 +67,16 @@ def report(a: np.ndarray, mhz: float, out=print) -> dict:
     for w in range(1, int(nwg[0])):
         out(f"warpgroup {w} minus warpgroup 0, row block 0: " + ", ".join(
             f"{n} {_med(us[:, w, 0, e] - w0[:, 0, e]):+.2f}" for e, n in enumerate(EVENT_NAMES)))
+    ph = a[:, PH_AT:].reshape(len(a), 3, len(PHASES) + 1)
+    heads["phases"] = {}
+    for w in range(int(nwg[0])):
+        its = ph[:, w, len(PHASES)].sum()
+        if its == 0:
+            continue
+        per = ph[:, w, :len(PHASES)].sum(axis=0) / its  # cycles per loop iteration, over every CTA
+        heads["phases"][w] = dict(zip(PHASES, per.tolist()))
+        out(f"warpgroup {w}, cycles per loop iteration (key blocks 1.., {int(its)} of them): " + ", ".join(
+            f"{n} {c:.0f}" for n, c in zip(PHASES, per)) + f"; sum {per.sum():.0f}")
     heads["cta"] = float(np.median(g1 - g0)) / 1e3
     out(f"CTA (globaltimer): whole median {heads['cta']:.2f}; kernel span {(g1.max() - g0.min()) / 1e3:.1f}")
     gaps = []

@@ -11,8 +11,9 @@ the warp-specialized forward under each ``CUPY_FMHA_FWD_WS_TILES`` value given) 
 backward's kernels (and the ws backward under each ``--bwd-ws-variants`` value). Prints the count and the time taken.
 
 ``--only-fwd-ws --hdims 64,128 --dtypes bf16``: just the warp-specialized forward under each variant (and its
-short-diagonal build), for an A/B of variants (bench/probe/fwd_variants.py), whose first point would
-otherwise compile every variant one after the other inside its time limit."""
+short-diagonal build; ``--features``: its ALiBi, dropout and bias builds too), for an A/B of variants
+(bench/probe/fwd_variants.py) or their tests, whose first point would otherwise compile every variant
+one after the other inside its time limit."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _specs(variants: list[str], bwd_variants: tuple[str, ...] = ()) -> list:
     return list(seen.values())
 
 
-def _fwd_ws_specs(variants: list[str], hdims, dtypes) -> list:
+def _fwd_ws_specs(variants: list[str], hdims, dtypes, features: bool = False) -> list:
     from cupy_fmha.backends import cuda
 
     seen: dict = {}
@@ -63,8 +64,11 @@ def _fwd_ws_specs(variants: list[str], hdims, dtypes) -> list:
         os.environ["CUPY_FMHA_FWD_WS_TILES"] = v
         for dtype in dtypes:
             for d in hdims:
-                for short in (False, True):
-                    s = cuda.fwd_ws_spec(dtype, d, d, short=short)
+                kinds = [dict(short=False), dict(short=True)]
+                if features:  # ALiBi, dropout, and the TMA bias build at 64 and 128
+                    kinds += [dict(alibi=True), dict(dropout=True), *([dict(bias_tma=2)] if d <= 128 else [])]
+                for kw in kinds:
+                    s = cuda.fwd_ws_spec(dtype, d, d, **kw)
                     seen.setdefault(s.name, s)
     os.environ.pop("CUPY_FMHA_FWD_WS_TILES", None)
     return list(seen.values())
@@ -85,9 +89,11 @@ def main() -> None:
     ap.add_argument("--only-fwd-ws", action="store_true", help="only the ws forward under each --fwd-ws-variants value")
     ap.add_argument("--hdims", default="64,128,256", help="with --only-fwd-ws: comma-separated head dims")
     ap.add_argument("--dtypes", default="bf16,fp16", help="with --only-fwd-ws: comma-separated dtypes")
+    ap.add_argument("--features", action="store_true", help="with --only-fwd-ws: the ALiBi, dropout and bias builds too")
     args = ap.parse_args()
     if args.only_fwd_ws:
-        specs = _fwd_ws_specs(args.fwd_ws_variants, [int(x) for x in args.hdims.split(",")], args.dtypes.split(","))
+        specs = _fwd_ws_specs(args.fwd_ws_variants, [int(x) for x in args.hdims.split(",")], args.dtypes.split(","),
+                              args.features)
     else:
         specs = _specs(args.fwd_ws_variants, tuple(args.bwd_ws_variants))
     t0 = time.perf_counter()

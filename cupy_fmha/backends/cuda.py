@@ -714,12 +714,18 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
+    if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: MASK_ROWS must be 0, 1 or 2, got {tiles['MASK_ROWS']}")
+    if not 0 <= tiles.get("EXP_EMU", 0) <= 8:
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: EXP_EMU (tiles of 8 with poly_exp2) must be 0..8, got {tiles['EXP_EMU']}")
+    if not 0 <= tiles.get("LAZY_RESCALE", 0) <= 15:  # (P up to 2^LAZY_RESCALE, as float16 too)
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LAZY_RESCALE must be 0..15, got {tiles['LAZY_RESCALE']}")
     if tiles.get("Q_STAGES", 1) not in (1, 2):
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: Q_STAGES must be 1 or 2, got {tiles['Q_STAGES']}")
     if tiles.get("Q_STAGES") == 1:
         del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
     tiles.pop("CLUSTER", None)  # (per problem: fwd_ws_cluster)
-    switches = {"FOLD", "O_REG", "O_VEC", "O_IN_Q", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "O_VEC", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -851,6 +857,21 @@ def experimental_table() -> list[KernelSpec]:
     # O's staged rows in 16-byte stores (O_VEC, step 84; at 64 without the table's O_REG, so staged at all)
     out += [fwd_ws_spec(dtype, d, d, tiles={**{k: v for k, v in fwd_ws_tiles(d).items() if k != "O_REG"}, "O_VEC": 1})
             for dtype in DTYPES for d in (64, 128)]
+    # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
+    # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
+    # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
+    # where it crosses: 4 bytes of spill at 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
+    # and LAZY_RESCALE=8 (O rescaled only when a maximum moved by more than 2^8) likewise at 64 and 128; all four
+    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout
+    for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 2}, (64, 128)),
+                           ({"EXP_EMU": 1}, (64, 128)), ({"LAZY_RESCALE": 8}, (64, 128))):
+        out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})
+                for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)]
+        out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias=True), **variant})
+                for dtype in DTYPES for d in (64, 128)]
+    out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
+                                                                   "LAZY_RESCALE": 8})
+            for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))

@@ -45,5 +45,7 @@ __device__ __forceinline__ float to_float(uint16_t x) {
     else return f16_bits_to_float(x);
 }
 __device__ __forceinline__ float fast_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+// (the CUDA forward's EXP_EMU variant has no gfx9 form: the hardware exponential)
+__device__ __forceinline__ float poly_exp2(float x) { return fast_exp2(x); }
 
 }  // namespace fmha

@@ -51,6 +51,8 @@ struct AccFrag {
         x += gfx9::shfl_xor(x, 16, 64);
         return x + gfx9::shfl_xor(x, 32, 64);
     }
+    // Whether p holds in any lane of the wavefront (wave64)
+    __device__ __forceinline__ bool any(bool p) const { return __builtin_amdgcn_ballot_w64(p) != 0; }
 
     // The NT tiles of acc in the input dtype into rows m0 .. m0 + 15 of a row-major tile s (pitch in elements):
     // the lane's 4 adjacent columns of its row, one 8-byte store per tile.

@@ -49,6 +49,8 @@ struct AccFrag {
         x += shfl_xor(x, 1);
         return x + shfl_xor(x, 2);
     }
+    // Whether p holds in any lane of the warp (a warp-uniform answer, for branches over the fragment)
+    __device__ __forceinline__ bool any(bool p) const { return __any_sync(0xffffffffu, p); }
 
     // The NT tiles of acc in the input dtype into rows m0 .. m0 + 15 of a row-major tile s (pitch in elements).
     template <int NT>

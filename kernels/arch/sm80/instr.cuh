@@ -97,6 +97,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// 2^x on the FMA pipes instead of the MUFU unit (the forward's EXP_EMU variant, bench/NOTES.md step
+// 87; FlashAttention-4's published remedy for exponentials that outrun the MUFU unit), for the
+// softmax's arguments: x <= 0, a rounding above it (the folded form), or up to LAZY_RESCALE above it
+// (valid for x < 128; 128 gives +inf). x clamped to >= -127 (max.NaN: a NaN stays NaN); n = floor(x)
+// from one add rounded down against 1.5 * 2^23, whose low mantissa bits then hold n; f = x - n in
+// [0, 1] (exact where x >= -0.5 or |x| >= 1; for x in [-0.5, 0) f = 1 + x rounds, and below -2^-25
+// it is 1.0 with n = -1, which p(1) = 2 exactly makes right); 2^f by a cubic with p(0) = 1 and
+// p(1) = 2 exactly (fitted for the least relative error, 1.04e-4: cupy_fmha.softmax_exp.POLY_EXP2);
+// times 2^n, built in the exponent field from the add's bits (n = -127 gives +0.0: everything below
+// -126, -inf included, comes out as 0). Nine instructions (one on the ALU pipe) against MUFU.EX2's 8
+// cycles of its unit per warp. cupy_fmha.softmax_exp.poly_exp2 is its replica (tests/test_softmax_exp.py).
+__device__ __forceinline__ float poly_exp2(float x) {
+    float xc;
+    asm("max.NaN.f32 %0, %1, 0fC2FE0000;\n" : "=f"(xc) : "f"(x));  // (-127)
+    const float t = __fadd_rd(xc, 12582912.f);
+    const float f = __fsub_rn(xc, __fsub_rn(t, 12582912.f));
+    const float p = __fmaf_rn(__fmaf_rn(__fmaf_rn(0x1.4095eap-4f, f, 0x1.cf7a66p-3f), f, 0x1.640eaap-1f), f, 1.f);
+    return __fmul_rn(p, __uint_as_float(__float_as_uint(t) * 0x800000u + 0x3f800000u));
+}
+
 __device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 // v of lane (this lane ^ m) of this warp; every lane must take part.
 __device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
