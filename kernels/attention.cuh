@@ -109,17 +109,22 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // already scaled, the scale itself for FOLDED: one FFMA), the running sum, the correction of O.
 // LAZY_RESCALE (without RESCALE; FlashAttention-4's conditional rescaling): the running maximum moves
 // only when the block's exceeds it by more than LAZY_RESCALE, so most blocks' corr is exactly 1 and
-// the caller skips O's rescale (rescale_o_lazy); P then reaches at most 2^LAZY_RESCALE, and O and
-// the LSE (max + log2 of the sum, both taken against the same stale maximum) are unchanged in exact
-// arithmetic.
+// the caller skips O's rescale (rescale_o_lazy); P then reaches at most 2^(LAZY_RESCALE + 1/4), and
+// O and the LSE (max + log2 of the sum, both taken against the same stale maximum) are unchanged in
+// exact arithmetic.
 template <int NS, int NO, bool RESCALE>
 __device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                             int r, float mx, float mul) {
     constexpr int E = AccFrag::SLOT_ELEMS;
-    if constexpr (LAZY_RESCALE > 0 && !RESCALE)  // (the old maximum stays while mx is at most LAZY_RESCALE above it)
-        mx = row_max[r] != -FMHA_INF && mx - row_max[r] <= static_cast<float>(LAZY_RESCALE) ? row_max[r] : mx;
+    constexpr bool LAZY = LAZY_RESCALE > 0 && !RESCALE;
+    // LAZY: the old maximum stays while mx is at most LAZY_RESCALE above it and small enough (below
+    // 2^22) that the folded form's exact FFMA cannot add more than a quarter to an exponent
+    if constexpr (LAZY)
+        mx = row_max[r] != -FMHA_INF && mx - row_max[r] <= static_cast<float>(LAZY_RESCALE) && fabsf(mx) < 0x1p22f ? row_max[r]
+                                                                                                                : mx;
     const float m_use = mx == -FMHA_INF ? 0.f : mx;  // a row that saw nothing yet stays at 0
-    const float cr = fast_exp2(row_max[r] - m_use);  // (1 where the maximum stayed)
+    // (LAZY: exactly 1 where the maximum stayed, also for a row that still saw nothing: its O and sum are 0)
+    const float cr = LAZY && row_max[r] == mx ? 1.f : fast_exp2(row_max[r] - m_use);
     corr[r] = cr;
     row_max[r] = mx;
     float sum = 0.f;

@@ -463,19 +463,27 @@ def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
 
 
+@pytest.mark.parametrize("mask", ["causal", "window"])
 @pytest.mark.parametrize("variant", EXACT_VARIANTS)
 @pytest.mark.parametrize("d", [64, 128])
-def test_exact_softmax_variants_group_mode(monkeypatch, variant, d):
-    """... in group mode (sequences ending inside key blocks: the seqlen_k bound of MASK_ROWS), causal."""
+def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
+    """... in group mode (sequences ending inside key blocks: the seqlen_k bound of MASK_ROWS), causal
+    with equal lengths, and a sliding window (200, 0) over other key lengths (the lower bound inside
+    tiles, per sequence)."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     import numpy as np
 
-    lens = np.random.default_rng(seed_for("fwd-exact-group", d)).integers(0, 700, size=30)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
-    rng = cp.random.default_rng(seed_for("fwd-exact-group-x", d))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+    g = np.random.default_rng(seed_for("fwd-exact-group", d, mask))
+    lq = g.integers(0, 700, size=30)
+    lk = lq if mask == "causal" else g.integers(0, 900, size=30)
+    cq = cp.asarray(np.concatenate([[0], np.cumsum(lq)]), dtype=cp.int32)
+    ck = cp.asarray(np.concatenate([[0], np.cumsum(lk)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for("fwd-exact-group-x", d, mask))
+    q = rng.standard_normal((int(lq.sum()), 2, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((int(lk.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    kw = dict(layout="thd", cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()),
+              **(dict(causal=True) if mask == "causal" else dict(window_size=(200, 0))))
     o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, 0)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
@@ -495,6 +503,45 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
         assert spec.macro(key) == int(val), spec.name
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
+    """LAZY_RESCALE=8 (step 87) where it matters: every other query row scores a ramp over the keys, so
+    its maximum rises by more than 8 (log2) per 128-key block and moves every block, while the rows
+    beside it in the same warps keep theirs (O rescaled for some rows of a warp, with corr 1 for the
+    others); against the float64 reference and within rounding of the default build."""
+    import ml_dtypes
+    import numpy as np
+
+    from cupy_fmha import reference as R
+    from cupy_fmha.verify import compare
+
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    npdt = np.float16 if dtype == "fp16" else ml_dtypes.bfloat16
+    g = np.random.default_rng(seed_for("fwd-lazy", d, dtype))
+    b, s, h = 1, 1000, 2
+    q = g.standard_normal((b, s, h, d)) * 0.5
+    k = g.standard_normal((b, s, h, d)) * 0.5
+    v = g.standard_normal((b, s, h, d))
+    q[:, 0::2, :, 0], q[:, 1::2, :, 0] = 1.0, 0.0
+    k[..., 0] = 0.6 * np.arange(s)[None, :, None]  # (0.6 * 128 / sqrt(d) * log2(e) > 8 per block at 64 and 128)
+    hq, hk, hv = (x.astype(npdt) for x in (q, k, v))
+    dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
+    kw = {} if dtype == "fp16" else dict(dtype="bfloat16")
+    o0, lse0, o, lse = _handover_pair(monkeypatch, "LAZY_RESCALE=8", dq, dk, dv, kw, 0)
+    spec = cuda.fwd_spec(dtype, d, d, 90)
+    assert spec.macro("LAZY_RESCALE") == 8, spec.name
+    to64 = lambda x: (cp.asnumpy(x).astype(np.float64) if dtype == "fp16"  # noqa: E731
+                      else cp.asnumpy(x).view(ml_dtypes.bfloat16).astype(np.float64))
+    ref_o, ref_lse = R.attention_forward(hq.astype(np.float64), hk.astype(np.float64), hv.astype(np.float64))
+    low_o, low_lse = R.attention_forward(hq, hk, hv, precision="low")
+    for name, got, ref, low in (("o", to64(o), ref_o, low_o), ("lse", cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse)):
+        c = compare(name, got, ref, low, dtype=npdt, hdim_q=d, hdim_v=d)
+        assert c.ok, str(c)
+    assert float(cp.abs(lse - lse0).max()) < 1e-3
 
 
 _EXP2_PROBE = r"""
