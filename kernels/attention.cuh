@@ -107,7 +107,8 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // softmax_row: the step both forms share for row slot r once the row's new maximum mx (log2 units,
 // -inf for a row that saw nothing yet) is known: P = exp2(s * mul - max) in place (mul 1 for scores
 // already scaled, the scale itself for FOLDED: one FFMA), the running sum, the correction of O.
-// LAZY_RESCALE (without RESCALE; FlashAttention-4's conditional rescaling): the running maximum moves
+// LAZY_RESCALE (without RESCALE, as online_softmax calls it then; FlashAttention-4's conditional
+// rescaling): the running maximum moves
 // only when the block's exceeds it by more than LAZY_RESCALE, so most blocks' corr is exactly 1 and
 // the caller skips O's rescale (rescale_o_lazy); P then reaches at most 2^(LAZY_RESCALE + 1/4), and
 // O and the LSE (max + log2 of the sum, both taken against the same stale maximum) are unchanged in
@@ -367,15 +368,22 @@ __device__ __forceinline__ void rescale_o_lazy(float* acc_o, const float corr[2]
     rescale_o<NO>(acc_o, corr);
 }
 
-// Forward, one key block: softmax_p with O rescaled at once.
+// Forward, one key block: softmax_p with O rescaled at once (LAZY_RESCALE: right after it, by
+// rescale_o_lazy, so the serial pipeline skips it too where no maximum of the warp moved).
 template <int NS, int NO, class Bias>
 __device__ __forceinline__ void online_softmax(float* s, float* acc_o, float row_max[2], float row_sum[2],
                                                float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                                const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
                                                const KeepBits<NS>& keep, int tile_row0 = 0) {
     float corr[2];
-    softmax_p<NS, NO, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k,
-                            keep, tile_row0);
+    if constexpr (LAZY_RESCALE > 0) {
+        softmax_p<NS, NO, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f,
+                                 seqlen_k, keep, tile_row0);
+        rescale_o_lazy<NO>(acc_o, corr, f);
+    } else {
+        softmax_p<NS, NO, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f,
+                                seqlen_k, keep, tile_row0);
+    }
 }
 
 // Forward epilogue per row slot r (AccFrag::ROW_SLOTS of them): 1/l for O (0 for a row that saw no key; times rp_keep with

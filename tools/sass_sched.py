@@ -15,7 +15,7 @@ wait mask is released, and MUFU takes 8 cycles per warp instruction (16 results 
 are not modelled: the result is a lower bound on the stretch's latency, with the issue slots and
 the MUFU time that two warps on a sub-partition share.
 
-    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|all] [--edge] [--flip N,..] [--list]
+    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|serial|all] [--dropout] [--alibi] [--edge] [--flip N,..] [--list]
 
 The build is the library's (`fwd_ws_spec`), so ``CUPY_FMHA_FWD_WS_TILES=KEY=V,...`` selects a
 variant as everywhere else. ``softmax``: the steady-state softmax of the overlapped pipeline, from
@@ -155,6 +155,26 @@ def operands_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = froz
     return _walk(ins, labels, start, end, True, flip)
 
 
+def serial_paths(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> tuple[list[Ins], list[Ins]]:
+    """The serial pipeline's loop (PV_OVERLAP=0: the dropout builds from hdim 128, ALiBi at 256), in
+    two stretches: from the S GEMM's issue (the first ``WARPGROUP.ARRIVE`` followed by a K-major
+    HGMMA run that ends in a wait for all groups) to that wait (what runs under the GEMM: the keep
+    bits), and from the wait to the P V GEMM's ``WARPGROUP.ARRIVE`` (the softmax, P packed, V's wait);
+    conditional branches taken as in the softmax region."""
+    arrives = [i for i, x in enumerate(ins) if x.text.startswith("WARPGROUP.ARRIVE")]
+    for a in arrives:
+        wait = next((i for i in range(a + 1, len(ins)) if ins[i].text.startswith("WARPGROUP.DEPBAR")), None)
+        nxt = next((b for b in arrives if b > a), None)
+        if wait is None or nxt is None or not ins[wait].text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"):
+            continue
+        if any("tnspB" in ins[i].text for i in range(a, wait)) or not any(ins[i].op.startswith("HGMMA") for i in range(a, wait)):
+            continue  # (a P V GEMM, or no GEMM)
+        if not any(ins[i].op.startswith("MUFU") for i in range(wait, nxt)):
+            continue  # (not the loop's S: no softmax after it)
+        return _walk(ins, labels, a, wait, True, flip), _walk(ins, labels, wait, nxt, True, flip)
+    raise SystemExit("no serial S GEMM followed by a softmax: not the serial pipeline (PV_OVERLAP=0)?")
+
+
 @dataclass
 class Timing:
     instructions: int
@@ -195,7 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("dtype")
     ap.add_argument("hdim_q", type=int)
     ap.add_argument("hdim_v", type=int)
-    ap.add_argument("--region", choices=["softmax", "operands", "all"], default="softmax")
+    ap.add_argument("--region", choices=["softmax", "operands", "serial", "all"], default="softmax")
+    ap.add_argument("--dropout", action="store_true", help="the dropout build")
+    ap.add_argument("--alibi", action="store_true", help="the ALiBi build")
     ap.add_argument("--edge", action="store_true", help="softmax: the path through the mask tests (--flip 0)")
     ap.add_argument("--flip", default="", help="comma-separated numbers of conditional branches (from 0, in path "
                     "order) to go the other way: fall through instead of taking")
@@ -203,9 +225,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from cupy_fmha.backends.cuda import fwd_ws_spec
 
-    spec = fwd_ws_spec(a.dtype, a.hdim_q, a.hdim_v)
+    spec = fwd_ws_spec(a.dtype, a.hdim_q, a.hdim_v, alibi=a.alibi, dropout=a.dropout)
     ins, labels = parse(sass_hex(spec))
     flip = frozenset(int(v) for v in a.flip.split(",") if v) | (frozenset({0}) if a.edge else frozenset())
+    if a.region == "serial":
+        for label, part in zip(("under S", "after S"), serial_paths(ins, labels, flip)):
+            r = simulate(part)
+            print(f"{spec.name}  serial, {label}: {r.instructions} instructions, {r.cycles} cycles for one warp alone; "
+                  f"fixed-latency stalls {r.fixed_wait}, scoreboard waits {r.scoreboard_wait}, MUFU {r.mufu}")
+        return 0
     if a.region == "all":
         path = ins
     elif a.region == "operands":

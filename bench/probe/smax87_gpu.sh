@@ -12,7 +12,8 @@
 #   EXP_EMU=k    k of every 8 tiles' exponentials by poly_exp2 on the FMA pipes (model at 128: k=1
 #                863 -> 757, k=2 774; at 64 k=1 913, k=2 with the trees 849)
 #   LAZY_RESCALE=8  a row's maximum moves only by more than 8 (log2), O rescaled only when one moved
-#                (model: O's rescale and P's packing at 128 136 -> 107 cycles, 125 -> 64 instructions)
+#                (model: O's rescale and P's packing at 128 136 -> 107 cycles, 125 -> 64 instructions; the
+#                serial dropout build's softmax 643 -> 598 instructions but 931 -> 1,059 cycles)
 # and the TIMING build's new per-phase sums of the loop (where the 2,821 cycles per key block go).
 #   bench/probe/smax87_gpu.sh test1     (bit-identity of SMAX_TREE with MASK_ROWS=1 and of MASK_ROWS=2, poly_exp2 on the device; ~4 min)
 #   bench/probe/smax87_gpu.sh test2     (EXP_EMU=1, LAZY_RESCALE=8 and all four against the reference over the ws
@@ -20,6 +21,8 @@
 #   bench/probe/smax87_gpu.sh phases    (fwd_timeline.py at 128 and 64, s8192 and s1024: the loop's phases)
 #   bench/probe/smax87_gpu.sh ab1|ab2|ab3 (bench/ab.py against the default, bf16, hdim 64 and 128: SMAX_TREE and
 #                                        MASK_ROWS=2 | EXP_EMU=1 and LAZY_RESCALE=8 | all four with EXP_EMU 1 and 2; ~5 min each)
+#   bench/probe/smax87_gpu.sh drop      (features.py's dropout and bias forwards under LAZY_RESCALE, EXP_EMU: the
+#                                        serial dropout pipeline at 128 takes the lazy rescale too; ~5 min)
 #   bench/probe/smax87_gpu.sh sanitize  (compute-sanitizer on the variant builds, small shapes)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
@@ -63,6 +66,15 @@ if [ "$what" = ab1 ] || [ "$what" = ab2 ] || [ "$what" = ab3 ]; then
     t "ab $v"
     timeout -s KILL 150 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$v --rounds 2 --tag smax87-${v//[=,]/} --out $OUT -- \
        --hdim 64,128 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -14
+  done
+fi
+if [ "$what" = drop ]; then  # the dropout and bias forwards (features.py) under the variants, A B C A B C
+  for v in "" LAZY_RESCALE=8 EXP_EMU=1,LAZY_RESCALE=8 "" LAZY_RESCALE=8 EXP_EMU=1,LAZY_RESCALE=8; do
+    for d in 128 64; do
+      t "features.py d$d [$v]"
+      CUPY_FMHA_FWD_WS_TILES=$v timeout -s KILL 60 python3 bench/features.py --hdim $d --rows plain,dropout,bias --no-peers \
+        --repeat 15 --name f87-d$d-${v//[=,]/} 2>/dev/null | grep -E "plain|dropout|bias" | cut -c1-130
+    done
   done
 fi
 if [ "$what" = sanitize ]; then

@@ -862,12 +862,11 @@ def experimental_table() -> list[KernelSpec]:
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
     # where it crosses: 4 bytes of spill at 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
     # and LAZY_RESCALE=8 (O rescaled only when a maximum moved by more than 2^8) likewise at 64 and 128; all four
-    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout (at 128 dropout takes the serial pipeline: LAZY_RESCALE does nothing there)
+    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout (at 128 dropout takes the serial pipeline: online_softmax's lazy rescale)
     for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 2}, (64, 128)),
                            ({"EXP_EMU": 1}, (64, 128)), ({"LAZY_RESCALE": 8}, (64, 128))):
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})
-                for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)
-                if not ("LAZY_RESCALE" in variant and drop and d == 128)]  # (the serial pipeline there: no lazy code)
+                for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)]
         out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias=True), **variant})
                 for dtype in DTYPES for d in (64, 128)]
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
