@@ -21,6 +21,7 @@
 #   bench/probe/smax87_gpu.sh phases    (fwd_timeline.py at 128 and 64, s8192 and s1024: the loop's phases)
 #   bench/probe/smax87_gpu.sh ab1|ab2|ab3 (bench/ab.py against the default, bf16, hdim 64 and 128: SMAX_TREE and
 #                                        MASK_ROWS=2 | EXP_EMU=1 and LAZY_RESCALE=8 | all four with EXP_EMU 1 and 2; ~5 min each)
+#   bench/probe/smax87_gpu.sh ab4       (LAZY_RESCALE=8 at hdim 256; ~3 min)
 #   bench/probe/smax87_gpu.sh drop      (features.py's dropout and bias forwards under LAZY_RESCALE, EXP_EMU: the
 #                                        serial dropout pipeline at 128 takes the lazy rescale too; ~5 min)
 #   bench/probe/smax87_gpu.sh sanitize  (compute-sanitizer on the variant builds, small shapes)
@@ -67,6 +68,11 @@ if [ "$what" = ab1 ] || [ "$what" = ab2 ] || [ "$what" = ab3 ]; then
     timeout -s KILL 150 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$v --rounds 2 --tag smax87-${v//[=,]/} --out $OUT -- \
        --hdim 64,128 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -14
   done
+fi
+if [ "$what" = ab4 ]; then  # LAZY_RESCALE at 256, where O's rescale is 128 FMUL per thread (model: operands 196 -> 86 cycles)
+  t "ab LAZY_RESCALE=8 at hdim 256"
+  timeout -s KILL 240 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=LAZY_RESCALE=8 --rounds 2 --tag smax87-lazy256 --out $OUT -- \
+     --hdim 256 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -8
 fi
 if [ "$what" = drop ]; then  # the dropout and bias forwards (features.py) under the variants, A B C A B C
   for v in "" LAZY_RESCALE=8 EXP_EMU=1,LAZY_RESCALE=8 "" LAZY_RESCALE=8 EXP_EMU=1,LAZY_RESCALE=8; do
