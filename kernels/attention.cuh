@@ -306,14 +306,14 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
         for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, mx[r], 1.f);
     } else {
 #pragma unroll
-    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
-        float mx = row_max[r];
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
+            float mx = row_max[r];
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
+            for (int n = 0; n < NS; ++n)
 #pragma unroll
-            for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
-        softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, f.reduce_max(mx), 1.f);
-    }
+                for (int c = 0; c < E; c += 2) mx = fmaxf(mx, fmaxf(s[4 * n + E * r + c], s[4 * n + E * r + c + 1]));
+            softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, f.reduce_max(mx), 1.f);
+        }
     }
     if constexpr (DROPOUT) {
         // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused

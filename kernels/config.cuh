@@ -55,9 +55,10 @@
 //                shuffles, and the folded form's sign test around the whole step (the same values)
 //   MASK_ROWS    the forward softmax (attention.cuh, mask_tile): the mask test of an edge tile from each
 //                row's visible columns, one compare per bound (1), the lower only where it crosses (2)
-//   LAZY_RESCALE the forward softmax of the overlapped pipeline (softmax_row without RESCALE): a row keeps
-//                its running maximum while a block's is at most this much larger (log2 units; P up to
-//                2^LAZY_RESCALE), and O is rescaled only when a row of the warp moved it (0: always)
+//   LAZY_RESCALE the forward softmax (softmax_row without RESCALE: the overlapped pipeline, and the serial
+//                one through online_softmax): a row keeps its running maximum while a block's is at most
+//                this much larger (log2 units; P up to 2^(LAZY_RESCALE + 1/4)), and O is rescaled only
+//                when a row of the warp moved it (0: always)
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
