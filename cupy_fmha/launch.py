@@ -105,10 +105,9 @@ def tma_boxes(spec: KernelSpec, batch: int, nhead_q: int, nhead_k: int, hdim_q: 
         return ()
     dtype = "bfloat16" if spec.dtype == "bf16" else "float16"
     swizzle = 128 if spec.macro("SWIZZLE", 0) else 0
-    kv_rows = spec.macro("BLOCK_N") // spec.macro("CLUSTER", 1)  # (CLUSTER: each CTA loads its part of a tile)
     geom = {"q": (nhead_q, rows_q, hdim_q, spec.macro("BLOCK_M"), spec.macro("HDIM_Q")),
-            "k": (nhead_k, rows_k, hdim_q, kv_rows, spec.macro("HDIM_Q")),
-            "v": (nhead_k, rows_k, hdim_v, kv_rows, spec.macro("HDIM_V")),
+            "k": (nhead_k, rows_k, hdim_q, spec.macro("BLOCK_N"), spec.macro("HDIM_Q")),
+            "v": (nhead_k, rows_k, hdim_v, spec.macro("BLOCK_N"), spec.macro("HDIM_V")),
             "do": (nhead_q, rows_q, hdim_v, spec.macro("BLOCK_M"), spec.macro("HDIM_V"))}
     return tuple((dtype, batch, *geom[n], swizzle) for n in names)
 
@@ -121,11 +120,8 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
     nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST")
     if per is None:
         per = fwd_ws_persist(nqb, batch * nhead_q) if spec.source == "fmha_fwd_sm90_ws" else 0
-    grid_x = cdiv(nqb, per) if per else nqb
-    if spec.macro("CLUSTER", 1) > 1 and (nqb % 2 or grid_x % 2):  # (backends.cuda.fwd_ws_cluster never asks for it)
-        raise ValueError(f"{spec.name}: clusters of two CTAs need an even number of row blocks and CTAs along x, "
-                         f"got {nqb} and {grid_x}")
-    return Launch((grid_x, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1), spec.macro("SMEM_BYTES"))
+    return Launch((cdiv(nqb, per) if per else nqb, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1),
+                  spec.macro("SMEM_BYTES"))
 
 
 def dq_dk_dv_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_k: int) -> Launch:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch as L
-from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_cluster, fwd_spec, tuning_key, use_fwd_ws_short, use_heads_x,
+from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_fwd_ws_short, use_heads_x,
                    use_wg_skip)
 from .validate import (
     _BF16,
@@ -221,11 +221,6 @@ def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_cluster(spec, batch, nhead_q, rows_q, group_mode, cc, _tuning):
-    return fwd_cluster(spec, batch, nhead_q, rows_q, group_mode, cc)
-
-
-@functools.lru_cache(maxsize=1024)
 def _bwd_specs(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, bias_tma, heads_x, _tuning):
     return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic,
                      bias_tma=bias_tma, heads_x=heads_x)
@@ -248,7 +243,6 @@ def _forward_kernels(checked, cc) -> FwdPlan:
     spec = _fwd_spec(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
                      base.dropout.enabled, use_wg_skip(diagonal, base.rows_q, cc), base.bias_tma,
                      use_fwd_ws_short(masked, base.rows_q, cc), tuning_key())
-    spec = _fwd_cluster(spec, p.batch, p.nhead_q, base.rows_q, base.group_mode, cc, tuning_key())
     o_rows = p.total_q if base.group_mode else base.rows_q
     tk = p.total_k if base.group_mode else base.rows_k
     maps = L.tma_boxes(spec, 1 if base.group_mode else p.batch, p.nhead_q, p.nhead_k, p.hdim_q, p.hdim_v, o_rows, tk)

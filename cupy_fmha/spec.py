@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 __all__ = ["KernelSpec", "BwdSpecs", "pad_hdim", "fwd_spec", "bwd_specs", "use_heads_x", "dropout_mask_spec",
-           "default_dispatch_table", "backend_for", "use_wg_skip", "use_fwd_ws_short", "fwd_cluster", "feature_macros", "tuning_key", "DTYPES"]
+           "default_dispatch_table", "backend_for", "use_wg_skip", "use_fwd_ws_short", "feature_macros", "tuning_key", "DTYPES"]
 
 DTYPES = ("fp16", "bf16")
 
@@ -159,15 +159,6 @@ def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:
     take the build whose warpgroups skip key blocks none of their rows sees (the backend's
     tuning decision; see :func:`cupy_fmha.backends.cuda.use_wg_skip`)."""
     return backend_for(cc).use_wg_skip(diagonal, seqlen_q)
-
-
-def fwd_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, group_mode: bool,
-                cc: int = 90) -> KernelSpec:
-    """``spec`` or, where the backend runs it in clusters of CTAs that share their loads for this
-    problem (batch, heads, query rows, ``group_mode``), that build
-    (see :func:`cupy_fmha.backends.cuda.fwd_ws_cluster`; other backends: ``spec``)."""
-    pick = getattr(backend_for(cc), "fwd_ws_cluster", None)
-    return pick(spec, batch, nhead_q, seqlen_q, group_mode) if pick else spec
 
 
 def use_fwd_ws_short(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

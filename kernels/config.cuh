@@ -40,14 +40,6 @@
 //                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
 //                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
 //                thread 0
-//   Q_EARLY      fmha_fwd_sm90_ws (PV_OVERLAP): every MMA thread hands Q back as soon as its last S GEMM of
-//                a row block is complete (before that block's softmax), and the producer loads the
-//                next row block's first K before its Q, so Q's wait no longer holds up the first K
-//   TURN_CARRY   fmha_fwd_sm90_ws (PINGPONG): the last MMA warpgroup passes the turn on after its last
-//                P V of a row block when the CTA has another row block with key blocks, instead of
-//                after its epilogue at the next row block's start
-//   Q_STAGES     fmha_fwd_sm90_ws: Q buffers (1, or 2: the next row block's Q loads while this one runs)
-//   O_VEC        fmha_fwd_sm90_ws (O_STAGE): the staged rows leave in 16-byte vector stores, not bulk copies
 //   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
 //                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S
 //   SMAX_TREE    the forward softmax (attention.cuh, softmax_p): each row slot's maximum by a pairwise
@@ -62,8 +54,6 @@
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
-//   CLUSTER      fmha_fwd_sm90_ws: CTAs per thread-block cluster (1, or 2: each CTA of a pair loads half of
-//                every K and V tile into both, TMA multicast)
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -177,21 +167,6 @@
 #ifndef BIAS_ACC
 #define BIAS_ACC 0
 #endif
-#ifndef Q_EARLY
-#define Q_EARLY 0
-#endif
-#ifndef TURN_CARRY
-#define TURN_CARRY 0
-#endif
-#ifndef Q_STAGES
-#define Q_STAGES 1
-#endif
-#ifndef O_VEC
-#define O_VEC 0
-#endif
-#ifndef CLUSTER
-#define CLUSTER 1
-#endif
 #ifndef O_IN_Q
 #define O_IN_Q 0
 #endif
@@ -225,8 +200,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
-enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_vec = O_VEC, cluster = CLUSTER, o_in_q = O_IN_Q,
-             smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
+enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
              lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
@@ -265,16 +239,11 @@ enum : int { q_early = Q_EARLY, turn_carry = TURN_CARRY, q_stages = Q_STAGES, o_
 #undef O_STAGE
 #undef DQ_WRITER
 #undef BIAS_ACC
-#undef Q_EARLY
-#undef TURN_CARRY
-#undef Q_STAGES
-#undef O_VEC
 #undef O_IN_Q
 #undef SMAX_TREE
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
-#undef CLUSTER  // (fmha_fwd_sm90_ws.cu reads the macro before this header for __cluster_dims__)
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -312,8 +281,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { Q_EARLY = config_detail::q_early != 0, TURN_CARRY = config_detail::turn_carry != 0, O_VEC = config_detail::o_vec != 0,
-             O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
-enum : int { Q_STAGES = config_detail::q_stages, CLUSTER = config_detail::cluster, EXP_EMU = config_detail::exp_emu,
+enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
+enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

@@ -46,39 +46,12 @@
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //
-//   Q_EARLY=1   (a variant, with PV_OVERLAP; bench/NOTES.md step 80) the MMA threads hand Q back
-//               (q_empty) once their last S GEMM of a row block is complete, before its softmax, the
-//               last P V and O's epilogue, and the producer loads the next row block's first K ahead
-//               of its Q: with PERSIST the next Q and K are in flight that much earlier
-//   TURN_CARRY=1  (a variant, with PINGPONG; step 80) the turn goes on from the last MMA warpgroup's
-//               last P V of a row block to warpgroup 0's first S of the next (when the CTA has one with
-//               key blocks), instead of waiting for the last warpgroup to finish its epilogue
-//   Q_STAGES=2  (a variant; step 81) two Q buffers, each with its q_full / q_empty: the producer loads a
-//               row block's Q as soon as the row block before the last one has handed its buffer
-//               back, so with PERSIST the next Q is in place long before the row block starts (where
-//               it fits: the launcher drops it at hdim 256, and at 128 O's stage gives way)
-//   O_VEC=1     (a variant of O's stage; bench/NOTES.md step 84) each warp sends its 16 staged rows with
-//               16-byte vector stores from every lane (whole rows per instruction) instead of lane 0's
-//               16 bulk row copies
 //   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
 //               its 16 rows of O in the rows of the Q buffer its warpgroup's S GEMMs read (128-byte
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
-//   CLUSTER=2   (a variant; bench/NOTES.md step 85) CTAs in clusters of two (x-adjacent: two row blocks of
-//               one head), each producer loading half of every K and V tile into both CTAs (TMA
-//               multicast), so K and V cross from L2 once per pair: half the L2 reads per FLOP (measured
-//               1.24-1.42x the time at hdim 128: the loop is not L2-bound, and the cross-CTA releases
-//               stall; not dispatched). A stage
-//               is refilled only after the MMA warps of both CTAs have released it: `empty` and
-//               `k_empty` count one arrival per MMA warp of either CTA (lane 0 arrives here and on the
-//               peer's barrier). Both CTAs walk the same key blocks in the same order: the union of
-//               the two row blocks' ranges (under a mask they differ); a block outside a CTA's own
-//               range is a phantom there, whose stage its MMA warps only wait for and release. So the
-//               launcher takes it in batch mode with an even number of row blocks and of CTAs along x
-//               (launch.fwd_launch: the CTAs x and x ^ 1 then hold adjacent row blocks at every step);
-//               swizzled tiles, no bias ring.
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
 //               seven phases of every loop iteration (PV_OVERLAP; the boundaries approximate: clock64
@@ -94,12 +67,6 @@
 // (batch, rows, heads, hdim) tensors with boxes of 64 columns; zeros for an empty tensor; the bias as
 // a 4-D (batch, heads, rows, keys) map, 1 along broadcast dimensions, in builds with BIAS, else
 // zeros, unread), then FwdParams by value, as fmha_fwd_sm90.
-// (__cluster_dims__ needs the macro itself: config.cuh turns it into fmha::CLUSTER and undefines it)
-#if defined(CLUSTER) && CLUSTER == 2
-#define FMHA_FWD_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
-#else
-#define FMHA_FWD_CLUSTER_DIMS
-#endif
 #include "common.cuh"
 #include "arch/arch.cuh"
 #include "attention.cuh"
@@ -115,38 +82,11 @@ static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes pla
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
-static_assert((!Q_EARLY || PV_OVERLAP) && (!TURN_CARRY || PINGPONG),
-              "fmha_fwd_sm90_ws: Q_EARLY is a variant of the PV_OVERLAP pipeline, TURN_CARRY of PINGPONG");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
-static_assert(CLUSTER == 1 || (CLUSTER == 2 && SWIZZLE && !BIAS && !Q_EARLY),
-              "fmha_fwd_sm90_ws: clusters of two CTAs, over swizzled tiles, without a bias ring or Q_EARLY");
-static_assert(!O_IN_Q || (!O_STAGE && !Q_EARLY && SWIZZLE && HDIM_Q == HDIM_V),
+static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 
 constexpr int MMA_THREADS = 128 * NWG;
-// arrivals that release a K / V stage: every MMA thread, or with CLUSTER one per MMA warp of each CTA
-// (an enumerator: a namespace-scope constexpr variable would appear in every build's PTX)
-enum : int { STAGE_ARRIVALS = CLUSTER > 1 ? CLUSTER * NWG * 4 : MMA_THREADS };
-
-// The producer's wait for a K / V stage's release (with CLUSTER, at cluster scope: the peer's MMA
-// warps arrive too)
-__device__ __forceinline__ void wait_released(unsigned long long* bar, unsigned parity) {
-    if constexpr (CLUSTER > 1) mbarrier_wait_cluster(smem_u32(bar), parity);
-    else mbarrier_wait(smem_u32(bar), parity);
-}
-// An MMA thread's release of a K / V stage (`empty` or `k_empty`) once its reads are complete; with
-// CLUSTER the warp's lane 0 arrives for the warp, here and on the peer CTA's barrier.
-__device__ __forceinline__ void release_stage(unsigned long long* bar, unsigned peer) {
-    if constexpr (CLUSTER > 1) {
-        __syncwarp();
-        if (lane_of(threadIdx.x) == 0) {
-            mbarrier_arrive(smem_u32(bar));
-            mbarrier_arrive_cluster(smem_u32(bar), peer);
-        }
-    } else {
-        mbarrier_arrive(smem_u32(bar));
-    }
-}
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
 // turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
@@ -157,13 +97,14 @@ constexpr int MMA_REGS = ws_mma_regs<NWG>;
 constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
 
 struct Smem {
-    uint16_t q[Q_STAGES][BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE); row block j's in j % Q_STAGES
+    uint16_t q[BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE)
     uint16_t k[STAGES][BLOCK_N * HDIM_Q];
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
     // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
     // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
-    // q_empty: every MMA thread's S GEMMs of the row block are complete (the next row block's Q may land)
-    unsigned long long q_full[Q_STAGES], q_empty[Q_STAGES], k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
+    // q_empty: every MMA thread's S GEMMs of the row block are complete (O_IN_Q: and O has left
+    // through Q's buffer), so the next row block's Q may land
+    unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
     // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
@@ -230,7 +171,7 @@ __device__ __forceinline__ bool o_rows_aligned(const FwdParams& p, const uint16_
 }
 // A warp's `rows` (of 16) staged O rows to global memory in 16-byte pieces, whole rows per store
 // instruction: all the warp's pieces read first (`at(r, j)`: piece j of staged row r), then stored
-// where the row is in the sequence and the piece inside hdim_v (O_VEC, O_IN_Q).
+// where the row is in the sequence and the piece inside hdim_v (O_IN_Q).
 template <typename At>
 __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, int row0, int rows, At at) {
     constexpr int PIECES = HDIM_V / 8;  // per row
@@ -268,7 +209,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
     stage += wi * 16 * O_PITCH;
     row0 += wi * 16;
-    if (!O_VEC && lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
+    if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -280,12 +221,6 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
                 pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
     }
     const int rows = min(16, blk.seqlen_q - row0);
-    if constexpr (O_VEC) {  // the warp's rows in 16-byte pieces, 512 bytes of whole rows per store instruction
-        __syncwarp();
-        fwd_send_rows(p, og, row0, rows, [&](int r, int j) { return reinterpret_cast<const uint4*>(stage + r * O_PITCH + 8 * j); });
-        __syncwarp();  // (every lane has read the stage before the warp's next row block writes it)
-        return;
-    }
     fence_proxy_async();
     __syncwarp();
     if (lead) {
@@ -352,7 +287,7 @@ enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_PHASES = 7, TL_
              TL_WORDS = TL_PH_AT + 3 * (TL_PHASES + 1), TL_CTAS = 1 << 14 };
 __device__ unsigned long long fmha_fwd_timeline[TL_CTAS][TL_WORDS];
 #endif
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1) FMHA_FWD_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
                  const __grid_constant__ FwdParams p) {
@@ -381,22 +316,21 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
 #if defined(TIMING) && TIMING
     __shared__ unsigned long long tl_[TL_WORDS];
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {  // (the stamps first: the zeroing is not the gap between CTAs)
+        const unsigned long long t0 = global_timer_ns(), c0 = clock64();
         for (int n = 0; n < TL_WORDS; ++n) tl_[n] = 0;
-        tl_[0] = global_timer_ns();
-        tl_[4] = clock64();
+        tl_[0] = t0;
+        tl_[4] = c0;
     }
 #endif
     if (threadIdx.x == 0) {
-        for (int s = 0; s < Q_STAGES; ++s) {
-            mbarrier_init(smem_u32(&sm.q_full[s]), 1);
-            mbarrier_init(smem_u32(&sm.q_empty[s]), MMA_THREADS);
-        }
+        mbarrier_init(smem_u32(&sm.q_full), 1);
+        mbarrier_init(smem_u32(&sm.q_empty), MMA_THREADS);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
-            mbarrier_init(smem_u32(&sm.empty[s]), STAGE_ARRIVALS);
-            mbarrier_init(smem_u32(&sm.k_empty[s]), STAGE_ARRIVALS);
+            mbarrier_init(smem_u32(&sm.empty[s]), MMA_THREADS);
+            mbarrier_init(smem_u32(&sm.k_empty[s]), MMA_THREADS);
         }
         if constexpr (BIAS)
             for (int s = 0; s < BIAS_STAGES; ++s) {
@@ -406,11 +340,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         mbarrier_init_fence();
     }
     __syncthreads();
-    // CLUSTER: the peer's barriers are initialized before anyone arrives on them or loads into its tiles
-    // (no device-side check of the launcher's promise, even row blocks and CTAs: a __trap here made
-    // ptxas spill 16 bytes at hdim 256; launch.fwd_launch refuses such grids)
-    if constexpr (CLUSTER > 1) cluster_sync();
-    const unsigned rank = CLUSTER > 1 ? cluster_ctarank() : 0, peer = rank ^ 1;
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
@@ -424,39 +353,17 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             const int q0 = row0_of(x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
             if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
-            // Q once every MMA thread's S GEMMs of the previous row block are complete (Q_EARLY: after the
-            // row block's first K, in the loop, unless it has no key block)
-            if (!Q_EARLY || blk.kb_begin == blk.kb_end) {
-                if (j >= Q_STAGES) mbarrier_wait(smem_u32(&sm.q_empty[j % Q_STAGES]), (j / Q_STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[j % Q_STAGES], tm_q, smem_u32(&sm.q_full[j % Q_STAGES]), h, tq + q0, bq);
-            }
-            int kb_lo = blk.kb_begin, kb_hi = blk.kb_end;
-            if constexpr (CLUSTER > 1) {  // (the union with the peer's row block, x ^ 1)
-                int p0, p1;
-                key_block_range(blk.win, row0_of(x ^ 1), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, p0, p1);
-                if (p1 > p0) {  // (an empty own range [a, a) may lie past p1: then the union is the peer's alone)
-                    const bool own = kb_hi > kb_lo;
-                    kb_lo = own ? min(kb_lo, p0) : p0;
-                    kb_hi = own ? max(kb_hi, p1) : p1;
-                }
-            }
-            for (int kb = kb_lo; kb < kb_hi; ++kb, ++i) {
+            // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
+            // O_IN_Q: O left through it)
+            if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
+            mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
+            tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
+            for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
-                if (i >= STAGES) wait_released(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s], parity);
+                if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
-                if constexpr (CLUSTER > 1)  // (half of the tile, into both CTAs; the peer sends the other half)
-                    tma_load_tile_multicast<BLOCK_N, HDIM_Q, CLUSTER>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N,
-                                                                      bq, rank);
-                else
-                    tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
-                if (Q_EARLY && kb == blk.kb_begin) {  // (the row block's first K went ahead)
-                    if (j >= Q_STAGES) mbarrier_wait(smem_u32(&sm.q_empty[j % Q_STAGES]), (j / Q_STAGES - 1) & 1);
-                    mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[j % Q_STAGES]), Q_BYTES);
-                    tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[j % Q_STAGES], tm_q, smem_u32(&sm.q_full[j % Q_STAGES]), h, tq + q0,
-                                                            bq);
-                }
+                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
                 if constexpr (BIAS) {  // the bias tile of (q0, key block kb), wanted by the softmax after S
                     const int bs = i % BIAS_STAGES;
                     if (i >= BIAS_STAGES) mbarrier_wait(smem_u32(sm.bias_empty(bs)), ((i / BIAS_STAGES) & 1) ^ 1);
@@ -464,13 +371,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     tma_load_bias<BLOCK_M, BLOCK_N, BIAS_TMA>(sm.bias_tile(bs), tm_bias, smem_u32(sm.bias_full(bs)),
                                                               p.bias.sq ? q0 : 0, kb * BLOCK_N, bias_h, bias_b);
                 }
-                if (PV_OVERLAP && i >= STAGES) wait_released(&sm.empty[s], parity);
+                if (PV_OVERLAP && i >= STAGES) mbarrier_wait(smem_u32(&sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.v_full[s]), V_BYTES);
-                if constexpr (CLUSTER > 1)
-                    tma_load_tile_multicast<BLOCK_N, HDIM_V, CLUSTER>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N,
-                                                                      bq, rank);
-                else
-                    tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
+                tma_load_tile<SWIZZLE, BLOCK_N, HDIM_V>(sm.v[s], tm_v, smem_u32(&sm.v_full[s]), hk, tk + kb * BLOCK_N, bq);
             }
             ++j;
         }
@@ -504,20 +407,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const float bias_mul = FMHA_LOG2E / acc_scale;
 
     int it = 0, j = 0;  // key blocks and row blocks consumed so far (the producer's counts)
-    // CLUSTER: `count` phantom blocks at ring position it: wait until each stage's K and V have landed
-    // (the peer reads them; the producer may not refill a stage whose copy is still in flight), then
-    // release it as if read
-    auto pass_phantoms = [&](int count) {
-        for (int c = 0; c < count; ++c, ++it) {
-            const int s = it % STAGES;
-            const unsigned phase = (it / STAGES) & 1;
-            mbarrier_wait(smem_u32(&sm.k_full[s]), phase);
-            mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
-            if constexpr (PV_OVERLAP) release_stage(&sm.k_empty[s], peer);
-            release_stage(&sm.empty[s], peer);
-        }
-    };
-    bool carried = false;  // TURN_CARRY: the last warpgroup passed warpgroup 0 the turn after its last P V
 #if defined(TIMING) && TIMING
     auto stamp = [&](int e) {
         if ((tid & 127) == 0 && j < TL_ROWS) tl_[TL_AT + (wg * TL_ROWS + j) * TL_EVENTS + e] = clock64();
@@ -554,29 +443,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 #pragma unroll
         for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
         float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-        // this row block's Q buffer (broadcast from lane 0: its descriptors in uniform registers)
-        const int qs = Q_STAGES == 1 ? 0 : __shfl_sync(0xffffffffu, j % Q_STAGES, 0);
-        const uint16_t* sq = sm.q[qs];
-        unsigned long long* q_empty = &sm.q_empty[qs];
-        mbarrier_wait(smem_u32(&sm.q_full[qs]), (j / Q_STAGES) & 1);
+        const uint16_t* sq = sm.q;
+        unsigned long long* q_empty = &sm.q_empty;
+        mbarrier_wait(smem_u32(&sm.q_full), j & 1);
         stamp(1);
         const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
 #if defined(TIMING) && TIMING
         if (tid == 0 && j < TL_ROWS) tl_[8 + j] = n;
 #endif
-        // CLUSTER: the phantom blocks of the union with the peer's row block (the producer's range) before
-        // and after this row block's own; each stage only waited for (landed) and released
-        int tail = 0;
-        if constexpr (CLUSTER > 1) {
-            int p0, p1, lead = 0;
-            key_block_range(blk.win, row0_of(x ^ 1), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, p0, p1);
-            if (p1 > p0) {
-                lead = n > 0 ? max(0, blk.kb_begin - p0) : p1 - p0;
-                tail = n > 0 ? max(0, p1 - blk.kb_end) : 0;
-            }
-            pass_phantoms(lead);
-        }
-
         // Group mode: the rows of key block k0 (stage s) past the sequence's end hold the next
         // sequence's keys and values: zeros, before any MMA warpgroup reads them (uniform over the CTA;
         // only the block that crosses the end).
@@ -622,7 +496,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                release_stage(&sm.empty[s], peer);  // K and V of this stage are read
+                mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
             }
             if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
         } else {
@@ -702,7 +576,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(1);
-                if (i >= 2) release_stage(&sm.empty[(it + i - 2) % STAGES], peer);  // V of block i-2 is read
+                if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
                 rescale_o_lazy<NO>(acc_o, corr, frag);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
@@ -711,18 +585,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(2);
             };
-            // TURN_CARRY: whether the CTA's next row block has key blocks (then the last warpgroup's last
-            // P V of this one passes the turn on; the rows of a later row block are never past the sequence)
-            bool next_turns = false;
-            if constexpr (TURN_CARRY) {
-                if (x + static_cast<int>(gridDim.x) < nqb) {
-                    int kb0, kb1;
-                    key_block_range(blk.win, row0_of(x + gridDim.x), BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, kb0, kb1);
-                    next_turns = kb1 > kb0;
-                }
-            }
             if (n > 0) {
-                if (PINGPONG && wg == NWG - 1 && !(TURN_CARRY && carried)) named_barrier_arrive(BAR_TURN, TURN_THREADS);
+                if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
                 wait_k(0);  // block 0: S_0 and its softmax
                 bias_into_s(0);
                 turn_begin();
@@ -732,8 +596,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
-                release_stage(&sm.k_empty[it % STAGES], peer);  // K of block 0 is read
-                if (Q_EARLY && n == 1) mbarrier_arrive(smem_u32(q_empty));  // (its only S GEMM is complete)
+                mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
                 softmax(sacc, 0, corr, keep0);
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
@@ -754,29 +617,26 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     phase(5);
-                    release_stage(&sm.k_empty[(it + i) % STAGES], peer);  // K of this stage is read
-                    if (Q_EARLY && i == n - 1) mbarrier_arrive(smem_u32(q_empty));  // (the last S GEMM is complete)
+                    mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
                     softmax(sacc, i, corr, keep);
                     phase(6);
                 }
                 phases(false);
                 stamp(3);
-                if (!Q_EARLY && !O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
+                if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
                 turn_begin();
                 wgmma_fence();
                 gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)]);
-                turn_end(!(TURN_CARRY && next_turns));
-                carried = TURN_CARRY && next_turns;
+                turn_end(true);
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 stamp(4);
-                release_stage(&sm.empty[(it + n - 1) % STAGES], peer);  // V of the last block is read
+                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
             } else {
                 if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
-                carried = false;  // (the row block before passed no turn: this one has no key block)
             }
         }
 
@@ -790,14 +650,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if constexpr (O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
         stamp(5);
         it += n;
-        if constexpr (CLUSTER > 1) pass_phantoms(tail);
         ++j;
     }
     if constexpr (O_STAGE)
         if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
-    // CLUSTER: neither CTA exits while the peer may still arrive on its barriers (the producers have
-    // exited: exited threads count as arrived)
-    if constexpr (CLUSTER > 1) cluster_sync();
 #if defined(TIMING) && TIMING
     if ((tid & 127) == 0)
 #pragma unroll
@@ -809,9 +665,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         tl_[2] = sm_index();
         tl_[3] = j;
         tl_[7] = NWG;
-        const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        if (cta < TL_CTAS)
-            for (int n = 0; n < TL_WORDS; ++n) fmha_fwd_timeline[cta][n] = tl_[n];
     }
+    // the row out by every MMA thread, a word each (thread 0 alone, 27 rounds of two loads and four
+    // stores, kept the CTA ~0.7 us past its exit stamp: bench/NOTES.md step 88)
+    named_barrier_sync(15, MMA_THREADS);
+    const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (cta < TL_CTAS)
+        for (int n = tid; n < TL_WORDS; n += MMA_THREADS) fmha_fwd_timeline[cta][n] = tl_[n];
 #endif
 }

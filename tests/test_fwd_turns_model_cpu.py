@@ -1,5 +1,5 @@
 """A model of the ws forward's turn-taking across a CTA's row blocks (kernels/fmha_fwd_sm90_ws.cu,
-PINGPONG and its TURN_CARRY variant, bench/NOTES.md step 80), run on the CPU: each MMA warpgroup is
+PINGPONG, bench/NOTES.md step 80), run on the CPU: each MMA warpgroup is
 a program of named-barrier operations, executed under many random interleavings.
 
 Named barrier 2 + w is warpgroup w's turn: w waits on it (bar.sync, 128 threads) and the warpgroup
@@ -11,8 +11,9 @@ Group mode's tail zeroing (named barrier 1 over all MMA warpgroups, outside the 
 programs too, before the S GEMMs of the row blocks that have such a key block.
 
 The model mirrors the kernel's control flow, so it fails when that protocol is wrong (the tests at the
-end show it does: dropping TURN_CARRY's skip of the pass before a row block without key blocks
-leaves an arrival pending, and passing at every row block's end double-arrives)."""
+end show it does: a row block without key blocks that still gives warpgroup 0 its first turn leaves
+an arrival pending, and a last warpgroup that passes the turn on after its last P V as well as at the
+next row block's start double-arrives)."""
 
 from __future__ import annotations
 
@@ -21,31 +22,27 @@ import random
 import pytest
 
 
-def programs(nwg: int, n_per_row: list[int], carry: bool, zero_at=frozenset(), guard: bool = True):
+def programs(nwg: int, n_per_row: list[int], zero_at=frozenset(), guard: bool = True):
     """The barrier operations of each MMA warpgroup over a CTA's row blocks with ``n_per_row`` key
     blocks each: ("arrive", b) / ("sync", b, count) / ("issue", (row, turn)), as the kernel's MMA
-    loop makes them (``carry``: TURN_CARRY). ``zero_at``: (row, key block) pairs whose K tile is
-    zeroed first (named barrier 1 over every MMA warpgroup). ``guard=False`` is a broken TURN_CARRY
-    that passes the turn on after every row block, not only into one with key blocks."""
+    loop makes them. ``zero_at``: (row, key block) pairs whose K tile is zeroed first (named barrier 1
+    over every MMA warpgroup). ``guard=False`` is a broken loop whose row blocks without key blocks
+    still give warpgroup 0 its first turn."""
     out = []
     for w in range(nwg):
-        ops, carried = [], False
+        ops = []
         for r, n in enumerate(n_per_row):
-            next_turns = r + 1 < len(n_per_row) and n_per_row[r + 1] > 0  # (the kernel's next_turns)
-            pass_on = carry and (next_turns if guard else True)
-            if n == 0:  # no key block: no turns, and the row block before passed none
-                carried = False
+            if n == 0 and guard:  # no key block: no turns
                 continue
-            if w == nwg - 1 and not (carry and carried):  # warpgroup 0's first turn
+            if w == nwg - 1:  # warpgroup 0's first turn
                 ops.append(("arrive", 2))
-            for t in range(n + 1):  # S_0; S_t with P_{t-1} V_{t-1}; the last P V
+            for t in range(n + 1) if n else ():  # S_0; S_t with P_{t-1} V_{t-1}; the last P V
                 if t < n and (r, t) in zero_at:
                     ops.append(("sync", 1, nwg))
                 ops.append(("sync", 2 + w, 2))
                 ops.append(("issue", (r, t)))
-                if not (t == n and w == nwg - 1 and not pass_on):
+                if not (t == n and w == nwg - 1):  # (the last warpgroup's last pass is not made)
                     ops.append(("arrive", 2 + (w + 1) % nwg))
-            carried = pass_on
         out.append(ops)
     return out
 
@@ -91,13 +88,12 @@ ROWS = [[3, 1, 2, 2], [1, 1, 1, 1], [2, 0, 0, 3], [4, 0], [0, 2, 0, 1], [0, 0, 5
 
 
 @pytest.mark.parametrize("nwg", [2, 3])
-@pytest.mark.parametrize("carry", [False, True])
 @pytest.mark.parametrize("rows", ROWS, ids=lambda r: "-".join(map(str, r)))
-def test_turns_protocol(nwg, carry, rows):
-    rng = random.Random(hash((nwg, carry, tuple(rows))) & 0xFFFF)
+def test_turns_protocol(nwg, rows):
+    rng = random.Random(hash((nwg, tuple(rows))) & 0xFFFF)
     for trial in range(200):
         zero = {(r, t) for r, n in enumerate(rows) for t in range(n) if rng.random() < 0.2}
-        order = run(programs(nwg, rows, carry, zero), nwg, rng)
+        order = run(programs(nwg, rows, zero), nwg, rng)
         assert len(order) == nwg * sum(n + 1 for n in rows if n)
 
 
@@ -107,24 +103,24 @@ def test_random_row_blocks():
         nwg = rng.choice([2, 3])
         rows = [rng.choice([0, 0, 1, 2, 3]) for _ in range(rng.randint(1, 6))]
         zero = {(r, t) for r, n in enumerate(rows) for t in range(n) if rng.random() < 0.15}
-        run(programs(nwg, rows, rng.random() < 0.5, zero), nwg, rng)
+        run(programs(nwg, rows, zero), nwg, rng)
 
 
-def test_model_catches_a_pass_into_a_row_block_without_keys():
-    # passing at the end of a row block whose successor has no key blocks (or of the last one) leaves
-    # the pass pending
+def test_model_catches_a_first_turn_in_a_row_block_without_keys():
+    # a row block without key blocks whose last warpgroup still gives warpgroup 0 its first turn: nobody
+    # waits for it, so the arrival is pending at the exit (or met by the next row block's wait out of turn)
     with pytest.raises(AssertionError, match="pending|deadlock|twice"):
         for seed in range(50):
-            run(programs(2, [2, 0], True, guard=False), 2, random.Random(seed))
+            run(programs(2, [2, 0], guard=False), 2, random.Random(seed))
 
 
 def test_model_catches_a_double_arrival():
     # the last warpgroup passing at the end and also arriving at the next row block's start
     def doubled(nwg, rows):
-        progs = programs(nwg, rows, False)
+        progs = programs(nwg, rows)
         w = nwg - 1
         ops = progs[w]
-        # pass after its last P V of row block 0 as well (the kernel's carry without the start's skip)
+        # pass after its last P V of row block 0 as well as at row block 1's start
         last0 = max(i for i, op in enumerate(ops) if op[0] == "issue" and op[1][0] == 0)
         ops.insert(last0 + 1, ("arrive", 2))
         return progs

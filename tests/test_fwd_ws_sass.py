@@ -39,9 +39,6 @@ def _runs_of_gemms(sass: list[str]) -> list[list[str]]:
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("variant", [dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
                                      dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1),
-                                     # the row-block hand-over variants (bench/NOTES.md steps 80-81) keep it too
-                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, Q_EARLY=1, TURN_CARRY=1),
-                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, Q_STAGES=2, TURN_CARRY=1),
                                      # the softmax variants of step 87 too (EXP_EMU's exponentials partly FADD.RM-led)
                                      dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, SMAX_TREE=1, MASK_ROWS=2),
                                      dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, EXP_EMU=2, LAZY_RESCALE=8)],

@@ -232,32 +232,26 @@ def test_persist_default_group_mode(monkeypatch):
     assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
 
 
-# --------------------------------------------------------------------------- row-block hand-over variants
-# Q_EARLY, TURN_CARRY and Q_STAGES=2 (bench/NOTES.md steps 80-81; backends/cuda.py FWD_WS_HANDOVER_BUILDS, not
-# dispatched yet) change only when and where Q is loaded and when the turn passes between row blocks, so O
-# and LSE must be bit-identical to the default build's at the same row blocks per CTA. PERSIST=4 gives
-# each CTA up to three hand-overs; "no keys" puts row blocks without any key block (bottom-right causal,
-# 1000 query rows over 300 keys: the first 700 rows see none) after ones with keys in the same CTA, so
-# TURN_CARRY must not pass a turn into them.
-# O_VEC (step 84: the staged O rows leave in 16-byte stores instead of bulk copies; O_REG=0 so that hdim 64
-# stages too) changes only how the same rounded values reach global memory, and rides along here.
-HANDOVER = ["Q_EARLY=1", "TURN_CARRY=1", "Q_EARLY=1,TURN_CARRY=1", "Q_STAGES=2", "Q_STAGES=2,TURN_CARRY=1",
-            "Q_EARLY=1,Q_STAGES=2,TURN_CARRY=1", "O_REG=0,O_VEC=1"]
-HANDOVER_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, rows that see no key
-    "plain": (2, 1000, 1000, 3, dict(), 0),
-    "causal": (2, 1000, 1000, 3, dict(causal=True), 0),
-    "no keys": (2, 1000, 300, 3, dict(causal=True), 700),
-    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0)), 0),
+# --------------------------------------------------------------------------- variants against the default build
+# Shapes on which a variant of the ws forward must give O and LSE bit-identical to the default build's
+# (O_IN_Q, the exact softmax variants), at the same row blocks per CTA. "no keys" puts row blocks without
+# any key block (bottom-right causal, 1000 query rows over 300 keys: the first 700 rows see none) after
+# ones with keys in the same CTA (PERSIST=4; a CTA takes its row blocks last first); "keys after none"
+# the other way round (a top-left window of 100 keys over 300: rows from 400 on see none), so a row
+# block with keys follows ones without any (no turns taken there; O_IN_Q's hand-back of Q after them).
+VARIANT_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords, the rows that see no key
+    "plain": (2, 1000, 1000, 3, dict(), slice(0)),
+    "causal": (2, 1000, 1000, 3, dict(causal=True), slice(0)),
+    "no keys": (2, 1000, 300, 3, dict(causal=True), slice(700)),
+    "keys after none": (2, 1000, 300, 3, dict(mask="t:100,0"), slice(400, None)),
+    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0)), slice(0)),
     # past FWD_WS_SHORT_SEQLEN, so a diagonal mask at hdim 64 takes three MMA warpgroups too
-    "causal long": (1, 2600, 2600, 2, dict(causal=True), 0),
-    "no keys long": (1, 2600, 700, 2, dict(causal=True), 1900),
+    "causal long": (1, 2600, 2600, 2, dict(causal=True), slice(0)),
+    "no keys long": (1, 2600, 700, 2, dict(causal=True), slice(1900)),
 }
-# keys again after row blocks without any (a CTA takes its row blocks last first): a top-left window
-# of 100 keys over 300, so rows from 400 on see none (their O 0 and LSE -inf)
-HANDOVER_TOPLEFT = (2, 1000, 300, 3, dict(mask="t:100,0"))
 
 
-def _handover_pair(monkeypatch, variant, q, k, v, kw, persist=4, **extra):
+def _variant_pair(monkeypatch, variant, q, k, v, kw, persist=4, **extra):
     """O and LSE at PERSIST=``persist`` of the default build, then of ``variant`` into poisoned outputs."""
     import cupy_fmha
 
@@ -271,61 +265,38 @@ def _handover_pair(monkeypatch, variant, q, k, v, kw, persist=4, **extra):
 
 
 def _bias_pair(monkeypatch, tag, variant, d, persist):
-    """:func:`_handover_pair` on a causal fp16 forward with a [b, h, s, s] fp16 bias (the TMA bias
+    """:func:`_variant_pair` on a causal fp16 forward with a [b, h, s, s] fp16 bias (the TMA bias
     build at hdim ``d``), and the variant's instance spec."""
     rng = cp.random.default_rng(seed_for(tag, variant, d))
     b, s, h = 2, 1000, 2
     q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
     bias = rng.standard_normal((b, h, s, s), dtype=cp.float32).astype(cp.float16)
-    pair = _handover_pair(monkeypatch, variant, q, k, v, dict(causal=True), persist, bias=bias)
+    pair = _variant_pair(monkeypatch, variant, q, k, v, dict(causal=True), persist, bias=bias)
     return (*pair, cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2))
-
-
-@pytest.mark.parametrize("persist", [4, 8])  # (8: up to 21 row blocks per CTA, so each Q buffer is reused)
-@pytest.mark.parametrize("variant", HANDOVER)
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("shape", list(HANDOVER_SHAPES))
-def test_handover_variants_bit_identical(monkeypatch, variant, d, shape, persist):
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    if "Q_STAGES" in variant and d == 256:
-        pytest.skip("no second Q buffer at hdim 256 (fwd_ws_spec drops it: the default build)")
-    b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
-    spec = cuda.fwd_spec("fp16", d, d, 90)
-    for item in variant.split(","):
-        key, _, val = item.partition("=")
-        assert spec.macro(key, 0) == int(val), (key, spec.name)
-    rng = cp.random.default_rng(seed_for("fwd-handover", variant, d, shape))
-    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, persist)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    # rows that see no key: O zero, LSE -inf; the rest finite
-    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
-    assert bool(cp.isfinite(lse[:, :, dark:]).all())
 
 
 @pytest.mark.parametrize("persist", [0, 4])
 @pytest.mark.parametrize("d", [64, 256])
-@pytest.mark.parametrize("shape", list(HANDOVER_SHAPES))
+@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
 def test_o_in_q_bit_identical(monkeypatch, d, shape, persist):
     """O_IN_Q (step 86: O staged in Q's buffer where its own stage is off, hdim 64 and 256; Q handed
     back after the epilogue) stores the same rounded values: bit-identical to the default build, also
     when the next row block's Q waits for that hand-back (PERSIST=4) and for rows without keys."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
+    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},O_IN_Q=1")
     assert cuda.fwd_spec("fp16", d, d, 90).macro("O_IN_Q") == 1
     rng = cp.random.default_rng(seed_for("fwd-o-in-q", d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, persist)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
+    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
+    lit = cp.ones(sq, dtype=bool)
+    lit[dark] = False
+    assert bool(cp.isfinite(lse[:, :, lit]).all())
 
 
 def test_o_in_q_group_mode(monkeypatch):
@@ -340,82 +311,9 @@ def test_o_in_q_group_mode(monkeypatch):
     rng = cp.random.default_rng(seed_for("fwd-o-in-q-group-x"))
     q, k, v = (rng.standard_normal((int(lens.sum()), 2, 256), dtype=cp.float32).astype(cp.float16) for _ in range(3))
     kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
-    o0, lse0, o, lse = _handover_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-
-
-@pytest.mark.parametrize("variant", HANDOVER)
-@pytest.mark.parametrize("d", [64, 128])
-def test_handover_variants_keys_after_none(monkeypatch, variant, d):
-    """A CTA's row blocks without keys first, then ones with keys (the turn starts afresh, and
-    Q_EARLY's producer goes from a row block without key blocks to one with)."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    b, sq, sk, h, kw = HANDOVER_TOPLEFT
-    rng = cp.random.default_rng(seed_for("fwd-handover-topleft", variant, d))
-    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool((o[:, 400:] == 0).all()) and bool(cp.isneginf(lse[:, :, 400:]).all())
-    assert bool(cp.isfinite(lse[:, :, :400]).all())
-
-
-@pytest.mark.parametrize("variant", HANDOVER)
-def test_handover_variants_group_mode(monkeypatch, variant):
-    """Group mode, 4 row blocks per CTA: 300 sequences of 0 to 1024 tokens, so a CTA's first row
-    blocks are often past its sequence's end (skipped) and its later ones cut mid-block."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-
-    q, k, v, kw = _group_300("fwd-handover-group", ("fwd-handover-group-x", variant))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool(cp.isneginf(lse[1]).all()) and bool(cp.isfinite(lse[0]).all())
-
-
-@pytest.mark.parametrize("variant", HANDOVER)
-@pytest.mark.parametrize("d", [64, 128])
-def test_handover_variants_bias(monkeypatch, variant, d):
-    """The TMA bias builds (the producer also streams the bias ring across row blocks; at hdim 128
-    two Q buffers leave room for one bias tile instead of two)."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-handover-bias", variant, d, 4)
-    for item in variant.split(","):
-        key, _, val = item.partition("=")
-        assert spec.macro(key, 0) == int(val), (item, spec.name)
-    assert bool(cp.isfinite(lse).all())
-    if d == 128 and "Q_EARLY" in variant:
-        # the hdim-128 bias build with Q_EARLY compiles its bias softmax with other roundings: on the
-        # H200 (bench/probe/bias_q_early.py, step 83) repeatable, also at one row block per CTA, and 1070
-        # of 512,000 elements one fp16 ulp apart (largest 2.4e-4), LSE within 1e-6: not the hand-over
-        assert float(cp.abs(o.astype(cp.float32) - o0.astype(cp.float32)).max()) <= 1e-3
-        assert float(cp.abs(lse - lse0).max()) <= 1e-5
-        return
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-
-
-@pytest.mark.parametrize("d", [64, 128])
-def test_two_q_buffers_dropout(monkeypatch, d):
-    """Q_STAGES=2 on the dropout builds (at hdim 128 the serial pipeline): the same keep mask and
-    arithmetic, so bit-identical to the default build, over 8 row blocks per CTA."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    rng = cp.random.default_rng(seed_for("fwd-q2-dropout", d))
-    b, s, h = 1, 1000, 2
-    q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(causal=True, dropout_p=0.2, seed=7, offset=3)
-    o0, lse0, o, lse = _handover_pair(monkeypatch, "Q_STAGES=2", q, k, v, kw, persist=8)
-    spec = cuda.fwd_spec("fp16", d, d, 90, dropout=True)
-    assert spec.macro("Q_STAGES") == 2 and spec.macro("DROPOUT") == 1, spec.name
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool(cp.isfinite(lse).all())
 
 
 # SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
@@ -437,18 +335,18 @@ EXACT_EXTRA = {
 
 @pytest.mark.parametrize("variant", EXACT_VARIANTS)
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
-@pytest.mark.parametrize("shape", [*HANDOVER_SHAPES, *EXACT_EXTRA])
+@pytest.mark.parametrize("shape", [*VARIANT_SHAPES, *EXACT_EXTRA])
 def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     if variant == "MASK_ROWS=2" and d > 128:
         pytest.skip("MASK_ROWS=2 is built at 64 and 128 (it spills at 256)")
     if shape in EXACT_EXTRA:
-        b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(EXACT_EXTRA[shape]), 0
+        b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(EXACT_EXTRA[shape]), slice(0)
         if shape == "alibi":
             kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125], dtype=cp.float32)
     else:
-        b, sq, sk, h, kw, dark = HANDOVER_SHAPES[shape]
+        b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
     spec = cuda.fwd_spec("fp16", d, d, 90, alibi="alibi_slopes" in kw, dropout="dropout_p" in kw)
     for item in variant.split(","):
@@ -457,10 +355,10 @@ def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     rng = cp.random.default_rng(seed_for("fwd-exact-softmax", variant, d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, 0)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, q, k, v, kw, 0)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool((o[:, :dark] == 0).all()) and bool(cp.isneginf(lse[:, :, :dark]).all())
+    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
 
 
 @pytest.mark.parametrize("mask", ["causal", "window"])
@@ -484,7 +382,7 @@ def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
     k, v = (rng.standard_normal((int(lk.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     kw = dict(layout="thd", cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()),
               **(dict(causal=True) if mask == "causal" else dict(window_size=(200, 0))))
-    o0, lse0, o, lse = _handover_pair(monkeypatch, variant, q, k, v, kw, 0)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, q, k, v, kw, 0)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
@@ -494,7 +392,7 @@ def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
 def test_exact_softmax_variants_bias(monkeypatch, variant, d):
     """... on the TMA bias builds (at hdim 64 BIAS_ACC's folded softmax, at 128 the scaled one with the
     bias tile added), causal. (A variant that made ptxas contract the bias add differently would show
-    here as a one-ulp difference, as Q_EARLY's did in test_handover_variants_bias.)"""
+    here as a one-ulp difference, as step 80's Q_EARLY did: bench/NOTES.md step 83.)"""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
@@ -531,7 +429,7 @@ def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
     hq, hk, hv = (x.astype(npdt) for x in (q, k, v))
     dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
     kw = {} if dtype == "fp16" else dict(dtype="bfloat16")
-    o0, lse0, o, lse = _handover_pair(monkeypatch, "LAZY_RESCALE=8", dq, dk, dv, kw, 0)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "LAZY_RESCALE=8", dq, dk, dv, kw, 0)
     spec = cuda.fwd_spec(dtype, d, d, 90)
     assert spec.macro("LAZY_RESCALE") == 8, spec.name
     to64 = lambda x: (cp.asnumpy(x).astype(np.float64) if dtype == "fp16"  # noqa: E731

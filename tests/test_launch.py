@@ -225,6 +225,17 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
+@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER"])
+def test_fwd_ws_removed_variants_refused(monkeypatch, name):
+    """The ws forward's variants removed in step 88 are refused by name, not built as the default
+    under another name (an old A/B command would otherwise time the default against itself)."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
+    with pytest.raises(ValueError, match=f"{name} no longer exist"):
+        fwd_spec("bf16", 128, 128, 90)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2")
+    assert name not in fwd_spec("bf16", 128, 128, 90).name
+
+
 def test_first_key_block_matches_counting():
     """The deterministic ordered dQ adds admit a query tile's key blocks in ascending order; a CTA
     (key block kb) finds the first of them with first_key_block, walking as its query tiles
@@ -296,52 +307,6 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
         for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, bias=True, bias_tma=2)):
             assert fwd_spec("bf16", d, d, 90, **kw).macro("BIAS_ACC", 0) == 0, kw
         assert cuda.fwd_ws_spec("bf16", d, d, alibi=True, bias_tma=2).macro("BIAS_ACC", 0) == 0  # (no such build)
-
-
-def test_fwd_ws_handover_variants(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES=Q_EARLY=1 / TURN_CARRY=1 (bench/NOTES.md step 80) reach the ws forward's
-    overlapped builds (plain, bias, ALiBi at 64/128) and its ping-pong ones; the serial-pipeline builds
-    (dropout from hdim 128, ALiBi at 256) drop them rather than fail the static_assert; without the
-    switch no dispatched instance carries them."""
-    from cupy_fmha.backends import cuda
-
-    for d in (64, 128, 256):
-        s = fwd_spec("bf16", d, d, 90)
-        assert s.macro("Q_EARLY", 0) == 0 and s.macro("TURN_CARRY", 0) == 0, s.name
-    assert not [s.name for s in cuda.dispatch_table() if "Q_EARLY" in s.name or "TURN_CARRY" in s.name]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_EARLY=1,TURN_CARRY=1")
-    for d in (64, 128, 256):
-        for kw in (dict(), dict(alibi=True) if d < 256 else dict(), dict(bias=True, bias_tma=2) if d < 256 else dict()):
-            s = fwd_spec("bf16", d, d, 90, **kw)
-            assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_EARLY") == 1 and s.macro("TURN_CARRY") == 1, (kw, s.name)
-    for d, kw in ((128, dict(dropout=True)), (256, dict(dropout=True)), (256, dict(alibi=True))):
-        s = fwd_spec("bf16", d, d, 90, **kw)
-        assert s.source == "fmha_fwd_sm90_ws" and not s.macro("PV_OVERLAP", 0), s.name
-        assert s.macro("Q_EARLY", 0) == 0 and s.macro("TURN_CARRY", 0) == 0, s.name
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PINGPONG=0,Q_EARLY=1,TURN_CARRY=1")
-    s = fwd_spec("bf16", 128, 128, 90)
-    assert (s.macro("Q_EARLY"), s.macro("TURN_CARRY", 0)) == (1, 0), s.name
-
-
-def test_fwd_ws_two_q_buffers(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES=Q_STAGES=2 (bench/NOTES.md step 81): a second Q buffer where it fits
-    (64 and 128, where O's stage then gives way; the bias builds shrink their ring), none at 256 (the
-    default build, not the older kernel); Q_STAGES=1 is the default's name; other counts are refused."""
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=1")
-    assert "Q_STAGES" not in fwd_spec("bf16", 128, 128, 90).name
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=2")
-    for d in (64, 128):
-        for kw in (dict(), dict(dropout=True), dict(bias=True, bias_tma=2)):
-            s = fwd_spec("bf16", d, d, 90, **kw)
-            assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES") == 2, (kw, s.name)
-            assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT, s.name
-    assert fwd_spec("bf16", 128, 128, 90).macro("O_STAGE") == 0
-    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("BIAS_STAGES") == 1  # (2 with one Q buffer)
-    s = fwd_spec("bf16", 256, 256, 90)
-    assert s.source == "fmha_fwd_sm90_ws" and s.macro("Q_STAGES", 1) == 1, s.name
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "Q_STAGES=3")
-    with pytest.raises(ValueError, match="Q_STAGES"):
-        fwd_spec("bf16", 64, 64, 90)
 
 
 def test_dq_writer_default_by_mode(monkeypatch):

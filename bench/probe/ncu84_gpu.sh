@@ -7,6 +7,7 @@
 # bandwidth of the SS S GEMM beside the TMA writes, MUFU, the turns) is unmeasured.
 #   bench/probe/ncu84_gpu.sh ncu     (digests: ours hdim 128 s8192 and causal, cuDNN's; ours hdim 64)
 #   bench/probe/ncu84_gpu.sh source  (per-instruction stall samples of ours at hdim 128 s8192)
+# (its `vec` part, O_VEC's A/B, ran in the twentieth session; O_VEC was removed in the twenty-second)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
@@ -36,16 +37,6 @@ if [ "$what" = fold ]; then  # the folded softmax at hdim 128 (step 37's in-proc
   t "ab FOLD=1 at hdim 128"
   timeout -s KILL 200 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=FOLD=1 --rounds 2 --tag fold84 --out $OUT -- \
      --hdim 128 --seqlen 1024,4096,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -12
-fi
-if [ "$what" = vec ]; then  # O_VEC: the staged rows in 16-byte stores (hdim 64: staged at all, against O_REG)
-  t "precompile"
-  timeout -s KILL 100 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64,128 --dtypes bf16 --fwd-ws-variants "" O_VEC=1 O_REG=0,O_VEC=1 2>&1 | tail -2
-  t "ab O_VEC=1 at hdim 128"
-  timeout -s KILL 200 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_VEC=1 --rounds 2 --tag ovec84-128 --out $OUT -- \
-     --hdim 128 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -10
-  t "ab O_REG=0,O_VEC=1 at hdim 64"
-  timeout -s KILL 150 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_VEC=1 --rounds 2 --tag ovec84-64 --out $OUT -- \
-     --hdim 64 --seqlen 1024,2048,8192 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -10
 fi
 done
 t done

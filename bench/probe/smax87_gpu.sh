@@ -18,7 +18,8 @@
 #   bench/probe/smax87_gpu.sh test1     (bit-identity of SMAX_TREE with MASK_ROWS=1 and of MASK_ROWS=2, poly_exp2 on the device; ~4 min)
 #   bench/probe/smax87_gpu.sh test2     (EXP_EMU=1, LAZY_RESCALE=8 and all four against the reference over the ws
 #                                        forward's, bias and dropout files; ~7 min)
-#   bench/probe/smax87_gpu.sh phases    (fwd_timeline.py at 128 and 64, s8192 and s1024: the loop's phases)
+#   bench/probe/smax87_gpu.sh phases    (fwd_timeline.py at 128 and 64, s8192 and s1024: the loop's phases, and the gap
+#                                        between CTAs now that the TIMING build's copy-out is parallel: step 88)
 #   bench/probe/smax87_gpu.sh ab1|ab2|ab3 (bench/ab.py against the default, bf16, hdim 64 and 128: SMAX_TREE and
 #                                        MASK_ROWS=2 | EXP_EMU=1 and LAZY_RESCALE=8 | all four with EXP_EMU 1 and 2; ~5 min each)
 #   bench/probe/smax87_gpu.sh ab4       (LAZY_RESCALE=8 at hdim 256; ~3 min)
@@ -28,7 +29,7 @@
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
-SKIP="not handover and not persist and not two_q and not o_in_q and not switch_selects and not exact_softmax and not poly_exp2"
+SKIP="not persist and not o_in_q and not switch_selects and not exact_softmax and not poly_exp2"
 for what in "$@"; do
 if [ "$what" = test1 ]; then
   t "precompile (fp16, the exact variants and the default, with their feature builds)"
@@ -53,7 +54,7 @@ fi
 if [ "$what" = phases ]; then
   for args in "128 8192" "128 1024" "64 8192" "128 8192 EXP_EMU=1" "64 8192 SMAX_TREE=1" "128 1024 causal" "128 1024 causal MASK_ROWS=2"; do
     t "fwd_timeline.py $args"
-    timeout -s KILL 90 python3 bench/probe/fwd_timeline.py $args 2>&1 | grep -E "kernel|per key block|cycles per loop|row block 0 \(" | head -8
+    timeout -s KILL 90 python3 bench/probe/fwd_timeline.py $args 2>&1 | grep -E "kernel|per key block|cycles per loop|row block 0 \(|gap between" | head -9
   done
 fi
 if [ "$what" = ab1 ] || [ "$what" = ab2 ] || [ "$what" = ab3 ]; then

@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_cluster", "FWD_WS_CLUSTER_HDIMS", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -55,13 +55,12 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_fwd_sm90":  # NWG warpgroups of 64 query rows; blocked Q, K, V x 2
         bm, bn, dq, dv = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"]
         return dict(BLOCK_M=bm, NTHREADS=128 * m["NWG"], SMEM_BYTES=2 * (bm * dq + 2 * bn * dq + 2 * bn * dv))
-    if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q x Q_STAGES; K, V x STAGES;
-        # mbarriers (q_full, q_empty per Q buffer; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024
+    if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES;
+        # mbarriers (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024
         # bytes to align the tiles. BIAS: from the next 1024-byte boundary BIAS_STAGES bias tiles of
         # BIAS_TMA-byte elements and their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
-        qst = m.get("Q_STAGES", 1)
-        smem = 2 * (qst * bm * dq + st * bn * (dq + dv)) + 8 * (2 * qst + 4 * st)
+        smem = 2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st)
         align = 1024 if m.get("SWIZZLE") else 0
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
@@ -611,8 +610,9 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
 BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
 
 #: the wide ws backward's variant builds compiled offline besides the default (experimental_table):
-#: the dQ writer warp (bench/NOTES.md step 75; not yet run on a GPU, so not dispatched)
-BWD_WS_WIDE_BUILDS = (dict(DQ_WRITER=1),)
+#: without the dQ writer warp (MMA thread 0 adds dQ, the build before bench/NOTES.md step 75; the writer is
+#: the default in both dQ modes since step 83, BWD_WS_DQ_WRITER), for comparisons
+BWD_WS_WIDE_BUILDS = (dict(DQ_WRITER=0),)
 
 
 #: The warp-specialized forward's pipeline variants (kernels/fmha_fwd_sm90_ws.cu, issue 11 second
@@ -695,6 +695,11 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
+#: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88):
+#: asking for one is an error rather than a build that quietly is the default
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER")
+
+
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False,
                  short: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups (three at 64), 128-key
@@ -720,12 +725,11 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bo
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: EXP_EMU (tiles of 8 with poly_exp2) must be 0..8, got {tiles['EXP_EMU']}")
     if not 0 <= tiles.get("LAZY_RESCALE", 0) <= 15:  # (P up to 2^(LAZY_RESCALE + 1/4): float16 holds 2^15.25)
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LAZY_RESCALE must be 0..15, got {tiles['LAZY_RESCALE']}")
-    if tiles.get("Q_STAGES", 1) not in (1, 2):
-        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: Q_STAGES must be 1 or 2, got {tiles['Q_STAGES']}")
-    if tiles.get("Q_STAGES") == 1:
-        del tiles["Q_STAGES"]  # (the default: the default instances keep their names)
-    tiles.pop("CLUSTER", None)  # (per problem: fwd_ws_cluster)
-    switches = {"FOLD", "O_REG", "O_VEC", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "Q_EARLY", "TURN_CARRY", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
+    if removed:
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
+                         f"measurements, bench/NOTES.md step 88)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -751,62 +755,12 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
-    if not tiles.get("PV_OVERLAP"):
-        tiles.pop("Q_EARLY", None)  # (variants of the overlapped pipeline and of its turns only)
-    if not tiles.get("PINGPONG"):
-        tiles.pop("TURN_CARRY", None)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
-    if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE") or tiles.get("Q_EARLY")):
+    if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
-        spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
-    if tiles.get("Q_STAGES", 1) > 1 and spec.macro("SMEM_BYTES") > SMEM_LIMIT:
-        tiles.pop("Q_STAGES")  # (a second Q buffer that does not fit: hdim 256, 192)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     return spec
 
-
-#: padded head dims at which the ws forward runs in clusters of two CTAs that share their K and V
-#: loads (CLUSTER=2, TMA multicast; bench/NOTES.md step 85) wherever :func:`fwd_ws_cluster` allows it;
-#: ``CUPY_FMHA_FWD_WS_TILES=CLUSTER=2`` / ``CLUSTER=1`` asks for it at every head dim / none
-FWD_WS_CLUSTER_HDIMS: tuple[int, ...] = ()
-
-
-def fwd_ws_cluster(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, group_mode: bool) -> KernelSpec:
-    """``spec`` (a forward instance from :func:`fwd_spec`), or the same ws-forward build in clusters
-    of two CTAs (``-D CLUSTER=2``: adjacent row blocks of one head, each CTA loading half of every
-    K and V tile into both; under any mask both walk the union of their key ranges, the blocks
-    outside a CTA's own passed over) where :data:`FWD_WS_CLUSTER_HDIMS`
-    (or ``CUPY_FMHA_FWD_WS_TILES``'s CLUSTER) asks for it and the problem keeps the pairs in step:
-    batch mode, no bias ring (nor dropout: not built in clusters), an even number of row blocks of
-    ``seqlen_q`` rows and an even grid along x (:func:`cupy_fmha.launch.fwd_launch`)."""
-    from ..launch import fwd_launch
-
-    clustered = _fwd_ws_clustered(spec)
-    if clustered is spec or group_mode:
-        return spec
-    if -(-seqlen_q // spec.macro("BLOCK_M")) % 2 or fwd_launch(spec, batch, nhead_q, seqlen_q).grid[0] % 2:
-        return spec
-    return clustered
-
-
-def _fwd_ws_clustered(spec: KernelSpec) -> KernelSpec:
-    """The CLUSTER=2 build of a ws-forward instance where it exists and is asked for (the table
-    :data:`FWD_WS_CLUSTER_HDIMS` or ``CUPY_FMHA_FWD_WS_TILES``), whatever the problem; else ``spec``."""
-    if (spec.source != "fmha_fwd_sm90_ws" or not spec.macro("SWIZZLE") or spec.macro("BIAS", 0)
-            or spec.macro("DROPOUT", 0) or spec.macro("Q_EARLY", 0)):  # (dropout: its builds are not tested in clusters)
-        return spec
-    asked = _override("CUPY_FMHA_FWD_WS_TILES", {}).get("CLUSTER")
-    if asked is None:
-        asked = 2 if max(spec.macro("HDIM_Q"), spec.macro("HDIM_V")) in FWD_WS_CLUSTER_HDIMS else 1
-    return _mk(spec.source, spec.dtype, spec.target, **dict(spec.macros), CLUSTER=2) if asked == 2 else spec
-
-
-#: the ws forward's row-block hand-over variants compiled offline (experimental_table; bench/NOTES.md
-#: steps 80-81, not yet run on a GPU, so not dispatched): Q handed back after the last S GEMM and the next
-#: first K loaded ahead of Q (Q_EARLY), the turn carried over to the next row block (TURN_CARRY), two
-#: Q buffers (Q_STAGES=2; dropped where they do not fit: hdim 256)
-FWD_WS_HANDOVER_BUILDS = (dict(Q_EARLY=1), dict(Q_EARLY=1, TURN_CARRY=1), dict(TURN_CARRY=1), dict(Q_STAGES=2),
-                          dict(Q_STAGES=2, TURN_CARRY=1))
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
 FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1))
@@ -839,24 +793,10 @@ def experimental_table() -> list[KernelSpec]:
     # (not the fp32 bias at hdim 128: it spills 4 bytes there; that bias target is met without it)
     out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias=True), "BIAS_ACC": 1})
             for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
-    # the ws forward's row-block hand-over variants (bench/NOTES.md step 80), on each head dim's entries
-    out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), **variant})
-            for dtype in DTYPES for d in (64, 128, 256) for variant in FWD_WS_HANDOVER_BUILDS
-            if d < 256 or "Q_STAGES" not in variant]  # (no second Q buffer at 256: the same builds)
-    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), **variant})
-            for dtype in DTYPES for variant in FWD_WS_HANDOVER_BUILDS]
-    out += [fwd_ws_spec(dtype, 128, 128, dropout=True, tiles={**fwd_ws_tiles(128, dropout=True), "Q_STAGES": 2})
-            for dtype in DTYPES]  # (two Q buffers on the serial pipeline)
-    # clusters of two CTAs sharing their K / V loads (CLUSTER=2, step 85), plain and ALiBi, on each head dim's entries
-    out += [_mk("fmha_fwd_sm90_ws", dtype, "sm90a", **dict(fwd_ws_spec(dtype, d, d, alibi=alibi).macros), CLUSTER=2)
-            for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True)]
     # O staged in Q's buffer where its own stage is off (O_IN_Q, step 86), plain and ALiBi; hdim 64 and 256
     # (at 192 the build spills 68-92 bytes)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_Q": 1})
             for dtype in DTYPES for d in (64, 256) for alibi in (False, True)]  # (64: O_REG there, no stage)
-    # O's staged rows in 16-byte stores (O_VEC, step 84; at 64 without the table's O_REG, so staged at all)
-    out += [fwd_ws_spec(dtype, d, d, tiles={**{k: v for k, v in fwd_ws_tiles(d).items() if k != "O_REG"}, "O_VEC": 1})
-            for dtype in DTYPES for d in (64, 128)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
@@ -923,8 +863,6 @@ def dispatch_table() -> list[KernelSpec]:
                                              heads_x=hx).dq_dk_dv for n in (0, *tma) for det in (False, True)
                                    for hx in ((1, BWD_WS_HEADS_GROUP) if max(hq, hv) <= 128 else (1,)))):
                         seen.setdefault(spec.name, spec)
-                        clustered = _fwd_ws_clustered(spec)  # (FWD_WS_CLUSTER_HDIMS: the plan may take it)
-                        seen.setdefault(clustered.name, clustered)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)
     return list(seen.values())

@@ -90,47 +90,6 @@ __device__ __forceinline__ void tma_load_5d(unsigned dst, const TmaMap& m, unsig
         :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
 
-// ---- Thread-block clusters (a kernel built with __cluster_dims__): this CTA's rank in its cluster,
-// a barrier over every thread of the cluster (exited threads count as arrived), an arrival on the
-// mbarrier at the same shared-memory offset in CTA `rank` of the cluster (release at cluster scope:
-// this thread's reads and writes of its shared memory before it are ordered before whatever the
-// waiter does after), and a TMA load whose box lands at `dst` in every CTA of `mask` (bit r: rank
-// r), each completing its own mbarrier at offset `bar` by the box's bytes.
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned bar, unsigned rank) {
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-        "}\n" :: "r"(bar), "r"(rank) : "memory");
-}
-// mbarrier_wait at cluster scope: the phase's arrivals from other CTAs of the cluster (release.cluster)
-// are ordered before what this thread does after it
-__device__ __forceinline__ void mbarrier_wait_cluster(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "wait_%=:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n"
-        "}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void tma_load_4d_multicast(unsigned dst, const TmaMap& m, unsigned bar, unsigned short mask,
-                                                      int c0, int c1, int c2, int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;\n"
-        :: "r"(dst), "l"(tma_map_addr(m)), "r"(bar), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-
 // ---- TMA store: the box of the map at element coordinates (c0 innermost, ...) from shared memory at
 // `src` (laid out as a load of that box would write it; written before a fence_proxy_async() by its
 // writers); elements outside the tensor are not written. A bulk group of the issuing thread

@@ -22,20 +22,6 @@ __device__ __forceinline__ void tma_load_tile(uint16_t* dst, const TmaMap& m, un
         tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
     }
 }
-// CLUSTER CTAs sharing one tile (cluster ranks 0 .. CLUSTER - 1): CTA `rank` loads rows [rank R /
-// CLUSTER, (rank + 1) R / CLUSTER) of it (the map's boxes are R / CLUSTER rows) into every CTA of the
-// cluster, so each CTA's `bar` sees the whole tile's bytes. Swizzled tiles only (the part's rows
-// start on a 1024-byte boundary when R / CLUSTER is a multiple of 8).
-template <int R, int D, int CLUSTER>
-__device__ __forceinline__ void tma_load_tile_multicast(uint16_t* dst, const TmaMap& m, unsigned bar, int head, int row,
-                                                        int batch, unsigned rank) {
-    static_assert(R % (8 * CLUSTER) == 0, "tma_load_tile_multicast: parts of whole 8-row swizzle groups");
-    constexpr int PART = R / CLUSTER;
-#pragma unroll
-    for (int c = 0; c < D / 64; ++c)
-        tma_load_4d_multicast(smem_u32(dst) + c * (R * 128) + rank * (PART * 128), m, bar, (1u << CLUSTER) - 1, c * 64, head,
-                              row + rank * PART, batch);
-}
 // Descriptors of the 16-deep K slices of a tile of R rows: K-major at (row0, k0), MN-major at
 // (k0, col0) (col0: a multiple of 64, or with SW inside one slab, as desc_sw_mnmajor allows).
 template <bool SW, int R>
