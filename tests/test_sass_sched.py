@@ -1,5 +1,6 @@
 """tools/sass_sched.py (bench/NOTES.md step 87): the decoding of sm_90's scheduling controls from
-nvdisasm's ``-hex`` listing, the one-warp simulation, the walk along branches, and (with NVRTC and
+nvdisasm's ``-hex`` listing, the one-warp simulation, several warps sharing a sub-partition (step 88),
+the walk along branches, and (with NVRTC and
 nvdisasm) the default hdim-128 forward's softmax as the step measured it."""
 
 from __future__ import annotations
@@ -68,6 +69,26 @@ def test_walk_takes_and_flips_branches():
     assert ops(S.softmax_path(ins, labels)) == ["BRA", "BRA", "MUFU.EX2"]
     assert ops(S.softmax_path(ins, labels, frozenset({0}))) == ["BRA", "FSEL", "BRA", "MUFU.EX2"]
     assert ops(S.softmax_path(ins, labels, frozenset({1}))) == ["BRA", "BRA", "FMUL", "MUFU.EX2"]
+
+
+def test_warps_share_the_issue_slot_and_the_pipes():
+    # one warp: FFMA, MUFU (own stall 8), MUFU; alone 1 + 8 + 1 = 10 cycles to the last issue's end
+    rows = [("FFMA R1, R1, R2, R3", _hi(1)), ("MUFU.EX2 R4, R1", _hi(8, wb=0)), ("MUFU.EX2 R5, R1", _hi(1, wb=1))]
+    ins, _ = S.parse(_listing(rows))
+    one = S.simulate_warps([ins])
+    assert one.cycles == 10 and one.issue_slots == 3
+    # two together: one issue a cycle (warp 0's FFMA at 0 and MUFU at 1, warp 1's FFMA at 2), and the four
+    # MUFUs 8 cycles apart on the unit (at 1, 9, 17, 25), so the last warp is done at 26, not 10
+    two = S.simulate_warps([ins, ins])
+    assert two.pipe_busy["mufu"] == 4 * S.MUFU_INTERVAL and two.issue_slots == 6
+    assert two.cycles == 1 + 3 * S.MUFU_INTERVAL + 1 and sorted(two.finish) == [1 + 2 * S.MUFU_INTERVAL + 1, two.cycles]
+    # FMNMX on the 16-lane ALU pipe, one every 2 cycles: two warps' two each issue at 0, 2, 4, 6
+    alu = S.parse(_listing([("FMNMX R1, R1, R2, !PT", _hi(1)), ("FMNMX R3, R3, R2, !PT", _hi(1))]))[0]
+    r = S.simulate_warps([alu, alu])
+    assert r.pipe_busy["alu"] == 8 and r.cycles == 7 and sorted(r.finish) == [3, 7]
+    # a start offset delays that warp only
+    late = S.simulate_warps([alu, alu], [0, 100])
+    assert late.finish == [3, 103]
 
 
 @pytest.mark.skipif(C.nvrtc_version() is None or C.nvdisasm_path() is None, reason="needs NVRTC and nvdisasm")

@@ -15,7 +15,13 @@ wait mask is released, and MUFU takes 8 cycles per warp instruction (16 results 
 are not modelled: the result is a lower bound on the stretch's latency, with the issue slots and
 the MUFU time that two warps on a sub-partition share.
 
-    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|serial|all] [--dropout] [--alibi] [--edge] [--flip N,..] [--list]
+    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|block|serial|all] [--dropout] [--alibi] [--edge] [--flip N,..] [--list]
+    python tools/sass_sched.py fwd-ws bf16 64 64 --region block --warps 3 --blocks 12
+
+``--warps N`` (step 88, :func:`simulate_warps`) runs N copies of the region on one sub-partition at once,
+sharing its issue slot (one instruction a cycle) and pipes (ALU and integer multiply every 2 cycles,
+MUFU every 8): what the one-warp model leaves out where two or three MMA warps of a sub-partition are
+in their softmax together (hdim 64's three warpgroups).
 
 The build is the library's (`fwd_ws_spec`), so ``CUPY_FMHA_FWD_WS_TILES=KEY=V,...`` selects a
 variant as everywhere else. ``softmax``: the steady-state softmax of the overlapped pipeline, from
@@ -38,6 +44,13 @@ LATENCY = {"MUFU": 18, "SHFL": 24, "LDS": 30, "LDSM": 30, "S2R": 20, "S2UR": 20,
 #: a register operand read out by a store or a transfer, releasing its read scoreboard
 READ_LATENCY = 8
 MUFU_INTERVAL = 8
+#: ``simulate_warps``: cycles between two warp instructions of one pipe of a sub-partition (its lanes:
+#: 32 FP32 FMA lanes issue a warp instruction a cycle; the 16-lane ALU and FMA-heavy (integer
+#: multiply) pipes one every 2; the MUFU unit one every MUFU_INTERVAL); opcodes not named here, 1
+PIPE_INTERVAL = {"alu": 2, "fmaheavy": 2, "mufu": MUFU_INTERVAL}
+_ALU = ("FMNMX", "IMNMX", "VIMNMX", "VIADDMNMX", "LOP3", "PLOP3", "SHF", "SEL", "FSEL", "FSETP", "ISETP",
+        "PRMT", "F2FP", "IADD3", "LEA", "FCHK")
+_FMAHEAVY = ("IMAD", "IMUL")
 
 
 @dataclass
@@ -209,19 +222,93 @@ def simulate(path: list[Ins], trace=None) -> Timing:
     return Timing(len(path), t, fixed, sb, mufu, mw)
 
 
+def pipe_of(x: Ins) -> str:
+    """The pipe ``simulate_warps`` charges an instruction to (``PIPE_INTERVAL``; "other": 1 cycle)."""
+    base = x.op.split(".")[0]
+    if base == "MUFU":
+        return "mufu"
+    if base in _ALU:
+        return "alu"
+    if base in _FMAHEAVY:
+        return "fmaheavy"
+    return "other"
+
+
+@dataclass
+class WarpsTiming:
+    cycles: int  # until the last warp's last instruction has issued (and its stall passed)
+    finish: list  # per warp
+    issue_slots: int  # instructions issued in all (one per cycle at most)
+    pipe_busy: dict  # cycles each pipe was occupied
+
+
+def simulate_warps(paths: list[list[Ins]], starts: list[int] | None = None) -> WarpsTiming:
+    """Several warps on one SM sub-partition, each running its own path in order from its start
+    cycle: one instruction a cycle from the sub-partition (the oldest ready warp, greedily the one
+    that issued last), each pipe taking a warp instruction every PIPE_INTERVAL cycles, and every
+    warp's own stall counts and scoreboards as in :func:`simulate`. The contention that the one-warp
+    model leaves out: two or three MMA warps of a sub-partition in their softmax at once share the
+    issue slot, the ALU pipe's 2-cycle pace and the MUFU unit."""
+    n = len(paths)
+    starts = list(starts or [0] * n)
+    pc, t_next, ready = [0] * n, starts[:], [[0] * 6 for _ in range(n)]
+    pipe_free = {k: 0 for k in (*PIPE_INTERVAL, "other")}
+    busy = {k: 0 for k in pipe_free}
+    finish, last, t, slots = [0] * n, -1, min(starts) if n else 0, 0
+    while any(pc[w] < len(paths[w]) for w in range(n)):
+        order = ([last] if last >= 0 else []) + [w for w in range(n) if w != last]
+        chosen = None
+        for w in order:
+            if pc[w] >= len(paths[w]) or t_next[w] > t:
+                continue
+            x = paths[w][pc[w]]
+            if any(ready[w][b] > t for b in range(6) if x.wait >> b & 1):
+                continue
+            if pipe_free[pipe_of(x)] > t:
+                continue
+            chosen = w
+            break
+        if chosen is None:
+            t += 1
+            continue
+        w, x = chosen, paths[chosen][pc[chosen]]
+        pipe = pipe_of(x)
+        step = PIPE_INTERVAL.get(pipe, 1)
+        pipe_free[pipe] = t + step
+        busy[pipe] += step
+        if x.wb != 7:
+            ready[w][x.wb] = max(ready[w][x.wb], t + LATENCY.get(x.op.split(".")[0], LATENCY["default"]))
+        if x.rb != 7:
+            ready[w][x.rb] = max(ready[w][x.rb], t + READ_LATENCY)
+        t_next[w] = t + max(1, x.stall)
+        pc[w] += 1
+        slots += 1
+        last = w
+        if pc[w] == len(paths[w]):
+            finish[w] = t_next[w]
+        t += 1
+    return WarpsTiming(max(finish) if n else 0, finish, slots, busy)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kind", choices=["fwd-ws"])
     ap.add_argument("dtype")
     ap.add_argument("hdim_q", type=int)
     ap.add_argument("hdim_v", type=int)
-    ap.add_argument("--region", choices=["softmax", "operands", "serial", "all"], default="softmax")
+    ap.add_argument("--region", choices=["softmax", "operands", "block", "serial", "all"], default="softmax",
+                    help="block: the operands then the softmax (a warp's work per key block outside the GEMMs)")
     ap.add_argument("--dropout", action="store_true", help="the dropout build")
     ap.add_argument("--alibi", action="store_true", help="the ALiBi build")
     ap.add_argument("--edge", action="store_true", help="softmax: the path through the mask tests (--flip 0)")
     ap.add_argument("--flip", default="", help="comma-separated numbers of conditional branches (from 0, in path "
                     "order) to go the other way: fall through instead of taking")
     ap.add_argument("--list", action="store_true", help="print each instruction with its issue cycle")
+    ap.add_argument("--warps", type=int, default=1, help="this many warps on one sub-partition, each running the "
+                    "region (simulate_warps: shared issue slot and pipes)")
+    ap.add_argument("--stagger", type=int, default=0, help="--warps: warp w starts w * STAGGER cycles late")
+    ap.add_argument("--blocks", type=int, default=1, help="--warps: each warp runs the region this many times in a "
+                    "row; the period printed is the time per round (the softmax side's pace per key block)")
     a = ap.parse_args(argv)
     from cupy_fmha.backends.cuda import fwd_ws_spec
 
@@ -238,8 +325,19 @@ def main(argv=None) -> int:
         path = ins
     elif a.region == "operands":
         path = operands_path(ins, labels, flip)
+    elif a.region == "block":
+        path = operands_path(ins, labels, flip) + softmax_path(ins, labels, flip)
     else:
         path = softmax_path(ins, labels, flip)
+    if a.warps > 1:
+        r = simulate_warps([path * a.blocks] * a.warps, [w * a.stagger for w in range(a.warps)])
+        one = simulate(path)
+        print(f"{spec.name}  {a.region}{' (edge)' if a.edge else ''}: {a.warps} warps on a sub-partition, starts "
+              f"{a.stagger} cycles apart, {a.blocks} round(s) each: the last done at {r.cycles}"
+              f"{f' (period {max(f - w * a.stagger for w, f in enumerate(r.finish)) / a.blocks:.0f} a round)' if a.blocks > 1 else ''}, each taking "
+              f"{[f - w * a.stagger for w, f in enumerate(r.finish)]} (one warp alone {one.cycles} a round); "
+              f"{r.issue_slots} issue slots; pipes busy {dict((k, v) for k, v in r.pipe_busy.items() if v)}")
+        return 0
     trace = (lambda t, x: print(f"{t:6d}  {x.stall:2d} {'w' + str(x.wb) if x.wb != 7 else '  '} "
                                 f"{'m%02x' % x.wait if x.wait else '   '}  {x.text}")) if a.list else None
     r = simulate(path, trace)
