@@ -71,6 +71,17 @@ def test_walk_takes_and_flips_branches():
     assert ops(S.softmax_path(ins, labels, frozenset({1}))) == ["BRA", "BRA", "FMUL", "MUFU.EX2"]
 
 
+def test_loop_path_spans_the_whole_iteration():
+    rows = [("WARPGROUP.DEPBAR.LE gsb0, 0x0", _hi(1)), ("FMUL R1, R1, R2", _hi(1)), ("WARPGROUP.ARRIVE", _hi(1)),
+            ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, gsb0", _hi(1)), ("IMAD.WIDE.U32 R4, R5, R6, RZ", _hi(1)),
+            ("WARPGROUP.DEPBAR.LE gsb0, 0x1", _hi(1)), ("MUFU.EX2 R3, R3", _hi(1)),
+            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR12], R3", _hi(1))]
+    ins, labels = S.parse(_listing(rows))
+    loop = [i.op for i in S.loop_path(ins, labels)]
+    assert loop[0] == "WARPGROUP.DEPBAR.LE" and loop[-1] == "MUFU.EX2" and "IMAD.WIDE.U32" in loop and len(loop) == 7
+    assert [S.pipe_of(i) for i in ins[1:7]] == ["other", "other", "other", "fmaheavy", "other", "mufu"]
+
+
 def test_warps_share_the_issue_slot_and_the_pipes():
     # one warp: FFMA, MUFU (own stall 8), MUFU; alone 1 + 8 + 1 = 10 cycles to the last issue's end
     rows = [("FFMA R1, R1, R2, R3", _hi(1)), ("MUFU.EX2 R4, R1", _hi(8, wb=0)), ("MUFU.EX2 R5, R1", _hi(1, wb=1))]

@@ -168,6 +168,18 @@ def operands_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = froz
     return _walk(ins, labels, start, end, True, flip)
 
 
+def loop_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> list[Ins]:
+    """The overlapped forward's whole loop iteration in one stretch: from the wait for P_{i-2} V_{i-2}
+    (as :func:`operands_path`) through the GEMMs' issue, what runs under them (the dropout build's
+    keep bits) and the wait for S_i (counted as met at once) to the softmax's end (as
+    :func:`softmax_path`): a warp's whole share of a key block's issue slots and pipes."""
+    d1 = _first(ins, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    arrive = max(i for i in range(d1) if ins[i].text.startswith("WARPGROUP.ARRIVE"))
+    start = max(i for i in range(arrive) if ins[i].text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    end = next(i for i in range(d1 + 1, len(ins)) if ins[i].op.startswith("SYNCS.PHASECHK"))
+    return _walk(ins, labels, start, end, True, flip)
+
+
 def serial_paths(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> tuple[list[Ins], list[Ins]]:
     """The serial pipeline's loop (PV_OVERLAP=0: the dropout builds from hdim 128, ALiBi at 256), in
     two stretches: from the S GEMM's issue (the first ``WARPGROUP.ARRIVE`` followed by a K-major
@@ -296,8 +308,9 @@ def main(argv=None) -> int:
     ap.add_argument("dtype")
     ap.add_argument("hdim_q", type=int)
     ap.add_argument("hdim_v", type=int)
-    ap.add_argument("--region", choices=["softmax", "operands", "block", "serial", "all"], default="softmax",
-                    help="block: the operands then the softmax (a warp's work per key block outside the GEMMs)")
+    ap.add_argument("--region", choices=["softmax", "operands", "block", "loop", "serial", "all"], default="softmax",
+                    help="block: the operands then the softmax (a warp's work per key block outside the GEMMs); "
+                    "loop: the whole iteration, the GEMMs' issue and what runs under them too (the waits met at once)")
     ap.add_argument("--dropout", action="store_true", help="the dropout build")
     ap.add_argument("--alibi", action="store_true", help="the ALiBi build")
     ap.add_argument("--edge", action="store_true", help="softmax: the path through the mask tests (--flip 0)")
@@ -327,6 +340,8 @@ def main(argv=None) -> int:
         path = operands_path(ins, labels, flip)
     elif a.region == "block":
         path = operands_path(ins, labels, flip) + softmax_path(ins, labels, flip)
+    elif a.region == "loop":
+        path = loop_path(ins, labels, flip)
     else:
         path = softmax_path(ins, labels, flip)
     if a.warps > 1:
