@@ -299,18 +299,24 @@ def test_o_in_q_bit_identical(monkeypatch, d, shape, persist):
     assert bool(cp.isfinite(lse[:, :, lit]).all())
 
 
+def _group_causal(tag, count, d):
+    """Group mode, causal: ``count`` sequences of 0 to 699 tokens (equal query and key lengths), 2 heads of
+    hdim ``d``, fp16; q, k, v and the API keywords, seeded by ``tag``."""
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for(tag)).integers(0, 700, size=count)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for(tag, "x"))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    return q, k, v, dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+
+
 def test_o_in_q_group_mode(monkeypatch):
     """O_IN_Q in group mode at hdim 256 (rows past a sequence's end skipped; O's alignment fallback
     never taken here): bit-identical to the default build."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    import numpy as np
-
-    lens = np.random.default_rng(seed_for("fwd-o-in-q-group")).integers(0, 700, size=40)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
-    rng = cp.random.default_rng(seed_for("fwd-o-in-q-group-x"))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 256), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+    q, k, v, kw = _group_causal("fwd-o-in-q-group", 40, 256)
     o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
@@ -481,3 +487,80 @@ def test_poly_exp2_on_the_device():
     ok = (x >= -126) & (x < 128)
     rel = np.abs(got[ok].astype(np.float64) / np.exp2(x[ok].astype(np.float64)) - 1)
     assert rel.max() <= E.MAX_REL_ERROR + 1.2e-7, rel.max()
+
+
+# ROWSUM_MMA (step 89; hdim_v 64): the row sums come from the P V GEMM's ninth column group over a slab of
+# ones, so they sum P as rounded for the GEMM (bf16 / fp16) instead of in float32: O and the LSE against
+# the float64 reference by the module's rule, and near the default build's (the same P, normalized by a sum
+# of its rounded values: relative differences of a few units of the 16-bit type's rounding at most).
+# Shapes off the tile sizes, the two- and three-warpgroup builds (a causal mask up to 2048 rows takes two),
+# rows without keys, windows; and with EXP_EMU=1, the combination step 89's bounds favour.
+ROWSUM_SHAPES = {  # b, seqlen_q, seqlen_k, heads, keywords
+    "plain": (2, 1000, 1100, 3, dict()),
+    "causal short": (2, 1000, 1000, 3, dict(causal=True)),
+    "causal long": (1, 2600, 2600, 2, dict(causal=True)),
+    "window": (1, 1000, 1200, 2, dict(window_size=(200, 0))),
+    "keys after none": (2, 1000, 300, 3, dict(mask="t:100,0")),
+    "negative scale": (1, 700, 900, 2, dict(softmax_scale=-0.11)),
+}
+
+
+@pytest.mark.parametrize("variant", ["ROWSUM_MMA=1", "ROWSUM_MMA=1,EXP_EMU=1"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dims", [(56, 56), (64, 64), (128, 64)], ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("shape", list(ROWSUM_SHAPES))
+def test_rowsum_mma_against_reference(monkeypatch, variant, dtype, dims, shape):
+    import ml_dtypes
+    import numpy as np
+
+    from cupy_fmha import reference as R
+    from cupy_fmha.verify import compare
+
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw = ROWSUM_SHAPES[shape]
+    d, dv = dims
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
+    spec = cuda.fwd_spec(dtype, d, dv, 90)
+    assert spec.macro("ROWSUM_MMA") == 1, spec.name
+    npdt = np.float16 if dtype == "fp16" else ml_dtypes.bfloat16
+    g = np.random.default_rng(seed_for("fwd-rowsum", variant, dtype, dims, shape))
+    hq = g.standard_normal((b, sq, h, d)).astype(npdt)
+    hk, hv = g.standard_normal((b, sk, h, d)).astype(npdt), g.standard_normal((b, sk, h, dv)).astype(npdt)
+    dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
+    akw = dict(kw) if dtype == "fp16" else dict(kw, dtype="bfloat16")
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, dq, dk, dv, akw, 0)
+    to64 = lambda x: (cp.asnumpy(x).astype(np.float64) if dtype == "fp16"  # noqa: E731
+                      else cp.asnumpy(x).view(ml_dtypes.bfloat16).astype(np.float64))
+    ref_o, ref_lse = R.attention_forward(*(x.astype(np.float64) for x in (hq, hk, hv)), **kw)
+    low_o, low_lse = R.attention_forward(hq, hk, hv, precision="low", **kw)
+    for name, got, ref, low in (("o", to64(o), ref_o, low_o), ("lse", cp.asnumpy(lse).astype(np.float64), ref_lse, low_lse)):
+        c = compare(name, got, ref, low, dtype=npdt, hdim_q=d, hdim_v=dv)
+        assert c.ok, str(c)
+    # near the default build: the LSE within 5e-3 (a sum of P rounded to bf16 moves by up to ~2^-8 relative;
+    # an offline emulation of these shapes found 1.3e-3 for bf16, 1.4e-4 for fp16), rows without keys alike
+    assert bool((cp.isneginf(lse) == cp.isneginf(lse0)).all())
+    fin = cp.isfinite(lse0)
+    assert float(cp.abs(lse - lse0)[fin].max()) < 5e-3
+    rel = cp.abs(cp.asarray(to64(o)) - cp.asarray(to64(o0))).max() / max(float(cp.abs(cp.asarray(to64(o0))).max()), 1e-30)
+    assert float(rel) < 2e-2
+
+
+def test_rowsum_mma_group_mode_and_bias(monkeypatch):
+    """ROWSUM_MMA in group mode (sequences ending inside key blocks, empty ones; the tail's K and V rows
+    zeroed before P V meets them) and on the hdim-64 bias build (two warpgroups, BIAS_ACC): against the
+    same calls of the default build (which the other tests hold to the reference), O and LSE within the
+    rounding of the sums."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    q, k, v, kw = _group_causal("fwd-rowsum-group", 30, 64)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "ROWSUM_MMA=1")
+    assert cuda.fwd_spec("fp16", 64, 64, 90).macro("ROWSUM_MMA") == 1
+    assert cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=2).macro("ROWSUM_MMA") == 1
+    pairs = [_variant_pair(monkeypatch, "ROWSUM_MMA=1", q, k, v, kw, 0), _bias_pair(monkeypatch, "fwd-rowsum-bias", "ROWSUM_MMA=1", 64, 0)[:4]]
+    for o0, lse0, o, lse in pairs:
+        assert bool((cp.isneginf(lse) == cp.isneginf(lse0)).all()) and bool((cp.isnan(lse) == cp.isnan(lse0)).all())
+        fin = cp.isfinite(lse0)
+        assert float(cp.abs(lse - lse0)[fin].max()) < 5e-3
+        d = cp.abs(o.astype(cp.float32) - o0.astype(cp.float32))
+        assert not bool(cp.isnan(o).any()) and float(d.max()) <= 2e-2 * max(float(cp.abs(o0.astype(cp.float32)).max()), 1.0)

@@ -100,6 +100,9 @@ def test_warps_share_the_issue_slot_and_the_pipes():
     # a start offset delays that warp only
     late = S.simulate_warps([alu, alu], [0, 100])
     assert late.finish == [3, 103]
+    # loose round robin alternates the warps where greedy-then-oldest keeps the one that issued last
+    assert S.simulate_warps([alu, alu], policy="lrr").finish == [5, 7]
+    assert S.simulate_warps([alu, alu], policy="gto").finish == [3, 7]
 
 
 @pytest.mark.skipif(C.nvrtc_version() is None or C.nvdisasm_path() is None, reason="needs NVRTC and nvdisasm")

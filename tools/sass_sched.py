@@ -21,7 +21,9 @@ the MUFU time that two warps on a sub-partition share.
 ``--warps N`` (step 88, :func:`simulate_warps`) runs N copies of the region on one sub-partition at once,
 sharing its issue slot (one instruction a cycle) and pipes (ALU and integer multiply every 2 cycles,
 MUFU every 8): what the one-warp model leaves out where two or three MMA warps of a sub-partition are
-in their softmax together (hdim 64's three warpgroups).
+in their softmax together (hdim 64's three warpgroups). The pipes' totals per round are firm lower
+bounds on the period; the simulated period itself depends on the issue policy and the warps' phases
+(``--policy``, ``--stagger``: up to ~30% apart for the same code), so read it as a range.
 
 The build is the library's (`fwd_ws_spec`), so ``CUPY_FMHA_FWD_WS_TILES=KEY=V,...`` selects a
 variant as everywhere else. ``softmax``: the steady-state softmax of the overlapped pipeline, from
@@ -254,7 +256,7 @@ class WarpsTiming:
     pipe_busy: dict  # cycles each pipe was occupied
 
 
-def simulate_warps(paths: list[list[Ins]], starts: list[int] | None = None) -> WarpsTiming:
+def simulate_warps(paths: list[list[Ins]], starts: list[int] | None = None, policy: str = "gto") -> WarpsTiming:
     """Several warps on one SM sub-partition, each running its own path in order from its start
     cycle: one instruction a cycle from the sub-partition (the oldest ready warp, greedily the one
     that issued last), each pipe taking a warp instruction every PIPE_INTERVAL cycles, and every
@@ -268,7 +270,10 @@ def simulate_warps(paths: list[list[Ins]], starts: list[int] | None = None) -> W
     busy = {k: 0 for k in pipe_free}
     finish, last, t, slots = [0] * n, -1, min(starts) if n else 0, 0
     while any(pc[w] < len(paths[w]) for w in range(n)):
-        order = ([last] if last >= 0 else []) + [w for w in range(n) if w != last]
+        if policy == "lrr":  # loose round robin: from the warp after the one that issued last
+            order = [(last + 1 + k) % n for k in range(n)]
+        else:  # greedy then oldest: the warp that issued last while it can, else the lowest-numbered
+            order = ([last] if last >= 0 else []) + [w for w in range(n) if w != last]
         chosen = None
         for w in order:
             if pc[w] >= len(paths[w]) or t_next[w] > t:
@@ -320,6 +325,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", type=int, default=1, help="this many warps on one sub-partition, each running the "
                     "region (simulate_warps: shared issue slot and pipes)")
     ap.add_argument("--stagger", type=int, default=0, help="--warps: warp w starts w * STAGGER cycles late")
+    ap.add_argument("--policy", choices=["gto", "lrr"], default="gto", help="--warps: which ready warp issues (greedy "
+                    "then oldest, or loose round robin); the periods differ by up to ~30%% between them and with the "
+                    "stagger, so only the pipes' totals (the bounds printed) are firm")
     ap.add_argument("--blocks", type=int, default=1, help="--warps: each warp runs the region this many times in a "
                     "row; the period printed is the time per round (the softmax side's pace per key block)")
     a = ap.parse_args(argv)
@@ -345,13 +353,15 @@ def main(argv=None) -> int:
     else:
         path = softmax_path(ins, labels, flip)
     if a.warps > 1:
-        r = simulate_warps([path * a.blocks] * a.warps, [w * a.stagger for w in range(a.warps)])
+        r = simulate_warps([path * a.blocks] * a.warps, [w * a.stagger for w in range(a.warps)], a.policy)
         one = simulate(path)
         print(f"{spec.name}  {a.region}{' (edge)' if a.edge else ''}: {a.warps} warps on a sub-partition, starts "
               f"{a.stagger} cycles apart, {a.blocks} round(s) each: the last done at {r.cycles}"
               f"{f' (period {max(f - w * a.stagger for w, f in enumerate(r.finish)) / a.blocks:.0f} a round)' if a.blocks > 1 else ''}, each taking "
               f"{[f - w * a.stagger for w, f in enumerate(r.finish)]} (one warp alone {one.cycles} a round); "
-              f"{r.issue_slots} issue slots; pipes busy {dict((k, v) for k, v in r.pipe_busy.items() if v)}")
+              f"{r.issue_slots} issue slots; pipes busy {dict((k, v) for k, v in r.pipe_busy.items() if v)}; "
+              f"a round's bounds: issue {r.issue_slots // a.blocks}, "
+              f"{', '.join(f'{k} {v // a.blocks}' for k, v in r.pipe_busy.items() if v and k != 'other')}")
         return 0
     trace = (lambda t, x: print(f"{t:6d}  {x.stall:2d} {'w' + str(x.wb) if x.wb != 7 else '  '} "
                                 f"{'m%02x' % x.wait if x.wait else '   '}  {x.text}")) if a.list else None
