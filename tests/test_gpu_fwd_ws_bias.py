@@ -147,6 +147,31 @@ def test_bias_acc_matches_reference(case, monkeypatch, seen):
     assert seen[0].macro("BIAS_ACC") == 1, seen[0].name
 
 
+# Three MMA warpgroups for the hdim-64 16-bit bias build (bench/NOTES.md step 90: with BIAS_ACC it compiles
+# without spills; not dispatched yet): the hdim-64 cases with a 16-bit bias above, and the -inf bias with a
+# negative scale, under NWG=3 (192-row blocks: other tails than 128's).
+@pytest.mark.parametrize("case", [c for c, v in CASES.items() if v[7] == 64 and v[1] != F32])
+def test_bias_three_warpgroups_matches_reference(case, monkeypatch, seen):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "NWG=3")
+    test_bias_tile_matches_reference(case, seen)
+    assert (seen[0].macro("NWG"), seen[0].macro("BIAS_ACC")) == (3, 1), seen[0].name
+
+
+def test_bias_three_warpgroups_minus_inf(monkeypatch, seen):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "NWG=3,PERSIST=2")
+    b, sq, sk, h, d = 2, 700, 500, 2, 64
+    rng = np.random.default_rng(90)
+    bias = 2.0 * rng.standard_normal((b, h, sq, sk))
+    bias[rng.random(bias.shape) < 0.3] = -np.inf
+    bias[:, :, :5, :] = -np.inf  # rows that see no key
+    pb = BiasInputs(F16, F16, "bshd", b, sq, sk, h, h, d, d, None, seed_for("nwg3-inf"), bias_host=bias)
+    kw = {"layout": "bshd", "softmax_scale": -0.15, "causal": True}
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+    assert seen[0].macro("NWG") == 3, seen[0].name
+    check(pb, o, lse, g, kw)
+    assert bool((o[:, :5] == 0).all()) and bool(cp.isneginf(lse[:, :, :5]).all())
+
+
 @pytest.mark.parametrize("scale", [-0.2, 1e-3])
 @pytest.mark.parametrize("d", [64, 128])
 def test_bias_acc_minus_inf_and_scales(d, scale, monkeypatch, seen):

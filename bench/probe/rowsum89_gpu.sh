@@ -9,6 +9,9 @@
 #   bench/probe/rowsum89_gpu.sh test      (the rowsum tests; the ws forward and bias files under ROWSUM_MMA=1; ~5 min)
 #   bench/probe/rowsum89_gpu.sh ab        (bench/ab.py at hdim 64 against the default: ROWSUM_MMA=1, EXP_EMU=1, both; ~6 min)
 #   bench/probe/rowsum89_gpu.sh sanitize  (compute-sanitizer on sanitize_fwd_ws.py 64 under ROWSUM_MMA=1,EXP_EMU=1)
+#   bench/probe/rowsum89_gpu.sh bias      (step 90: the hdim-64 16-bit bias build on three MMA warpgroups, NWG=3 with BIAS_ACC:
+#                                          its tests, then features.py's bias row against two, alternated; ~5 min. The
+#                                          model: 55-62 cycles per query row against 75; issue 11's bias target is 1.3x plain)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
@@ -40,6 +43,18 @@ if [ "$what" = sanitize ]; then
     t "$tool ROWSUM_MMA=1,EXP_EMU=1"
     CUPY_FMHA_FWD_WS_TILES=ROWSUM_MMA=1,EXP_EMU=1 timeout -s KILL 120 compute-sanitizer --tool $tool --report-api-errors no \
       python3 bench/probe/sanitize_fwd_ws.py 64 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|error" | head -4
+  done
+fi
+if [ "$what" = bias ]; then
+  t "the bias tests under NWG=3 (and the rest of the bias file's hdim-64 cases by the dispatch)"
+  timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_fwd_ws_bias.py -k "three or routing" > $OUT/t90.txt 2>&1
+  echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/t90.txt | head -10; tail -1 $OUT/t90.txt
+  for round in 1 2; do
+    for v in "" NWG=3; do
+      t "features.py d64 plain,bias [$v] round $round"
+      CUPY_FMHA_FWD_WS_TILES=$v timeout -s KILL 60 python3 bench/features.py --hdim 64 --rows plain,bias --no-peers --repeat 15 \
+        --name f90-d64-${v//[=,]/}-r$round 2>/dev/null | grep -E "plain|bias" | cut -c1-130
+    done
   done
 fi
 done
