@@ -527,9 +527,9 @@ def test_rowsum_mma_against_reference(monkeypatch, variant, dtype, dims, shape):
     g = np.random.default_rng(seed_for("fwd-rowsum", variant, dtype, dims, shape))
     hq = g.standard_normal((b, sq, h, d)).astype(npdt)
     hk, hv = g.standard_normal((b, sk, h, d)).astype(npdt), g.standard_normal((b, sk, h, dv)).astype(npdt)
-    dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
+    xq, xk, xv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
     akw = dict(kw) if dtype == "fp16" else dict(kw, dtype="bfloat16")
-    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, dq, dk, dv, akw, 0)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, xq, xk, xv, akw, 0)  # (the file's fixture: CUPY_FMHA_FWD_WS=1)
     to64 = lambda x: (cp.asnumpy(x).astype(np.float64) if dtype == "fp16"  # noqa: E731
                       else cp.asnumpy(x).view(ml_dtypes.bfloat16).astype(np.float64))
     ref_o, ref_lse = R.attention_forward(*(x.astype(np.float64) for x in (hq, hk, hv)), **kw)

@@ -148,18 +148,33 @@ def test_bias_acc_matches_reference(case, monkeypatch, seen):
 
 
 # Three MMA warpgroups for the hdim-64 16-bit bias build (bench/NOTES.md step 90: with BIAS_ACC it compiles
-# without spills; not dispatched yet): the hdim-64 cases with a 16-bit bias above, and the -inf bias with a
-# negative scale, under NWG=3 (192-row blocks: other tails than 128's).
-@pytest.mark.parametrize("case", [c for c, v in CASES.items() if v[7] == 64 and v[1] != F32])
+# without spills; not dispatched yet): the hdim-64 cases with a 16-bit bias above and three more (bf16
+# inputs without a mask, a bias broadcast along the rows, a window; 192-row blocks: other tails than 128's),
+# and -inf bias entries with a negative scale, all under NWG=3.
+NWG3_CASES = {c: v for c, v in CASES.items() if v[7] == 64 and v[1] != F32}
+NWG3_CASES.update({
+    "bf16-bbf-d64-bh-none-600x640": (BF16, BF16, 2, 600, 640, 2, 2, 64, "bh", {}),
+    "bf16-b16-d64-rows1-causal-450x700": (BF16, F16, 1, 450, 700, 4, 2, 64, (1, 1, 1, 700), {"causal": True}),
+    "f16-b16-d64-bh-t:150,20-900": (F16, F16, 1, 900, 900, 2, 2, 64, "bh", {"mask": "t:150,20"}),
+})
+
+
+@pytest.mark.parametrize("case", list(NWG3_CASES))
 def test_bias_three_warpgroups_matches_reference(case, monkeypatch, seen):
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "NWG=3")
-    test_bias_tile_matches_reference(case, seen)
-    assert (seen[0].macro("NWG"), seen[0].macro("BIAS_ACC")) == (3, 1), seen[0].name
+    dtype, bdt, b, sq, sk, hq, hk, d, kind, mkw = NWG3_CASES[case]
+    pb = BiasInputs(dtype, bdt, "bshd", b, sq, sk, hq, hk, d, d, _shape(kind, b, hq, sq, sk), seed_for("wsb-nwg3", case))
+    kw = dict(mkw, layout="bshd")
+    o, lse, g = run(pb, kw, bias=pb.dev_bias, dbias=False)
+    assert (seen[0].source, seen[0].macro("NWG"), seen[0].macro("BIAS_ACC")) == ("fmha_fwd_sm90_ws", 3, 1), seen[0].name
+    check(pb, o, lse, g, kw)
 
 
 def test_bias_three_warpgroups_minus_inf(monkeypatch, seen):
+    # a causal mask over more keys than rows (every row sees some: bottom-right alignment), so the first
+    # five rows see none through the bias alone
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "NWG=3,PERSIST=2")
-    b, sq, sk, h, d = 2, 700, 500, 2, 64
+    b, sq, sk, h, d = 2, 500, 700, 2, 64
     rng = np.random.default_rng(90)
     bias = 2.0 * rng.standard_normal((b, h, sq, sk))
     bias[rng.random(bias.shape) < 0.3] = -np.inf
@@ -170,6 +185,7 @@ def test_bias_three_warpgroups_minus_inf(monkeypatch, seen):
     assert seen[0].macro("NWG") == 3, seen[0].name
     check(pb, o, lse, g, kw)
     assert bool((o[:, :5] == 0).all()) and bool(cp.isneginf(lse[:, :, :5]).all())
+    assert bool(cp.isfinite(lse[:, :, 5:]).all())
 
 
 @pytest.mark.parametrize("scale", [-0.2, 1e-3])

@@ -46,7 +46,7 @@ if [ "$what" = sanitize ]; then
   done
 fi
 if [ "$what" = bias ]; then
-  t "the bias tests under NWG=3 (and the rest of the bias file's hdim-64 cases by the dispatch)"
+  t "the bias tests under NWG=3 (and the routing test)"
   timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_fwd_ws_bias.py -k "three or routing" > $OUT/t90.txt 2>&1
   echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/t90.txt | head -10; tail -1 $OUT/t90.txt
   for round in 1 2; do
@@ -56,6 +56,7 @@ if [ "$what" = bias ]; then
         --name f90-d64-${v//[=,]/}-r$round 2>/dev/null | grep -E "plain|bias" | cut -c1-130
     done
   done
+  cp bench/results/*f90-d64-*.json $OUT/ 2>/dev/null  # (features.py writes to bench/results)
 fi
 done
 t done
