@@ -825,6 +825,7 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for alibi in (False, True) for short in (False, True)
             for variant in ({"ROWSUM_MMA": 1}, {"ROWSUM_MMA": 1, "EXP_EMU": 1})]
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), "ROWSUM_MMA": 1}) for dtype in DTYPES]
+    out += [fwd_ws_spec(dtype, 128, 64, tiles={**fwd_ws_tiles(128), "ROWSUM_MMA": 1}) for dtype in DTYPES]  # (hdim_q 128, hdim_v 64)
     # the hdim-64 16-bit bias build (BIAS_ACC) on three MMA warpgroups, as the plain build (step 90: 0 spills; sass_sched
     # --warps 3 puts it at 55-62 cycles per query row against two warpgroups' 75)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), "NWG": 3}) for dtype in DTYPES]
