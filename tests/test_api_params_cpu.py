@@ -318,16 +318,18 @@ def test_forward_ws_params_and_maps(rec, monkeypatch):
 def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
     """At hdim 64 the ws forward's plain and ALiBi builds take three MMA warpgroups (NWG=3, 192
     query rows, 512 threads; bench/NOTES.md step 67); the dropout builds two taking turns (ping-pong:
-    step 74; three serial ones, step 71, were slower once the keep mask got cheaper, step 73), the
-    bias builds two (three spill there), and so does a diagonal mask over at most 2048 query rows, in
-    batch and group mode (use_fwd_ws_short's decision, FWD_WS_SHORT_BY_HDIM: three measured slower
-    there), with dropout the same build as without one. Other head dims keep two."""
+    step 74; three serial ones, step 71, were slower once the keep mask got cheaper, step 73); the
+    16-bit bias build three (step 92), the fp32 bias build and a bias with ALiBi two (three spill
+    there); a diagonal mask over at most 2048 query rows two, in batch and group mode, with a bias
+    too (use_fwd_ws_short's decision, FWD_WS_SHORT_BY_HDIM: three measured slower there), with
+    dropout the same build as without one. Other head dims keep two."""
     from cupy_fmha.backends import cuda, tma
 
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     nwg = lambda spec: (spec.macro("NWG"), spec.macro("BLOCK_M"), spec.macro("NTHREADS"))  # noqa: E731
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True)):
+                 cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True),
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (3, 192, 512), spec.name
     pipeline = lambda spec: (spec.macro("PV_OVERLAP"), spec.macro("PINGPONG"))  # noqa: E731
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90, dropout=True), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True, dropout=True),
@@ -335,7 +337,9 @@ def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
                  cuda.fwd_spec("bf16", 64, 64, 90, alibi=True, dropout=True, short=True)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384) and pipeline(spec) == (1, 1), spec.name
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90, short=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2), cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4),
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, short=True),
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, alibi=True),
+                 cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4),
                  cuda.fwd_spec("bf16", 128, 128, 90), cuda.fwd_spec("bf16", 256, 256, 90)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384), spec.name
     assert cuda.use_fwd_ws_short(True, 2048) and not cuda.use_fwd_ws_short(True, 2049)
@@ -463,15 +467,16 @@ def _sm90_recorder(monkeypatch):
 
 
 @pytest.mark.parametrize("bias_shape, bias_dtype, dims, box_rows, copied", [
-    ((2, 4, 37, 64), np.float16, (2, 4, 37, 64), 128, False),   # rows of 128 bytes: read in place
-    ((4, 37, 64), np.float32, (1, 4, 37, 64), 128, False),      # broadcast over the batch: 1
+    ((2, 4, 37, 64), np.float16, (2, 4, 37, 64), None, False),  # rows of 128 bytes: read in place
+    ((4, 37, 64), np.float32, (1, 4, 37, 64), None, False),     # broadcast over the batch: 1
     ((2, 1, 1, 64), np.float32, (2, 1, 1, 64), 1, False),       # broadcast along the rows: one-row boxes
-    ((37, 53), np.float16, (1, 1, 37, 53), 128, True),          # 106-byte rows: a padded copy (56)
+    ((37, 53), np.float16, (1, 1, 37, 53), None, True),         # 106-byte rows: a padded copy (56)
 ])
 def test_forward_ws_bias_map(monkeypatch, bias_shape, bias_dtype, dims, box_rows, copied):
     """The ws forward's 4th map (api._bias_map): the bias as a 4-D (batch, heads, rows, keys) map,
     1 along broadcast dimensions, boxes of 128 bytes of keys (64 16-bit or 32 fp32 elements) by
-    BLOCK_M rows (1 for a bias broadcast along the rows), 128-byte swizzle; rows that are not
+    BLOCK_M rows (``box_rows`` None; 192 for the 16-bit bias at hdim 64, 128 for fp32; 1 for a bias
+    broadcast along the rows), 128-byte swizzle; rows that are not
     16-byte multiples are read from a padded copy (the BiasArg then carries the copy's strides);
     a bias broadcast along the keys runs on fmha_fwd_sm90 without maps."""
     rec, encoded = _sm90_recorder(monkeypatch)
@@ -485,7 +490,8 @@ def test_forward_ws_bias_map(monkeypatch, bias_shape, bias_dtype, dims, box_rows
     (m,) = [a for a in encoded if a.data_type != "float16"]  # (q, k, v: float16)
     assert m.swizzle == 128
     assert m.data_type == ("float32" if item == 4 else "uint16")
-    assert m.shape == dims and m.box == (1, 1, box_rows, 128 // item)
+    assert f["spec"].macro("BLOCK_M") == (192 if item == 2 else 128)  # (FWD_WS_BIAS_BY_HDIM at hdim 64)
+    assert m.shape == dims and m.box == (1, 1, f["spec"].macro("BLOCK_M") if box_rows is None else box_rows, 128 // item)
     pitch = -(-dims[3] * item // 16) * 16 if copied else dims[3] * item
     assert m.strides[2:] == ((pitch if dims[2] > 1 else 16), item)
     assert f["args"]["bias_sq"] == (pitch // item if dims[2] > 1 else 0) and f["args"]["bias_sk"] == 1

@@ -148,9 +148,10 @@ def test_bias_acc_matches_reference(case, monkeypatch, seen):
 
 
 # Three MMA warpgroups for the hdim-64 16-bit bias build (bench/NOTES.md step 90: with BIAS_ACC it compiles
-# without spills; not dispatched yet): the hdim-64 cases with a 16-bit bias above and three more (bf16
-# inputs without a mask, a bias broadcast along the rows, a window; 192-row blocks: other tails than 128's),
-# and -inf bias entries with a negative scale, all under NWG=3.
+# without spills; the table's build since step 92, except under short diagonal masks): the hdim-64 cases with
+# a 16-bit bias above (the short causal ones too, which the table gives two) and three more (bf16 inputs without
+# a mask, a bias broadcast along the rows, a window; 192-row blocks: other tails than 128's), and -inf bias
+# entries with a negative scale, all under NWG=3.
 NWG3_CASES = {c: v for c, v in CASES.items() if v[7] == 64 and v[1] != F32}
 NWG3_CASES.update({
     "bf16-bbf-d64-bh-none-600x640": (BF16, BF16, 2, 600, 640, 2, 2, 64, "bh", {}),

@@ -663,11 +663,13 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: not faster (step 71)
 FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
-#: ... and with an elementwise bias (the TMA bias builds): two MMA warpgroups at hdim 64, where
-#: three (FWD_WS_BY_HDIM) spilled 96-576 bytes beside the bias tile's addressing at 160 registers
-#: before BIAS_ACC; with it the 16-bit bias build takes three without spills (step 90, in
-#: experimental_table, not yet timed; the fp32 one still spills 132 bytes)
-FWD_WS_BIAS_BY_HDIM = {64: dict(NWG=2, BIAS_ACC=1)}
+#: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
+#: 4: fp32): at hdim 64 the bias goes into S's accumulator (BIAS_ACC), and the 16-bit bias takes three
+#: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% against two on
+#: an H100, step 91, and on the H200 in step 92), the fp32 bias two: three spill 132 bytes there
+FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1), 4: dict(NWG=2, BIAS_ACC=1)}}
+#: ... and with both a bias and ALiBi: two MMA warpgroups at hdim 64 (three spill 380-576 bytes)
+FWD_WS_BIAS_ALIBI_BY_HDIM = {64: dict(NWG=2)}
 #: ... and under a diagonal mask over at most FWD_WS_SHORT_SEQLEN query rows (use_fwd_ws_short): two
 #: MMA warpgroups at hdim 64, where three measured 1.15-1.19x the time at causal s1024 and 1.00-1.02x
 #: at s2048 (192-row blocks: 5.3 per 1024 rows, the last one a third full, and more of each block
@@ -705,20 +707,22 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER")
 
 
-def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias: bool = False,
+def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
                  short: bool = False) -> dict[str, int]:
     """The ws forward's table entries at padded head dim ``hdim``: two MMA warpgroups (three at 64), 128-key
     blocks, the entries of :data:`FWD_WS_BY_HDIM`, the variant macros that are on
     (:data:`FWD_WS_VARIANTS`; with ``alibi`` less those :data:`FWD_WS_ALIBI_BY_HDIM` turns off,
-    with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias`` (the TMA bias builds)
-    :data:`FWD_WS_BIAS_BY_HDIM`'s, with ``short`` (:func:`use_fwd_ws_short`'s decision: a diagonal mask
+    with ``dropout`` those :data:`FWD_WS_DROPOUT_BY_HDIM` does, with ``bias_tma`` (the TMA bias builds:
+    2 or 4 bytes per bias element, 0 none) :data:`FWD_WS_BIAS_BY_HDIM`'s for those bytes, and with ALiBi
+    too :data:`FWD_WS_BIAS_ALIBI_BY_HDIM`'s, with ``short`` (:func:`use_fwd_ws_short`'s decision: a diagonal mask
     over few query rows) :data:`FWD_WS_SHORT_BY_HDIM`'s), then ``CUPY_FMHA_FWD_WS_TILES``;
     0/1 macros at 0 are left out, so the default instances keep their names."""
     tiles = _override("CUPY_FMHA_FWD_WS_TILES", {**dict(NWG=2, BLOCK_N=128, FOLD=0), **FWD_WS_BY_HDIM[hdim],
                                                      **FWD_WS_VARIANTS,
                                                      **(FWD_WS_ALIBI_BY_HDIM.get(hdim, {}) if alibi else {}),
                                                      **(FWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}),
-                                                     **(FWD_WS_BIAS_BY_HDIM.get(hdim, {}) if bias else {}),
+                                                     **(FWD_WS_BIAS_BY_HDIM.get(hdim, {}).get(bias_tma, {})),
+                                                     **(FWD_WS_BIAS_ALIBI_BY_HDIM.get(hdim, {}) if bias_tma and alibi else {}),
                                                      **(FWD_WS_SHORT_BY_HDIM.get(hdim, {}) if short else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
@@ -754,7 +758,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
-    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bool(bias_tma), short) if tiles is None else tiles)
+    tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bias_tma, short) if tiles is None else tiles)
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
@@ -798,7 +802,7 @@ def experimental_table() -> list[KernelSpec]:
                 for hx in (0, 1)]
     # the ws forward's bias build with the bias as S's starting value (BIAS_ACC, bench/NOTES.md step 77)
     # (not the fp32 bias at hdim 128: it spills 4 bytes there; that bias target is met without it)
-    out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias=True), "BIAS_ACC": 1})
+    out += [fwd_ws_spec(dtype, d, d, bias_tma=n, tiles={**fwd_ws_tiles(d, bias_tma=n), "BIAS_ACC": 1})
             for dtype in DTYPES for d in (64, 128) for n in (2, 4) if d == 64 or n == 2]
     # O staged in Q's buffer where its own stage is off (O_IN_Q, step 86), plain and ALiBi; hdim 64 and 256
     # (at 192 the build spills 68-92 bytes)
@@ -814,7 +818,7 @@ def experimental_table() -> list[KernelSpec]:
                            ({"EXP_EMU": 1}, (64, 128)), ({"LAZY_RESCALE": 8}, (64, 128))):
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})
                 for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)]
-        out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias=True), **variant})
+        out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias_tma=2), **variant})
                 for dtype in DTYPES for d in (64, 128)]
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
@@ -824,11 +828,10 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, 64, 64, alibi=alibi, short=short, tiles={**fwd_ws_tiles(64, alibi, short=short), **variant})
             for dtype in DTYPES for alibi in (False, True) for short in (False, True)
             for variant in ({"ROWSUM_MMA": 1}, {"ROWSUM_MMA": 1, "EXP_EMU": 1})]
-    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), "ROWSUM_MMA": 1}) for dtype in DTYPES]
+    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2, "ROWSUM_MMA": 1}) for dtype in DTYPES]
     out += [fwd_ws_spec(dtype, 128, 64, tiles={**fwd_ws_tiles(128), "ROWSUM_MMA": 1}) for dtype in DTYPES]  # (hdim_q 128, hdim_v 64)
-    # the hdim-64 16-bit bias build (BIAS_ACC) on three MMA warpgroups, as the plain build (step 90: 0 spills; sass_sched
-    # --warps 3 puts it at 55-62 cycles per query row against two warpgroups' 75)
-    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias=True), "NWG": 3}) for dtype in DTYPES]
+    # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
+    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
     out += [fwd_ws_spec("bf16", d, d, tiles={**fwd_ws_tiles(d), "TIMING": 1}) for d in (64, 128)]
     out.append(bwd_ws_spec("bf16", 128, 128, tiles={**bwd_ws_tiles(128), "TIMING": 1}))
