@@ -10,7 +10,8 @@
 #                                 bf16 s1024-16384 causal and not; ~5 min
 #   bench/probe/s23_gpu.sh drop   step 93: the hdim-64 dropout forward (two ping-pong warpgroups, FWD_WS_DROPOUT_BY_HDIM)
 #                                 against three ping-pong warpgroups with 64-, 96- and 128-key blocks (the last spills
-#                                 12 bytes: timed only), probe/drop_ws.py, two rounds; ~3 min
+#                                 4 bytes in block 0's softmax, once per row block: timed only), probe/drop_ws.py,
+#                                 two rounds; ~3 min
 #   bench/probe/s23_gpu.sh droptest  the hdim-64 dropout tests under NWG=3,BLOCK_N=64 and NWG=3,BLOCK_N=96 (~3 min)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
