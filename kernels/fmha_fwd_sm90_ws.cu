@@ -96,7 +96,8 @@ static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
 
 constexpr int MMA_THREADS = 128 * NWG;
 // DROPOUT on three MMA warpgroups (160 registers): block 0's keep bits before its S GEMM (see the loop)
-constexpr bool KEEP0_EARLY = DROPOUT && NWG == 3 && !ALIBI;  // (with ALiBi the later place spills nothing, this one 4 bytes)
+enum : bool { KEEP0_EARLY = DROPOUT && NWG == 3 && !ALIBI };  // (with ALiBi the later place spills nothing, this one 4 bytes;
+// an enumerator: a constexpr variable at namespace scope would appear in every build's PTX)
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
 // turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
