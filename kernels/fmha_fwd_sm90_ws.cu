@@ -614,15 +614,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
                 // DROPOUT with three MMA warpgroups: block 0's keep bits before its K is waited for, while S's
                 // accumulator is not yet live (under S_0, as the other blocks' are, they spilled 12 bytes)
-                KeepBits<NS> keep0{};
-                if constexpr (KEEP0_EARLY) keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                KeepBits<NS> keep0_early;  // (unread unless KEEP0_EARLY)
+                if constexpr (KEEP0_EARLY) keep0_early = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wait_k(0);  // block 0: S_0 and its softmax
                 bias_into_s(0);
                 turn_begin();
                 wgmma_fence();
                 gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                if constexpr (!KEEP0_EARLY) keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                const KeepBits<NS> keep0 = KEEP0_EARLY ? keep0_early : keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
