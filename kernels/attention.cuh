@@ -142,7 +142,7 @@ __device__ __forceinline__ void softmax_row(float* s, float* acc_o, float row_ma
             }
             sum += s[4 * n + E * r + c] + s[4 * n + E * r + c + 1];
         }
-    if constexpr (!ROWSUM_MMA) row_sum[r] = row_sum[r] * cr + sum;  // (ROWSUM_MMA: the P V GEMM sums)
+    row_sum[r] = row_sum[r] * cr + sum;
     if constexpr (RESCALE) {
 #pragma unroll
         for (int n = 0; n < NO; ++n)

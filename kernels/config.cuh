@@ -54,8 +54,6 @@
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
-//   ROWSUM_MMA   fmha_fwd_sm90_ws (PV_OVERLAP, no dropout, HDIM_V 64): the softmax's row sums taken by the
-//                P V GEMM as a ninth column group over a shared-memory slab of ones (N = 72), not by FADDs
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -175,9 +173,6 @@
 #ifndef SMAX_TREE
 #define SMAX_TREE 0
 #endif
-#ifndef ROWSUM_MMA
-#define ROWSUM_MMA 0
-#endif
 #ifndef EXP_EMU
 #define EXP_EMU 0
 #endif
@@ -205,7 +200,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
-enum : int { o_in_q = O_IN_Q, rowsum_mma = ROWSUM_MMA, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
+enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
              lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
@@ -246,7 +241,6 @@ enum : int { o_in_q = O_IN_Q, rowsum_mma = ROWSUM_MMA, smax_tree = SMAX_TREE, ex
 #undef BIAS_ACC
 #undef O_IN_Q
 #undef SMAX_TREE
-#undef ROWSUM_MMA
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
@@ -287,8 +281,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
-              ROWSUM_MMA = config_detail::rowsum_mma != 0 };
+enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

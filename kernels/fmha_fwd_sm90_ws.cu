@@ -52,11 +52,6 @@
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
-//   ROWSUM_MMA=1  (a variant at hdim_v 64, with PV_OVERLAP, not with dropout; bench/NOTES.md step 89) the P V
-//               GEMM is 72 wide: its columns 64-71 come from a slab of ones after the layout (filled once,
-//               desc_sw_mnmajor_pair), so O's accumulator carries each row's sum of P (as rounded for
-//               the GEMM) and is rescaled with O, and the softmax makes no sums of its own (64 FADDs per
-//               thread and key block fewer, where three MMA warps of a sub-partition share its issue slot)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
 //               seven phases of every loop iteration (PV_OVERLAP; the boundaries approximate: clock64
@@ -88,9 +83,6 @@ static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && 
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
-static_assert(!ROWSUM_MMA || (PV_OVERLAP && !DROPOUT && SWIZZLE && HDIM_V == 64),
-              "fmha_fwd_sm90_ws: ROWSUM_MMA sums in the overlapped pipeline's P V GEMM (one V slab, N = 72); with "
-              "dropout the sums take the undropped P");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 
@@ -139,11 +131,8 @@ using SmemAll = SmemOf<BIAS>::type;
 // O_STAGE: O's stage after the layout, from the next 16-byte boundary: BLOCK_M rows of HDIM_V + 8
 // elements (a warp's 4-byte stores of 8 rows x 4 column pairs fall on 32 different banks), MMA
 // warpgroup w's 64 rows from row 64 w (fwd_ws_store_o)
-// ROWSUM_MMA: a slab of ones (BLOCK_N rows of 64 elements, 128-byte swizzled like V's) from the next
-// 1024-byte boundary after that
-enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16,
-             LAYOUT_END = O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll), ONES_AT = (LAYOUT_END + 1023) / 1024 * 1024 };
-static_assert((ROWSUM_MMA ? ONES_AT + BLOCK_N * 128 : LAYOUT_END) + SMEM_ALIGN == SMEM_BYTES,
+enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16 };
+static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + SMEM_ALIGN == SMEM_BYTES,
               "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
@@ -160,14 +149,10 @@ __device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const ui
                                 desc_tile_kmajor<SWIZZLE, BLOCK_N>(sK, 0, kk * 16), ACC || kk > 0);
     wgmma_commit();
 }
-// O += P V (one commit group); P as register A fragments, one per 16 keys. ROWSUM_MMA: 8 more columns,
-// P times the slab of ones at `ones` (the row sums, in O's ninth column group)
-__device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const uint16_t* sV, const uint16_t* ones) {
+// O += P V (one commit group); P as register A fragments, one per 16 keys.
+__device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const uint16_t* sV) {
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-        if constexpr (ROWSUM_MMA) wgmma_rs<HDIM_V + 8, 1>(acc_o, pa[kk], desc_sw_mnmajor_pair<BLOCK_N>(sV, ones, kk * 16), 1);
-        else wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sV, kk * 16, 0), 1);
-    }
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sV, kk * 16, 0), 1);
     wgmma_commit();
 }
 
@@ -309,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
                  const __grid_constant__ FwdParams p) {
-    constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8, NOX = NO + (ROWSUM_MMA ? 1 : 0);  // (accumulator tiles of P V)
+    constexpr int NS = BLOCK_N / 8, NO = HDIM_V / 8;
     // the boxes' bytes, rows and columns past the tensor included (TMA counts its zero fill)
     constexpr unsigned Q_BYTES = 2u * BLOCK_M * HDIM_Q, K_BYTES = 2u * BLOCK_N * HDIM_Q, V_BYTES = 2u * BLOCK_N * HDIM_V;
 
@@ -356,12 +341,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
             }
         mbarrier_init_fence();
-    }
-    if constexpr (ROWSUM_MMA) {  // the slab of ones, for every row block's P V (read by wgmma: the async proxy)
-        const uint32_t one2 = pack2(1.f, 1.f);
-        uint4* ones = reinterpret_cast<uint4*>(smem_base + ONES_AT);
-        for (int u = threadIdx.x; u < BLOCK_N * 128 / 16; u += NTHREADS) ones[u] = make_uint4(one2, one2, one2, one2);
-        fence_proxy_async();
     }
     __syncthreads();
 
@@ -412,7 +391,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // inside it (16 rows each)
     const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wi = warp & 3;
     const AccFrag frag(tid);
-    const uint16_t* ones = reinterpret_cast<const uint16_t*>(smem_base + ONES_AT);  // (ROWSUM_MMA's slab)
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
     auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
@@ -464,9 +442,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
         stamp(0);
         const int wq0 = q0 + wg * 64;
-        float acc_o[NOX * 4];  // (ROWSUM_MMA: the row sums in tile NO)
+        float acc_o[NO * 4];
 #pragma unroll
-        for (int i = 0; i < NOX * 4; ++i) acc_o[i] = 0.f;
+        for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
         float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
         const uint16_t* sq = sm.q;
         unsigned long long* q_empty = &sm.q_empty;
@@ -517,9 +495,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
                 mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
                 wgmma_fence();
-                gemm_pv(acc_o, pa, sm.v[s], ones);
+                gemm_pv(acc_o, pa, sm.v[s]);
                 wgmma_wait0();
-                fence_operand<NOX * 4>(acc_o);
+                fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 mbarrier_arrive(smem_u32(&sm.empty[s]));  // K and V of this stage are read
             }
@@ -598,15 +576,15 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             };
             auto next_pv_operands = [&](int i) {
                 wgmma_wait0();
-                fence_operand<NOX * 4>(acc_o);
+                fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(1);
                 if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
-                rescale_o_lazy<NOX>(acc_o, corr, frag);
+                rescale_o_lazy<NO>(acc_o, corr, frag);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
                 // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
-                fence_operand<NOX * 4>(acc_o);
+                fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(2);
             };
@@ -639,7 +617,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     phase(3);
                     wgmma_fence();
                     gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
-                    gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)], ones);
+                    gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
                     const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
                     phase(4);
@@ -657,10 +635,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 next_pv_operands(n);
                 turn_begin();
                 wgmma_fence();
-                gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)], ones);
+                gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)]);
                 turn_end(true);
                 wgmma_wait0();
-                fence_operand<NOX * 4>(acc_o);
+                fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 stamp(4);
                 mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
@@ -669,9 +647,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             }
         }
 
-        if constexpr (ROWSUM_MMA)  // (each row's whole sum, in every thread of its quad: the leader's counts)
-#pragma unroll
-            for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) row_sum[r] = frag.row_leader() ? acc_o[4 * NO + AccFrag::SLOT_ELEMS * r] : 0.f;
         if constexpr (O_STAGE)
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
                                reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);

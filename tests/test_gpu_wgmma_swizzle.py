@@ -163,50 +163,7 @@ __device__ __forceinline__ void probe_cols(const TmaMap& ma, const TmaMap& mb, f
     fence_operand<N / 2>(acc);
     store_acc<N>(out, acc);
 }
-
-// desc_sw_mnmajor_pair (the forward's ROWSUM_MMA): B MN-major of 72 columns, 64 from a swizzled K x 64
-// tile and the next 8 from the first columns of a second swizzled K x 64 tile GAP bytes further on
-// (the descriptor's LBO), A from registers as the forward's P V (wgmma_rs<72>).
-template <int K, int GAP>
-__device__ __forceinline__ void probe_pair(const TmaMap& mb, const TmaMap& mb2, const uint16_t* a_g, float* out) {
-    constexpr int N = 72;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    __shared__ __align__(8) unsigned long long bar;
-    unsigned char* base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    uint16_t* sB = reinterpret_cast<uint16_t*>(base);
-    uint16_t* sB2 = reinterpret_cast<uint16_t*>(base + K * 128 + GAP);
-    const int tid = threadIdx.x;
-    if (tid == 0) {
-        mbarrier_init(smem_u32(&bar), 1);
-        mbarrier_init_fence();
-    }
-    __syncthreads();
-    if (tid == 0) {
-        mbarrier_arrive_expect_tx(smem_u32(&bar), 2u * 2 * K * 64);
-        tma_load_4d(smem_u32(sB), mb, smem_u32(&bar), 0, 0, 0, 0);
-        tma_load_4d(smem_u32(sB2), mb2, smem_u32(&bar), 0, 0, 0, 0);
-    }
-    mbarrier_wait(smem_u32(&bar), 0);
-    float acc[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-        uint32_t a[4];
-        a_frag<K>(a, a_g, 0, kk * 16);
-        wgmma_rs<N, 1>(acc, a, desc_sw_mnmajor_pair<K>(sB, sB2, kk * 16), 1);
-    }
-    wgmma_commit();
-    wgmma_wait0();
-    fence_operand<N / 2>(acc);
-    store_acc<N>(out, acc);
-}
 """
-
-# (K, GAP bytes between the two tiles): the forward's 128 keys, the slab right after the tile and far
-# past it (ROWSUM_MMA's LBO reaches from a V stage to the slab of ones after the layout: up to ~100 KB)
-PAIR_CASES = [(128, 0), (128, 65536 + 8192), (16, 1024)]
 
 # (N, K, BC, col0): GEMM4 of the ws backward, SWIZZLE builds: hdim 64 (N 32 from a 64-column K
 # tile, columns 0 and 32), hdim 128 (N 64 from a 128-column tile, columns 0 and 64); K = 128 keys;
@@ -234,10 +191,6 @@ def _source() -> str:
         f'extern "C" __global__ void __launch_bounds__(128, 1) probe_cols_n{n}_k{k}_bc{bc}(const __grid_constant__ TmaMap ma, '
         f"const __grid_constant__ TmaMap mb, float* out, int col0) {{ probe_cols<{n}, {k}, {bc}>(ma, mb, out, col0); }}"
         for n, k, bc in sorted({c[:3] for c in COL_CASES}))
-    wrappers += "\n" + "\n".join(
-        f'extern "C" __global__ void __launch_bounds__(128, 1) probe_pair_k{k}_g{gap}(const __grid_constant__ TmaMap mb, '
-        f"const __grid_constant__ TmaMap mb2, const uint16_t* a_g, float* out) {{ probe_pair<{k}, {gap}>(mb, mb2, a_g, out); }}"
-        for k, gap in PAIR_CASES)
     return C.expand_includes(_PROBE.replace("A_ROWS", str(A_ROWS))) + "\n" + wrappers
 
 
@@ -322,24 +275,3 @@ def test_wgmma_column_start(module, case):
 # on the first shape and an illegal address on the next (it points wgmma outside the tile), so it
 # is not tried here: a faulting probe poisons the CUDA context for every test after it.
 
-
-@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: "k{}_gap{}".format(*c))
-def test_wgmma_mnmajor_pair_n72(module, case):
-    """desc_sw_mnmajor_pair (the forward's ROWSUM_MMA, bench/NOTES.md step 89): a 72-wide register-A
-    wgmma reads columns 0-63 of B from one swizzled K x 64 tile and 64-71 from the first 8 columns of
-    another, the descriptor's LBO apart: A [B1 | B2[:, :8]] exactly (B2's other columns differ, so a
-    read from the wrong columns or tile shows)."""
-    k, gap = case
-    a, a_bits = _ints(("wgmma-pair-a", k, gap), (64, k))
-    b1, b1_bits = _ints(("wgmma-pair-b1", k, gap), (k, 64))
-    b2, b2_bits = _ints(("wgmma-pair-b2", k, gap), (k, 64))
-    a_dev, b1_dev, b2_dev = (cp.asarray(x) for x in (a_bits, b1_bits, b2_bits))
-    out = cp.full((64, 72), np.nan, dtype=cp.float32)  # poisoned
-    fn = module.get_function(f"probe_pair_k{k}_g{gap}")
-    smem = 1024 + 2 * k * 128 + gap
-    fn.max_dynamic_shared_size_bytes = smem
-    fn((1, 1, 1), (128, 1, 1), (_map(b1_dev, k, 64, k, 1), _map(b2_dev, k, 64, k, 1), a_dev, out), shared_mem=smem)
-    got = cp.asnumpy(out)
-    want = a.astype(np.float64) @ np.concatenate([b1, b2[:, :8]], axis=1).astype(np.float64)
-    bad = np.argwhere(got != want)
-    assert bad.size == 0, f"{case}: {len(bad)} of {got.size} wrong, first at {bad[:4].tolist()}"

@@ -225,37 +225,16 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
-@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER"])
+@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):
-    """The ws forward's variants removed in step 88 are refused by name, not built as the default
-    under another name (an old A/B command would otherwise time the default against itself)."""
+    """The ws forward's variants removed in step 88, and ROWSUM_MMA (step 89, no gain in step 91), are
+    refused by name, not built as the default under another name (an old A/B command would otherwise
+    time the default against itself)."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
     with pytest.raises(ValueError, match=f"{name} no longer exist"):
         fwd_spec("bf16", 128, 128, 90)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2")
     assert name not in fwd_spec("bf16", 128, 128, 90).name
-
-
-def test_fwd_ws_rowsum_mma_variant(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES=ROWSUM_MMA=1 (bench/NOTES.md step 89) reaches the ws forward at padded
-    hdim_v 64 (plain, ALiBi, short diagonals, the bias build) with one 16 KB slab of ones more shared
-    memory, 1024-byte aligned after the layout; the builds it cannot serve (dropout: the sums take the
-    undropped P; hdim_v above 64: V is more than one slab) drop it rather than fail; never by default."""
-    from cupy_fmha.backends import cuda
-
-    assert not [s.name for s in cuda.dispatch_table() if "ROWSUM" in s.name]
-    base = {d: fwd_spec("bf16", d, d, 90) for d in (64, 128)}
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "ROWSUM_MMA=1")
-    for kw in (dict(), dict(alibi=True), dict(bias=True, bias_tma=2)):
-        s = fwd_spec("bf16", 56, 56, 90, **kw)
-        assert s.source == "fmha_fwd_sm90_ws" and s.macro("ROWSUM_MMA") == 1, (kw, s.name)
-    s = fwd_spec("bf16", 64, 64, 90)
-    end = base[64].macro("SMEM_BYTES") - 1024  # (the layout, less the swizzle's alignment slack)
-    assert s.macro("SMEM_BYTES") == -(-end // 1024) * 1024 + 128 * 128 + 1024, (s.macro("SMEM_BYTES"), end)
-    for d, kw in ((64, dict(dropout=True)), (128, dict())):
-        s = fwd_spec("bf16", d, d, 90, **kw)
-        assert s.source == "fmha_fwd_sm90_ws" and s.macro("ROWSUM_MMA", 0) == 0, s.name
-    assert fwd_spec("bf16", 128, 128, 90).name == base[128].name
 
 
 def test_first_key_block_matches_counting():

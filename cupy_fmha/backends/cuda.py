@@ -63,16 +63,13 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         smem = 2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st)
         align = 1024 if m.get("SWIZZLE") else 0
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
-        if m.get("BIAS"):  # (ROWSUM_MMA: room left for its slab of ones, up to 1024 bytes of alignment before it)
-            extra = 1024 + bn * 128 if m.get("ROWSUM_MMA") else 0
-            out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align + extra)
+        if m.get("BIAS"):
+            out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
-        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for;
-        # ROWSUM_MMA: then, from the next 1024-byte boundary, a slab of ones (BLOCK_N rows of 128 bytes)
+        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
         staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
-        ones = (lambda end: -(-end // 1024) * 1024 + bn * 128) if m.get("ROWSUM_MMA") else (lambda end: end)
-        out["O_STAGE"] = 1 if not m.get("O_REG") and ones(staged) + align <= SMEM_LIMIT else 0
-        return dict(out, SMEM_BYTES=ones(staged if out["O_STAGE"] else smem) + align)
+        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
+        return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -702,9 +699,10 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
     return 0
 
 
-#: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88):
+#: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88;
+#: ROWSUM_MMA, the row sums by a 72-wide P V GEMM at hdim_v 64: step 89, no gain on an H100 in step 91):
 #: asking for one is an error rather than a build that quietly is the default
-FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER")
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA")
 
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
@@ -737,8 +735,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md step 88)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "ROWSUM_MMA", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+                         f"measurements, bench/NOTES.md steps 88 and 91)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -764,8 +762,6 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
-    if dropout or dv != 64 or not tiles.get("PV_OVERLAP") or not tiles.get("SWIZZLE"):
-        tiles.pop("ROWSUM_MMA", None)  # (the overlapped pipeline's one-slab P V; dropout's sums take the undropped P)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
@@ -823,13 +819,6 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
             for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
-    # the row sums by the P V GEMM (ROWSUM_MMA, step 89; hdim_v 64 only): the default, ALiBi, short-diagonal and bias
-    # builds at 64, and with EXP_EMU=1 (tools/sass_sched.py's periods: 2,446 -> 2,194 alone, 2,186 with EXP_EMU=1)
-    out += [fwd_ws_spec(dtype, 64, 64, alibi=alibi, short=short, tiles={**fwd_ws_tiles(64, alibi, short=short), **variant})
-            for dtype in DTYPES for alibi in (False, True) for short in (False, True)
-            for variant in ({"ROWSUM_MMA": 1}, {"ROWSUM_MMA": 1, "EXP_EMU": 1})]
-    out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2, "ROWSUM_MMA": 1}) for dtype in DTYPES]
-    out += [fwd_ws_spec(dtype, 128, 64, tiles={**fwd_ws_tiles(128), "ROWSUM_MMA": 1}) for dtype in DTYPES]  # (hdim_q 128, hdim_v 64)
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16

@@ -22,15 +22,6 @@ __device__ __forceinline__ void tma_load_tile(uint16_t* dst, const TmaMap& m, un
         tma_load_5d(smem_u32(dst), m, bar, 0, head, row, 0, batch);
     }
 }
-// The MN-major descriptor of the 16-deep K slice at k0 of a one-slab swizzled tile (64 columns of R
-// rows) whose next 64 columns, for a wgmma wider than 64, are another swizzled slab of R rows at
-// `next` (1024-byte aligned, above `tile`): LBO, the stride from one 64-column atom to the next, is
-// the distance between them, so N = 72 reads columns 64-71 from `next`'s first eight. (The forward's
-// ROWSUM_MMA: a slab of ones there, whose products are the row sums of P.)
-template <int R>
-__device__ __forceinline__ unsigned long long desc_sw_mnmajor_pair(const uint16_t* tile, const uint16_t* next, int k0) {
-    return desc_advance(wgmma_desc_sw128(smem_u32(tile), static_cast<int>(smem_u32(next) - smem_u32(tile)), 1024), k0 * 128);
-}
 // Descriptors of the 16-deep K slices of a tile of R rows: K-major at (row0, k0), MN-major at
 // (k0, col0) (col0: a multiple of 64, or with SW inside one slab, as desc_sw_mnmajor allows).
 template <bool SW, int R>

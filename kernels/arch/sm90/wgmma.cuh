@@ -90,28 +90,6 @@ __device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t* a, unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
 }
 
-// D[64 x 72] (+)= A[64 x 16] * B[16 x 72], both from shared memory. TA/TB: 1 = MN-major operand.
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_ss_n72(float* d, unsigned long long da, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k16.f32." FMHA_PTX_ELEM "." FMHA_PTX_ELEM " "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, %36, %37, p, 1, 1, %39, %40;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
-}
-
-// D[64 x 72] (+)= A[64 x 16] (registers, mma.m16n8k16 A layout per warp) * B[16 x 72] (smem).
-template <int TB>
-__device__ __forceinline__ void wgmma_rs_n72(float* d, const uint32_t* a, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k16.f32." FMHA_PTX_ELEM "." FMHA_PTX_ELEM " "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, {%36,%37,%38,%39}, %40, p, 1, 1, %42;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
-}
-
 // D[64 x 80] (+)= A[64 x 16] * B[16 x 80], both from shared memory. TA/TB: 1 = MN-major operand.
 template <int TA, int TB>
 __device__ __forceinline__ void wgmma_ss_n80(float* d, unsigned long long da, unsigned long long db, int accumulate) {
@@ -249,7 +227,6 @@ template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long da, unsigned long long db, int acc) {
     if constexpr (N == 32) wgmma_ss_n32<TA, TB>(d, da, db, acc);
     else if constexpr (N == 64) wgmma_ss_n64<TA, TB>(d, da, db, acc);
-    else if constexpr (N == 72) wgmma_ss_n72<TA, TB>(d, da, db, acc);
     else if constexpr (N == 80) wgmma_ss_n80<TA, TB>(d, da, db, acc);
     else if constexpr (N == 96) wgmma_ss_n96<TA, TB>(d, da, db, acc);
     else if constexpr (N == 112) wgmma_ss_n112<TA, TB>(d, da, db, acc);
@@ -262,7 +239,6 @@ template <int N, int TB>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, unsigned long long db, int acc) {
     if constexpr (N == 32) wgmma_rs_n32<TB>(d, a, db, acc);
     else if constexpr (N == 64) wgmma_rs_n64<TB>(d, a, db, acc);
-    else if constexpr (N == 72) wgmma_rs_n72<TB>(d, a, db, acc);
     else if constexpr (N == 80) wgmma_rs_n80<TB>(d, a, db, acc);
     else if constexpr (N == 96) wgmma_rs_n96<TB>(d, a, db, acc);
     else if constexpr (N == 112) wgmma_rs_n112<TB>(d, a, db, acc);
