@@ -5,9 +5,8 @@
 #                                 since step 92) against two (NWG=2, which forces the plain row to two as well: read
 #                                 the bias row's time, and the ratio against the NWG=3 run's plain row), features.py
 #                                 alternated twice (H100: -5.6%, 1.42-1.44x -> 1.35x plain; issue 11's target 1.3x); ~2 min
-#   bench/probe/s23_gpu.sh smax   step 87: SMAX_TREE=1 at hdim 64 (H100: 0.961-1.031, -3.4/-3.9% at s8192) and step 89:
-#                                 ROWSUM_MMA=1 (H100: 0.986-1.013, no gain; removed if the H200 agrees), bench/ab.py
-#                                 bf16 s1024-16384 causal and not; ~5 min
+#   bench/probe/s23_gpu.sh smax   step 87: SMAX_TREE=1 at hdim 64 (H100: 0.961-1.031, -3.4/-3.9% at s8192), bench/ab.py
+#                                 bf16 s1024-16384 causal and not; ~3 min
 #   bench/probe/s23_gpu.sh drop   step 93: the hdim-64 dropout forward (two ping-pong warpgroups, FWD_WS_DROPOUT_BY_HDIM)
 #                                 against three ping-pong warpgroups with 64-, 96- and 128-key blocks (the last spills
 #                                 4 bytes in block 0's softmax, once per row block: timed only), probe/drop_ws.py,
@@ -31,8 +30,8 @@ fi
 if [ "$what" = smax ]; then
   t "precompile"
   timeout -s KILL 120 python3 bench/probe/precompile.py --only-fwd-ws --hdims 64 --dtypes bf16 \
-     --fwd-ws-variants "" SMAX_TREE=1 ROWSUM_MMA=1 2>&1 | tail -1
-  for v in SMAX_TREE=1 ROWSUM_MMA=1; do
+     --fwd-ws-variants "" SMAX_TREE=1 2>&1 | tail -1
+  for v in SMAX_TREE=1; do
     t "ab $v"
     timeout -s KILL 150 python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$v --rounds 2 --tag s23-${v//[=,]/} --out $OUT -- \
        --hdim 64 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --causal both --mode fwd 2>&1 | grep -v '^\$' | tail -14
