@@ -87,9 +87,6 @@ static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 
 constexpr int MMA_THREADS = 128 * NWG;
-// DROPOUT on three MMA warpgroups (160 registers): block 0's keep bits before its S GEMM (see the loop)
-enum : bool { KEEP0_EARLY = DROPOUT && NWG == 3 && !ALIBI };  // (with ALiBi the later place spills nothing, this one 4 bytes;
-// an enumerator: a constexpr variable at namespace scope would appear in every build's PTX)
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
 // turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
@@ -590,17 +587,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             };
             if (n > 0) {
                 if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
-                // DROPOUT with three MMA warpgroups: block 0's keep bits before its K is waited for, while S's
-                // accumulator is not yet live (under S_0, as the other blocks' are, they spilled 12 bytes)
-                KeepBits<NS> keep0_early;  // (unread unless KEEP0_EARLY)
-                if constexpr (KEEP0_EARLY) keep0_early = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wait_k(0);  // block 0: S_0 and its softmax
                 bias_into_s(0);
                 turn_begin();
                 wgmma_fence();
                 gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                const KeepBits<NS> keep0 = KEEP0_EARLY ? keep0_early : keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
