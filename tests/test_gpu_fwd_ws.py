@@ -299,24 +299,18 @@ def test_o_in_q_bit_identical(monkeypatch, d, shape, persist):
     assert bool(cp.isfinite(lse[:, :, lit]).all())
 
 
-def _group_causal(tag, count, d):
-    """Group mode, causal: ``count`` sequences of 0 to 699 tokens (equal query and key lengths), 2 heads of
-    hdim ``d``, fp16; q, k, v and the API keywords, seeded by ``tag``."""
-    import numpy as np
-
-    lens = np.random.default_rng(seed_for(tag)).integers(0, 700, size=count)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
-    rng = cp.random.default_rng(seed_for(tag, "x"))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    return q, k, v, dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
-
-
 def test_o_in_q_group_mode(monkeypatch):
     """O_IN_Q in group mode at hdim 256 (rows past a sequence's end skipped; O's alignment fallback
     never taken here): bit-identical to the default build."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    q, k, v, kw = _group_causal("fwd-o-in-q-group", 40, 256)
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for("fwd-o-in-q-group")).integers(0, 700, size=40)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for("fwd-o-in-q-group-x"))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 256), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
     o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
@@ -487,4 +481,3 @@ def test_poly_exp2_on_the_device():
     ok = (x >= -126) & (x < 128)
     rel = np.abs(got[ok].astype(np.float64) / np.exp2(x[ok].astype(np.float64)) - 1)
     assert rel.max() <= E.MAX_REL_ERROR + 1.2e-7, rel.max()
-

@@ -45,28 +45,6 @@ _PROBE = r"""
 #include "arch/arch.cuh"
 using namespace fmha;
 
-// The m16n8k16 A fragment of warp `warp`'s 16 rows from row0 at column k0 of a row-major [rows][K] matrix
-// in global memory (the forward's P as register A), and an m64nN accumulator out to a row-major [64][N].
-template <int K>
-__device__ __forceinline__ void a_frag(uint32_t a[4], const uint16_t* a_g, int row0, int k0) {
-    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const uint16_t* r0 = a_g + (row0 + 16 * warp + g) * K + k0 + 2 * t;
-    const uint16_t* r1 = r0 + 8 * K;
-    a[0] = r0[0] | (uint32_t(r0[1]) << 16);
-    a[1] = r1[0] | (uint32_t(r1[1]) << 16);
-    a[2] = r0[8] | (uint32_t(r0[9]) << 16);
-    a[3] = r1[8] | (uint32_t(r1[9]) << 16);
-}
-template <int N>
-__device__ __forceinline__ void store_acc(float* out, const float* acc) {
-    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    // accumulator element 4n + e: row 16 warp + g + 8 (e / 2), column 8n + 2t + e % 2
-#pragma unroll
-    for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[(16 * warp + g + 8 * (e >> 1)) * N + 8 * n + 2 * t + (e & 1)] = acc[4 * n + e];
-}
-
 // SW: 1 swizzled tiles, 0 column-blocked. TB: 1 B is MN-major. RS: A from registers.
 // MODE (swizzled MN-major B only): 0 the library's desc_sw_mnmajor, 1 the descriptor with the
 // given lbo / sbo (candidates).
@@ -100,6 +78,7 @@ __device__ __forceinline__ void probe(const TmaMap& ma, const TmaMap& mb, const 
     }
     mbarrier_wait(smem_u32(&bar), 0);
 
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     float acc[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
@@ -115,9 +94,15 @@ __device__ __forceinline__ void probe(const TmaMap& ma, const TmaMap& mb, const 
             if constexpr (TB) db = desc_cb_mnmajor<K>(sB, k0, 0);
             else db = desc_cb_kmajor<N>(sB, 0, k0);
         }
-        if constexpr (RS) {  // (this warp's A fragment straight from global memory)
+        if constexpr (RS) {
+            // the m16n8k16 A fragment of this warp's 16 rows, straight from global memory
+            const uint16_t* r0 = a_g + (a_row0 + 16 * warp + g) * K + k0 + 2 * t;
+            const uint16_t* r1 = r0 + 8 * K;
             uint32_t a[4];
-            a_frag<K>(a, a_g, a_row0, k0);
+            a[0] = r0[0] | (uint32_t(r0[1]) << 16);
+            a[1] = r1[0] | (uint32_t(r1[1]) << 16);
+            a[2] = r0[8] | (uint32_t(r0[9]) << 16);
+            a[3] = r1[8] | (uint32_t(r1[9]) << 16);
             wgmma_rs<N, TB>(acc, a, db, 1);
         } else {
             const unsigned long long da = SW ? desc_sw_kmajor<A_ROWS>(sA, a_row0, k0) : desc_cb_kmajor<A_ROWS>(sA, a_row0, k0);
@@ -127,7 +112,11 @@ __device__ __forceinline__ void probe(const TmaMap& ma, const TmaMap& mb, const 
     wgmma_commit();
     wgmma_wait0();
     fence_operand<N / 2>(acc);
-    store_acc<N>(out, acc);
+    // accumulator element 4n + e: row 16 warp + g + 8 (e / 2), column 8n + 2t + e % 2
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[(16 * warp + g + 8 * (e >> 1)) * N + 8 * n + 2 * t + (e & 1)] = acc[4 * n + e];
 }
 
 // B MN-major, swizzled, BC columns wide (BC / 64 slabs); the wgmma reads N of them from col0
@@ -151,6 +140,7 @@ __device__ __forceinline__ void probe_cols(const TmaMap& ma, const TmaMap& mb, f
         for (int c = 0; c < BC / 64; ++c) tma_load_4d(smem_u32(sB) + c * (K * 128), mb, smem_u32(&bar), c * 64, 0, 0, 0);
     }
     mbarrier_wait(smem_u32(&bar), 0);
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     float acc[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
@@ -161,7 +151,10 @@ __device__ __forceinline__ void probe_cols(const TmaMap& ma, const TmaMap& mb, f
     wgmma_commit();
     wgmma_wait0();
     fence_operand<N / 2>(acc);
-    store_acc<N>(out, acc);
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[(16 * warp + g + 8 * (e >> 1)) * N + 8 * n + 2 * t + (e & 1)] = acc[4 * n + e];
 }
 """
 
@@ -274,4 +267,3 @@ def test_wgmma_column_start(module, case):
 # library's, checked by the test above) gives A B exactly; the swapped reading gave wrong products
 # on the first shape and an illegal address on the next (it points wgmma outside the tile), so it
 # is not tried here: a faulting probe poisons the CUDA context for every test after it.
-

@@ -662,8 +662,8 @@ FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
 #: 4: fp32): at hdim 64 the bias goes into S's accumulator (BIAS_ACC), and the 16-bit bias takes three
-#: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% against two on
-#: an H100, step 91, and on the H200 in step 92), the fp32 bias two: three spill 132 bytes there
+#: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% and -5.4% against
+#: two on an H100, steps 91 and 92; not yet on the H200), the fp32 bias two: three spill 132 bytes there
 FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1), 4: dict(NWG=2, BIAS_ACC=1)}}
 #: ... and with both a bias and ALiBi: two MMA warpgroups at hdim 64 (three spill 380-576 bytes)
 FWD_WS_BIAS_ALIBI_BY_HDIM = {64: dict(NWG=2)}
