@@ -23,11 +23,16 @@ query row and j the key column, both local to the sequence -- with 64-bit ``seed
 
     key     = (seed & 0xffffffff, seed >> 32)
     t       = (offset + b * nhead_q + h) mod 2^64
-    counter = (j >> 4, i, t & 0xffffffff, t >> 32)
+    counter = (4 * (j >> 5) + ((j >> 1) & 3), i & ~8, t & 0xffffffff, t >> 32)
+    draw    = 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
 
-One call serves the 16 consecutive columns ``j = 16 * (j >> 4) + 0..15``: its output words
-r0..r3 give the uint8 draws ``u[4 w + k] = (r_w >> 8 k) & 0xff`` (byte k of word w), and column j
-uses ``u[j & 15]``. The element is kept iff ``u < threshold`` with
+One call serves the 16 elements of rows ``i & ~8`` and ``(i & ~8) + 8`` and keys
+``32 s + 8 m + 2 u + e`` (m = 0..3, e = 0, 1) for its first counter word ``4 s + u``: its output
+words r0..r3 give the uint8 draws ``u[4 w + k] = (r_w >> 8 k) & 0xff`` (byte k of word w), and the
+element uses ``u[draw]``. These are the 16 scores one thread holds of a 16-row, 32-key span of an
+mma.sync / wgmma accumulator (rows g and g + 8, columns 8 m + 2 u + e of quad thread u), so the
+forward kernels use a call's bits where they are made (bench/NOTES.md step 96; before it a call
+served 16 consecutive keys of one row, and the bits were exchanged across the quad). The element is kept iff ``u < threshold`` with
 ``threshold = floor((1 - p) * 256 + 0.5)`` (an integer in [0, 256]; 256 keeps all), and a kept
 element is scaled by ``256 / threshold`` (:func:`keep_scale`: the inverse of the keep probability
 actually applied, so the expectation is exact; p is in effect rounded to a multiple of 1/256, and
@@ -52,6 +57,9 @@ __all__ = [
     "keep_scale",
     "KEEP_RANGE",
     "KEYS_PER_CALL",
+    "SPAN_KEYS",
+    "call_index",
+    "draw_index",
     "check_uint64",
     "dropout_counter_key",
     "dropout_random",
@@ -69,8 +77,9 @@ _S32 = np.uint64(32)
 _U64_MAX = (1 << 64) - 1
 #: rounds of the dropout generator (kernels/philox.cuh's DROPOUT_PHILOX_ROUNDS)
 DROPOUT_ROUNDS = 7
-#: draws take values 0 .. KEEP_RANGE - 1 (8 bits); one Philox call serves KEYS_PER_CALL key columns
-KEEP_RANGE, KEYS_PER_CALL = 256, 16
+#: draws take values 0 .. KEEP_RANGE - 1 (8 bits); one Philox call serves 2 rows x KEYS_PER_CALL keys of a
+#: span of SPAN_KEYS keys (draws per call: 2 * KEYS_PER_CALL = 16)
+KEEP_RANGE, KEYS_PER_CALL, SPAN_KEYS = 256, 8, 32
 
 
 def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
@@ -143,6 +152,18 @@ def _indices(*xs):
     return np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in xs))
 
 
+def call_index(cols):
+    """First counter word of key ``cols``' call: ``4 * (j >> 5) + ((j >> 1) & 3)``."""
+    j = np.asarray(cols, dtype=np.int64)
+    return 4 * (j >> 5) + ((j >> 1) & 3)
+
+
+def draw_index(rows, cols):
+    """Index (0..15) of element (rows, cols)'s draw inside its call: ``8 ((i >> 3) & 1) + 2 ((j >> 3) & 3) + (j & 1)``."""
+    i, j = _indices(rows, cols)
+    return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
+
+
 def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
     """Philox counters [..., 4] and key [2] for the elements (batch_index, head, rows, cols)
     (integers or integer arrays, broadcast together)."""
@@ -155,7 +176,7 @@ def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
             + h.astype(np.uint64)
         )
     counter = np.stack(
-        [(j >> 4).astype(np.uint64), i.astype(np.uint64), t & _M32, t >> _S32], axis=-1
+        [call_index(j).astype(np.uint64), (i & ~8).astype(np.uint64), t & _M32, t >> _S32], axis=-1
     ).astype(np.uint32)
     key = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)
     return counter, key
@@ -172,8 +193,8 @@ def dropout_random(seed, offset, batch_index, nhead_q, head, rows, cols) -> np.n
     """The uint8 draw of each element (batch_index, head, rows, cols) (broadcast together)."""
     counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols)
     words = philox4x32(counter, key, DROPOUT_ROUNDS)
-    j = _indices(batch_index, head, rows, cols)[3]
-    return _select_u8(words, j & 15)
+    _, _, i, j = _indices(batch_index, head, rows, cols)
+    return _select_u8(words, draw_index(i, j))
 
 
 def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.ndarray:
@@ -183,18 +204,24 @@ def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.
 
 
 def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads=None):
-    """uint8 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per 16
-    columns; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
+    """uint8 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per row pair
+    and call; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
     heads = np.arange(nhead_q) if heads is None else np.asarray(heads, dtype=np.int64)
-    ng = -(-int(seqlen_k) // KEYS_PER_CALL)
-    h = heads[:, None, None]
-    i = np.arange(seqlen_q)[None, :, None]
-    g = np.arange(ng)[None, None, :]
-    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, i, g * KEYS_PER_CALL)
-    words = philox4x32(counter, key, DROPOUT_ROUNDS)  # [H, sq, ng, 4]
-    u = np.stack([(words >> np.uint32(8 * k)) & np.uint32(0xFF) for k in range(4)], axis=-1)  # [H, sq, ng, 4 words, 4 bytes]
-    u = u.reshape(*words.shape[:-1], KEYS_PER_CALL)  # u[4 w + k] per call
-    return u.reshape(len(heads), int(seqlen_q), ng * KEYS_PER_CALL)[..., : int(seqlen_k)].astype(np.uint8)
+    na = -(-int(seqlen_q) // 16)  # 16-row tiles
+    ns = -(-int(seqlen_k) // SPAN_KEYS)  # 32-key spans
+    h = heads[:, None, None, None, None]
+    a = np.arange(na)[None, :, None, None, None]
+    g = np.arange(8)[None, None, :, None, None]
+    s = np.arange(ns)[None, None, None, :, None]
+    u = np.arange(4)[None, None, None, None, :]
+    # the call of row pair 16 a + g and first counter word 4 s + u is that of row 16 a + g, key 32 s + 2 u
+    counter, key = dropout_counter_key(seed, offset, batch_index, nhead_q, h, 16 * a + g, SPAN_KEYS * s + 2 * u)
+    words = philox4x32(counter, key, DROPOUT_ROUNDS)  # [H, a, g, s, u, 4]
+    d = np.stack([(words >> np.uint32(8 * k)) & np.uint32(0xFF) for k in range(4)], axis=-1)  # [..., w, k]
+    # draw 4 w + k = 8 r + 2 m + e: row 16 a + 8 r + g, key 32 s + 8 m + 2 u + e
+    d = d.reshape(*words.shape[:-1], 2, 4, 2)  # [H, a, g, s, u, r, m, e]
+    d = d.transpose(0, 1, 5, 2, 3, 6, 4, 7)  # [H, a, r, g, s, m, u, e]
+    return d.reshape(len(heads), 16 * na, SPAN_KEYS * ns)[:, : int(seqlen_q), : int(seqlen_k)].astype(np.uint8)
 
 
 def dropout_keep_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, p, heads=None):

@@ -66,10 +66,11 @@ __device__ __forceinline__ ElemBias make_bias(const void* bias, int kind, index_
 }
 
 // The forward's keep bits of one key block for this thread: word [r][a] holds tiles
-// KEEP_TILES a .. KEEP_TILES (a + 1) - 1 of row slot r (row row0 + f.row(SLOT_ELEMS r)),
-// SLOT_ELEMS bits per tile (AccFrag::row_keep_bits). They depend only on coordinates, so the sm90
-// kernel computes them while the S = Q K^T wgmma runs (the Philox ALU work then hides under the
-// tensor cores); the mma.sync kernel right before online_softmax.
+// KEEP_TILES a .. KEEP_TILES (a + 1) - 1 of row slot r (row row0 + f.row(SLOT_ELEMS r); row0 the
+// first row of the fragment's 16-row tile), SLOT_ELEMS bits per tile (AccFrag::fwd_keep_words).
+// They depend only on coordinates, so the sm90 kernels compute them while the S = Q K^T wgmma runs
+// (the Philox ALU work then hides under the tensor cores); the mma.sync kernel right before
+// online_softmax.
 template <int NS>
 struct KeepBits {
     uint32_t w[AccFrag::ROW_SLOTS][(NS + AccFrag::KEEP_TILES - 1) / AccFrag::KEEP_TILES];
@@ -77,15 +78,8 @@ struct KeepBits {
 
 template <int NS>
 __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int row0, int k0, const AccFrag& f) {
-    static_assert(NS * AccFrag::N % 16 == 0, "fwd_keep_bits: key blocks of whole Philox calls (16 keys), so k0 / 8 is even");
-    constexpr int T = AccFrag::KEEP_TILES;
     KeepBits<NS> kb;
-#pragma unroll
-    for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
-#pragma unroll
-        for (int a = 0; a < (NS + T - 1) / T; ++a)
-            kb.w[r][a] = f.row_keep_bits(drop, row0 + f.row(AccFrag::SLOT_ELEMS * r), (k0 >> 3) + T * (AccFrag::N / 8) * a,
-                                         NS - T * a < T ? NS - T * a : T);
+    f.template fwd_keep_words<NS>(drop, row0, k0, kb.w);
     return kb;
 }
 
@@ -99,8 +93,8 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // elementwise bias or ALiBi when on); the window test runs only when `edge` (the tile crosses a
 // mask or sequence edge). With DROPOUT, the row sums take the undropped P and then the dropped
 // elements of P are zeroed (P * keep feeds the O GEMM; rp_keep, 256 / threshold, is folded into finish_rows),
-// with the bits of fwd_keep_bits (on sm80 one Philox call per (row, 16 keys) covers two n8 tiles
-// and, shared across the quad, the columns of all four threads).
+// with the bits of fwd_keep_bits (on sm80 one Philox call covers a thread's 16 scores of a 16-row,
+// 32-key span).
 // FOLDED (no bias, ALiBi or dropout; the warp-specialized forward's FOLD build, bench/NOTES.md
 // step 37): the same step by softmax_p_folded below.
 //
@@ -316,7 +310,7 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
         }
     }
     if constexpr (DROPOUT) {
-        // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) some bits go unused
+        // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) the upper bits go unused
 #pragma unroll
         for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
 #pragma unroll
@@ -403,21 +397,16 @@ __device__ __forceinline__ void finish_rows(const float row_max[2], const float 
 // score; a row that saw no key (-inf) becomes +inf, so that its P is exp2(-inf) = 0.
 __device__ __forceinline__ float lse_log2(float l) { return l == -FMHA_INF ? FMHA_INF : l * FMHA_LOG2E; }
 
-// The backward's keep bits of one tile, as backward_p_ds reads them: the byte mask fill_keep_bits
-// leaves in shared memory (a pointer to the byte row of the warp's first key group), or the
-// warp's own words (KeepWords: AccFrag::keep_bits_t, the warp-specialized backward).
-template <int NQ>
-struct KeepWords {
-    uint32_t w[NQ / 2];
+// The backward's keep bits of one tile, as backward_p_ds reads them: fill_keep_words' word tile in
+// shared memory (words: the tile's; key0l: the first key of the warp's rows inside it, a multiple
+// of 16), read through AccFrag::keep_bit.
+struct KeepTile {
+    const uint16_t* words;
+    int key0l;
 };
-template <int NQ>
-__device__ __forceinline__ bool keep_at(const unsigned char* bits, const AccFrag& f, int n, int e) {
-    return f.keep_bit(bits, AccFrag::N * NQ, n, e);
-}
-// (Frag a template parameter, so that architectures without keep_bit_t, gfx9, still compile this)
 template <int NQ, class Frag>
-__device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int n, int e) {
-    return Frag::template keep_bit_t<NQ>(k.w, n, e);
+__device__ __forceinline__ bool keep_at(const KeepTile& k, const Frag& f, int n, int e) {
+    return f.keep_bit(k.words, AccFrag::N * NQ, k.key0l, n, e);
 }
 
 // Backward: S^T, dP^T (NQ accumulator tiles; rows = keys key0 + f.row(e), columns = query rows q0 + f.col(n, e))
@@ -425,9 +414,8 @@ __device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int
 // With a bias, the score is formed in the forward's order (scale * S + bias, then - LSE); the bias
 // is an ElemBias, or with Bias::PAIRS a tile in shared memory (SwBiasTile::at_t, the ws backward).
 // With DROPOUT (Z = keep * rp_keep): s <- (P Z)^T for the dV GEMM and dS^T = P^T (dP^T Z - D);
-// the keep bits come from the tile's bit mask in shared memory (fill_keep_bits with M = AccFrag::N * NQ,
-// read through AccFrag::keep_bit), `keep_bits` pointing at the byte row of key group key0 / 8
-// (key0 a multiple of 8), or from KeepWords (keep_at).
+// the keep bits come from the tile's word tile in shared memory (fill_keep_words with M = AccFrag::N * NQ
+// query rows; KeepTile, keep_at).
 // EDGE: 2 (the default) tests `edge` at run time inside the one loop; 1 / 0 fix it at compile time,
 // for a caller that branches once per tile itself. (The default is kept as one loop, unlike the
 // forward: the compiler unswitched it in the mma.sync and first wgmma kernels, and splitting it
@@ -439,11 +427,11 @@ __device__ __forceinline__ bool keep_at(const KeepWords<NQ>& k, const Frag&, int
 // backward's LSE2 build: its producer converts, bench/NOTES.md step 36).
 // P_ONLY (no dropout): only P^T in place of S^T; dP^T is left for backward_ds_from_p (the ws backward's
 // SPLIT_PDS build forms P while the dP GEMM still runs).
-template <int NQ, int EDGE = 2, bool LOG2_LSE = false, bool P_ONLY = false, class Bias, class Keep>
+template <int NQ, int EDGE = 2, bool LOG2_LSE = false, bool P_ONLY = false, class Bias>
 __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* lse, const float* d, float scale_log2,
                                               bool edge, const Window& win, const Alibi& alibi, const Bias& bias,
                                               int key0, int q0, const AccFrag& f, int seqlen_q, int seqlen_k,
-                                              const Dropout& drop, Keep keep_bits, int key_row0 = 0) {
+                                              const Dropout& drop, const KeepTile& keep, int key_row0 = 0) {
     // a bias tile in shared memory (Bias::PAIRS: SwBiasTile): this thread's 4 element addresses once
     // (key_row0: key0's row in the tile)
     unsigned boff[4] = {0u, 0u, 0u, 0u}, bstep = 0u;
@@ -465,7 +453,7 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             if ((EDGE == 1 || (EDGE == 2 && edge)) && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             if constexpr (DROPOUT) {
                 // the tile's byte mask has one byte per (key group, query row): NQ tiles of N query rows
-                const float z = keep_at<NQ>(keep_bits, f, n, e) ? drop.rp_keep : 0.f;
+                const float z = keep_at<NQ>(keep, f, n, e) ? drop.rp_keep : 0.f;
                 s[4 * n + e] = p * z;
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);
             } else {

@@ -73,12 +73,12 @@ __device__ __forceinline__ void bwd_ws_add_dq(const DqJob& job, const unsigned (
 // from key0), without a bias: one branch per tile on the mask (backward_p_ds with EDGE fixed at
 // compile time; the ALiBi builds keep the run-time test in one loop: two copies spilled at hdim 128).
 // `lse` and `d` point at the tile's first column's row (LSE2_: lse in log2 units); `keep`: the
-// warp's keep bits (DROPOUT builds: AccFrag::keep_bits_t; unread otherwise).
+// block's keep bits (DROPOUT builds: fill_keep_words' tile; unread otherwise).
 // P_ONLY: P^T alone (backward_p_ds's P_ONLY; dS^T then from backward_ds_from_p).
 template <int NQ, bool LSE2_, bool P_ONLY = false>
 __device__ __forceinline__ void bwd_ws_p_ds(float* sacc, float* dp, const float* lse, const float* d, const BwdParams& p,
                                             const BwdBlock& blk, bool edge, int key0, int q0, const AccFrag& frag,
-                                            const KeepWords<NQ>& keep) {
+                                            const KeepTile& keep) {
     if (ALIBI)
         backward_p_ds<NQ, 2, LSE2_, P_ONLY>(sacc, dp, lse, d, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, key0, q0,
                                             frag, blk.seqlen_q, blk.seqlen_k, blk.drop, keep);

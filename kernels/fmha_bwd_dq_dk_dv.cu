@@ -23,7 +23,7 @@
 //            MIN_BLOCKS (CTAs per SM for __launch_bounds__), BIAS (elementwise bias; dS for dBias),
 //            DROPOUT (0/1).
 // Dropout (DROPOUT=1): the CTA computes the keep bits of each (Q block, key block) tile into
-// shared memory, one Philox call per (query row, 16 keys), one Q block ahead (fill_keep_bits);
+// shared memory, one Philox call per (query row pair, call of 32 keys), one Q block ahead (fill_keep_words);
 // backward_p_ds reads them: dV += (P Z)^T dO, dS = P (dP Z - D), Z = keep * rp_keep.
 // Grid (ceil(seqlen_k / BLOCK_N) * NSPLIT, nhead_q, batch), block NWARPS * WARP_LANES.
 // The same source builds for sm80 (mma.sync, warps of 32) and gfx9 (MFMA, wavefronts of 64,
@@ -99,8 +99,8 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
     uint16_t* sdS = sm.ds;
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
-    unsigned char* sKeep = smem_raw + sizeof(SmemTiles);  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT; block.cuh)
-    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
+    uint16_t* sKeep = reinterpret_cast<uint16_t*>(smem_raw + sizeof(SmemTiles));  // [2][BLOCK_N / 8][BLOCK_M / 2] (DROPOUT; block.cuh)
+    constexpr int KEEP_WORDS = (BLOCK_N / 8) * (BLOCK_M / 2);
 
     const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
     const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
@@ -118,7 +118,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -166,7 +166,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, frag,
-                            blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + (n0 / 8) * BLOCK_M);
+                            blk.seqlen_q, blk.seqlen_k, blk.drop, KeepTile{sKeep + buf * KEEP_WORDS, n0});
         if constexpr (BIAS)
             if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
                 bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, frag);
@@ -219,7 +219,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
         if constexpr (DROPOUT)
-            if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
+            if (qb + 1 < blk.qb_end) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_WORDS, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 

@@ -87,8 +87,8 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
     uint16_t* sdS = sm.ds;  // dS^T, [BLOCK_N][BLOCK_M] blocked
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
-    unsigned char* sKeep = smem_raw + KEEP_OFFSET;  // [2][BLOCK_N / 8][BLOCK_M] (DROPOUT)
-    constexpr int KEEP_BYTES = (BLOCK_N / 8) * BLOCK_M;
+    uint16_t* sKeep = reinterpret_cast<uint16_t*>(smem_raw + KEEP_OFFSET);  // [2][BLOCK_N / 8][BLOCK_M / 2] (DROPOUT)
+    constexpr int KEEP_WORDS = (BLOCK_N / 8) * (BLOCK_M / 2);
     float* sdQ = reinterpret_cast<float*>(smem_raw + DQ_STAGE_OFFSET);  // [BLOCK_M][HDIM_Q] tile (DQ_BULK)
 
     const int tid = threadIdx.x, warp = warp_of(tid);
@@ -107,7 +107,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
         load_blocked_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
     }
     cp_async_commit();
 
@@ -158,7 +158,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
         // P^T and dS^T
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         backward_p_ds<NQ>(s, dp, sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + warp_key0, q0, frag,
-                          blk.seqlen_q, blk.seqlen_k, blk.drop, sKeep + buf * KEEP_BYTES + ((key_row0 + wi * 16) / 8) * BLOCK_M);
+                          blk.seqlen_q, blk.seqlen_k, blk.drop, KeepTile{sKeep + buf * KEEP_WORDS, key_row0 + wi * 16});
         if constexpr (BIAS)
             if (p.dbias_acc != nullptr)  // dS in fp32 for dBias
                 bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);
@@ -245,7 +245,7 @@ fmha_bwd_dq_dk_dv_sm90(FMHA_BWD_PARAMS_ARGS) {
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: anywhere else the Philox state spills.
         if constexpr (DROPOUT)
-            if (qb + 1 < blk.qb_end) fill_keep_bits<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_BYTES, blk.drop,
+            if (qb + 1 < blk.qb_end) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_WORDS, blk.drop,
                                                                             q0 + BLOCK_M, k0, tid);
     }
 

@@ -47,12 +47,12 @@
 // than fmha_bwd_dq_dk_dv_sm90: cupy_fmha.backends.cuda.BWD_WS_BIAS_HDIMS; an fp32 bias tile does not
 // fit there).
 //
-// DROPOUT=1 (not with BIAS): each warp makes the keep bits of its 16 keys x BLOCK_M query rows while
-// its GEMMs run (at hdim 64 a block ahead, under GEMM1/3; at 128 under GEMM0/2: KEEP_AHEAD), one
-// Philox call per (query row, the warp's 16 keys) spread over its lanes and handed
-// to the lanes that hold the elements by sixteen ballots per call round (AccFrag::keep_bits_t), no
-// byte mask in shared memory; backward_p_ds reads them (KeepWords). 1.28-1.33x faster than the
-// byte-mask kernel it replaced (fmha_bwd_dq_dk_dv_sm90; bench/NOTES.md steps 49-50).
+// DROPOUT=1 (not with BIAS): the MMA threads make the keep bits of each BLOCK_M x BLOCK_N block while
+// the GEMMs run (at hdim 64 a block ahead, under GEMM1/3; at 128 under GEMM0/2: KEEP_AHEAD), one
+// Philox call per (query row pair, call of 32 keys), into a word tile in shared memory
+// (fill_keep_words, philox.cuh); backward_p_ds reads them (KeepTile, AccFrag::keep_bit). Until
+// bench/NOTES.md step 96 each warp made its own keys' bits in registers (the keying then gave a call
+// 16 consecutive keys of one row) and handed them to their lanes by sixteen ballots per call round.
 // Group mode: rows past a sequence's end are the next sequence's (TMA zero-fills only past the tensor); they are masked like any row past seqlen, but their values
 // still meet zeros in GEMM1/3/4 (0 * Inf is NaN), so the MMA warpgroups zero them in the edge
 // tiles (K/V once, Q/dO in a sequence's last query block) before the GEMMs read them.
@@ -111,6 +111,7 @@ struct Smem {
     // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
+    __device__ __forceinline__ uint16_t* keep_words(int) { return nullptr; }
 };
 // With BIAS: the bias ring after them, from the next 1024-byte boundary (Smem ends in its mbarriers,
 // never on one); bias_full: the tile landed (no `empty` barrier: the MMA warpgroups' own named
@@ -124,9 +125,16 @@ struct SmemBias : Smem {
     __device__ __forceinline__ unsigned char* bias_tile(int s) { return bias[s]; }
     __device__ __forceinline__ unsigned long long* bias_full(int s) { return &bias_full_[s]; }
 };
-template <bool B> struct SmemOf { using type = Smem; };
-template <> struct SmemOf<true> { using type = SmemBias; };
-using SmemAll = SmemOf<BIAS>::type;
+// With DROPOUT: two buffers of a query block's keep words after them (fill_keep_words' tile: the
+// BLOCK_M x BLOCK_N block's calls, BLOCK_M * BLOCK_N / 8 bytes each)
+struct SmemDrop : Smem {
+    uint16_t keep[2][(BLOCK_N / 8) * (BLOCK_M / 2)];
+    __device__ __forceinline__ uint16_t* keep_words(int buf) { return keep[buf]; }
+};
+template <int K> struct SmemOf { using type = Smem; };
+template <> struct SmemOf<1> { using type = SmemBias; };
+template <> struct SmemOf<2> { using type = SmemDrop; };
+using SmemAll = SmemOf<BIAS ? 1 : DROPOUT ? 2 : 0>::type;
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 8),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
@@ -290,15 +298,20 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     }
 
     int kb_first = kb;  // deterministic ordered dQ (thread 0): the first key block of the current tile
-    // DROPOUT: this warp's keep bits (keep_bits_t). KEEP_AHEAD (hdim 64): those of the query block
-    // to come, the first one's here and each next one's while the current block's GEMM1 and GEMM3
-    // run, where S and dP are dead (0 spills; made while GEMM0/2 run instead, the build spilled 24-32
-    // bytes); at hdim 128 those of the current block while GEMM0 and GEMM2 run (48-52 bytes of block
-    // state spill; a block ahead, with dK and dV live, 68-112)
+    // DROPOUT: the keep bits of a query block, made by all the MMA threads together into a word tile in
+    // shared memory (fill_keep_words: the block's calls, two per thread at 64 query rows; a call's
+    // bits belong to warps of both halves of a 32-key span, so they cannot stay in the warp that made
+    // them), which backward_p_ds reads (KeepTile). KEEP_AHEAD (hdim 64): those of the query block to
+    // come, into the other of two buffers, the first one's here and each next one's while the current
+    // block's GEMM1 and GEMM3 run, where S and dP are dead (named barrier 1 then publishes them); at
+    // hdim 128 those of the current block while GEMM0 and GEMM2 run, then a barrier 1 of their own
+    // (a block ahead, with dK and dV live, the older per-warp keep words spilled 68-112 bytes)
     constexpr bool KEEP_AHEAD = HDIM_Q <= 64 && HDIM_V <= 64;
-    KeepWords<NQ> keep{};
     if constexpr (DROPOUT && KEEP_AHEAD)
-        if (blk.qb_begin < blk.qb_end) frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, blk.qb_begin * BLOCK_M, keep.w);
+        if (blk.qb_begin < blk.qb_end) {  // (uniform over the CTA)
+            fill_keep_words<BLOCK_M, BLOCK_N, MMA_THREADS>(sm.keep_words(0), blk.drop, blk.qb_begin * BLOCK_M, k0, tid);
+            named_barrier_sync(1, MMA_THREADS);
+        }
     for (int qb = blk.qb_begin, i = 0; qb < blk.qb_end; ++qb, ++i) {
         // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
         // and dS^T tiles then live in uniform registers)
@@ -325,10 +338,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
         wgmma_commit();
-        if constexpr (DROPOUT && !KEEP_AHEAD) {
-            frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0, keep.w);
-            fence_operand<NQ / 2>(keep.w);
+        if constexpr (DROPOUT && !KEEP_AHEAD) {  // (the buffer's last reads, the previous block's, are before its barrier 1)
+            fill_keep_words<BLOCK_M, BLOCK_N, MMA_THREADS>(sm.keep_words(0), blk.drop, q0, k0, tid);
+            named_barrier_sync(1, MMA_THREADS);
         }
+        const KeepTile keep{DROPOUT ? sm.keep_words(KEEP_AHEAD ? i & 1 : 0) : nullptr, warp_key0};
         if constexpr (SPLIT) {
             wgmma_wait<1>();  // GEMM0
             fence_operand<NQ * 4>(sacc);
@@ -348,7 +362,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             const SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2> tile{smem_u32(sm.bias_tile(bs)), p.bias.sq ? 1 : 0,
                                                                       p.bias.kind};
             backward_p_ds<NQ, 2, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p.scale_log2, edge, blk.win, blk.alibi, tile,
-                                       k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, nullptr,
+                                       k0 + warp_key0, q0, frag, blk.seqlen_q, blk.seqlen_k, blk.drop, KeepTile{nullptr, 0},
                                        warp_key0);
             if (p.dbias_acc)  // (null when dBias leaves through TMA, below)
                 bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias, element by element
@@ -389,11 +403,9 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             }
             wgmma_commit();
         }
-        if constexpr (DROPOUT && KEEP_AHEAD)
-            if (qb + 1 < blk.qb_end) {
-                frag.keep_bits_t<NQ>(blk.drop, k0 + warp_key0, q0 + BLOCK_M, keep.w);
-                fence_operand<NQ / 2>(keep.w);
-            }
+        if constexpr (DROPOUT && KEEP_AHEAD)  // (into the buffer the previous block read before its barrier 1)
+            if (qb + 1 < blk.qb_end)
+                fill_keep_words<BLOCK_M, BLOCK_N, MMA_THREADS>(sm.keep_words((i + 1) & 1), blk.drop, q0 + BLOCK_M, k0, tid);
         fence_proxy_async();
         if constexpr (!DQ_WRITER) bulk_wait_read<0>();  // the previous block's dQ rows have left sdQ
         named_barrier_sync(1, MMA_THREADS);        // dS^T of both warpgroups visible; sdQ free (DQ_WRITER: dq_empty)

@@ -258,7 +258,7 @@ fmha_bwd_dq_dk_dv_sm90_ws_wide(const __grid_constant__ TmaMap tm_q, const __grid
         // (P while GEMM2 still runs, as the ws kernel's SPLIT_PDS, measured 0.98-0.99x here: step 57)
         const bool edge = blk.win.tile_needs_test(q0 + row_wg, ROWS_WG, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         bwd_ws_p_ds<NQ, false>(sacc, dp, sm.lse[s] + row_wg, sm.d[s] + row_wg, p, blk, edge, k0 + warp_key0, q0 + row_wg,
-                               frag, KeepWords<NQ>{});
+                               frag, KeepTile{nullptr, 0});
         bwd_store_p_ds<NQ, BLOCK_M>(sacc, dp, sP, sdS, warp_key0, row_wg, frag);
         fence_proxy_async();
         mark(2);

@@ -153,16 +153,70 @@ __device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const u
     wgmma_commit();
 }
 
-// DROPOUT: this thread's keep bits of the key block at k0 (rows row0 + frag rows), called between
-// the issue of the block's S GEMM and the wait for it; the fence keeps the compiler from sinking
-// the Philox work below the wait. Without dropout: nothing (all bits unread).
-__device__ __forceinline__ KeepBits<BLOCK_N / 8> keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
-    KeepBits<BLOCK_N / 8> kb{};
+// DROPOUT: this thread's keep decisions of the key block at k0 (rows row0 + frag rows), made between
+// the issue of the block's S GEMM and the wait for it. KEEP_MSB (key blocks of whole 32-key spans:
+// BLOCK_N 96 and 128): as the top bits of the draws' bytes (AccFrag::fwd_keep_msb), which zero the
+// dropped elements of P's A operand when it is packed for the P V GEMM (keep_msb_apply: a PRMT and a
+// LOP3 per pair of elements; the softmax then gets all-ones bits, which the compiler folds away);
+// else (BLOCK_N 80) as keep bits the softmax applies (fwd_keep_bits). Without dropout: nothing.
+enum : int { KEEP_MSB = DROPOUT && BLOCK_N % 32 == 0 };
+struct KeepMsb {
+    uint32_t w[BLOCK_N / 32][4];
+};
+template <bool MSB> struct FwdKeepOf { using type = KeepBits<BLOCK_N / 8>; };
+template <> struct FwdKeepOf<true> { using type = KeepMsb; };
+using FwdKeep = FwdKeepOf<KEEP_MSB>::type;
+template <bool MSB = KEEP_MSB>  // (templates, so that if constexpr discards the other form)
+__device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
+    typename FwdKeepOf<MSB>::type kb{};
     if constexpr (DROPOUT) {
-        kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, row0, k0, f);
-        fence_operand<sizeof(kb) / 4>(&kb.w[0][0]);
+        // Anchored between the S GEMM's issue and its wait: the calls' coordinates pass through an
+        // empty asm first (else NVVM may hoist the Philox work above the issue), and the words' xor
+        // through one shuffle, from which the first word is recovered (else ptxas sinks the work below
+        // the wait, WARPGROUP.DEPBAR, where it no longer hides under the tensor cores; the keying before
+        // bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
+        uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
+        fence_operand<2>(at);
+        uint32_t* w;
+        constexpr int WORDS = sizeof(FwdKeep) / 4;
+        if constexpr (MSB) {
+            f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
+            w = &kb.w[0][0];
+        } else {
+            kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
+            w = &kb.w[0][0];
+        }
+        uint32_t rest = 0u;
+#pragma unroll
+        for (int x = 1; x < WORDS; ++x) rest ^= w[x];
+        w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
+        fence_operand<WORDS>(w);
     }
     return kb;
+}
+// The bits the softmax applies: KEEP_MSB's all ones (nothing dropped there), else the keep bits
+template <bool MSB = KEEP_MSB>
+__device__ __forceinline__ KeepBits<BLOCK_N / 8> softmax_keep(const typename FwdKeepOf<MSB>::type& k) {
+    if constexpr (MSB) {
+        KeepBits<BLOCK_N / 8> ones;
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
+#pragma unroll
+            for (int a = 0; a < (BLOCK_N / 8 + AccFrag::KEEP_TILES - 1) / AccFrag::KEEP_TILES; ++a) ones.w[r][a] = 0xffffffffu;
+        return ones;
+    } else {
+        return k;
+    }
+}
+// P's A operand of the P V GEMM from the softmax's P (sacc), the dropped elements zeroed (KEEP_MSB)
+template <bool MSB = KEEP_MSB>
+__device__ __forceinline__ void pv_operands(uint32_t (*pa)[4], const float* sacc, const typename FwdKeepOf<MSB>::type& keep,
+                                            uint32_t keep_all) {
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+        if constexpr (MSB) AccFrag::keep_msb_apply<BLOCK_N / 32>(pa[kk], keep.w, kk, keep_all);
+    }
 }
 
 // Whether O's rows can leave in 16-byte pieces (the API's outputs always can; else 4-byte stores)
@@ -473,22 +527,21 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 float sacc[NS * 4];
                 wgmma_fence();
                 gemm_s(sacc, sq, sm.k[s], wg);
-                const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
+                const FwdKeep keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
 
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 if constexpr (BIAS) {
                     online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi,
-                                           bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
+                                           bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, softmax_keep(keep), q0);
                     bias_done(it + i);
                 } else {
                     online_softmax<NS, NO>(sacc, acc_o, row_max, row_sum, p.scale_log2, edge, blk.win, blk.alibi, blk.bias,
-                                           wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                                           wq0 + wi * 16, k0, frag, blk.seqlen_k, softmax_keep(keep));
                 }
                 uint32_t pa[BLOCK_N / 16][4];
-#pragma unroll
-                for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+                pv_operands(pa, sacc, keep, blk.drop.keep_all());
 
                 mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
                 wgmma_fence();
@@ -540,7 +593,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_wait(smem_u32(&sm.v_full[(it + i) % STAGES]), ((it + i) / STAGES) & 1);
                 zero_tail_of(sm.v[(it + i) % STAGES], HDIM_V, i);
             };
-            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep) {
+            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep) {  // (softmax_keep's bits)
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 if constexpr (BIAS_ACC) {  // (the bias is in sacc already: bias_into_s)
@@ -571,6 +624,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     fence_operand<NS * 4>(sacc);
                 }
             };
+            FwdKeep keep_prev{};  // the keep decisions of the block whose P waits in sacc (KEEP_MSB)
             auto next_pv_operands = [&](int i) {
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
@@ -578,8 +632,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 phase(1);
                 if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
                 rescale_o_lazy<NO>(acc_o, corr, frag);
-#pragma unroll
-                for (int kk = 0; kk < BLOCK_N / 16; ++kk) c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
+                pv_operands(pa, sacc, keep_prev, blk.drop.keep_all());  // (block i - 1's P and keep decisions)
                 // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
@@ -593,11 +646,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_fence();
                 gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                const KeepBits<NS> keep0 = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
-                softmax(sacc, 0, corr, keep0);
+                softmax(sacc, 0, corr, softmax_keep(keep_prev));
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
                     phases(true);
@@ -612,13 +665,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
-                    const KeepBits<NS> keep = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
+                    keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);  // (block i - 1's are used)
                     phase(4);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     phase(5);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
-                    softmax(sacc, i, corr, keep);
+                    softmax(sacc, i, corr, softmax_keep(keep_prev));
                     phase(6);
                 }
                 phases(false);

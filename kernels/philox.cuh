@@ -7,17 +7,21 @@
 //
 // Keying, for the attention element (b, h, i, j) -- b the batch index (the sequence index in
 // varlen mode), h the query head, i the query row and j the key column, both local to the
-// sequence:
+// sequence (bench/NOTES.md step 96; cupy_fmha/philox.py's docstring is the specification):
 //     key     = (seed lo, seed hi)
-//     t       = offset + b * nhead_q + h            (64-bit, wrapping)
-//     counter = (j >> 4, i, t lo, t hi)
-// One call gives 16 uint8 draws u[0..15] for the columns 16 * (j >> 4) + 0..15 (byte k of word w
-// is u[4 w + k]); an element is kept iff u[j & 15] < threshold, threshold = floor((1 - p) * 256
+//     t       = offset + b * nhead_q + h                            (64-bit, wrapping)
+//     counter = (4 (j >> 5) + ((j >> 1) & 3), i & ~8, t lo, t hi)
+//     draw    = 8 ((i >> 3) & 1) + 2 ((j >> 3) & 3) + (j & 1)        (byte k of word w is draw 4 w + k)
+// One call serves rows ip and ip + 8 (ip = i & ~8, the call's "row pair") and the keys
+// 32 s + 8 m + 2 u + e (m = 0..3, e = 0..1) of call index c = 4 s + u: the 16 scores one thread
+// of an mma.sync / wgmma accumulator holds in a 16-row, 32-key span (rows g, g + 8; columns
+// 8 m + 2 u + e for quad thread u), in the order the forward applies them, so that no bits move
+// between threads. An element is kept iff its draw < threshold, threshold = floor((1 - p) * 256
 // + 0.5) (256 keeps everything), and a kept element is scaled by rp_keep = 256 / threshold.
 //
 // Every dropout path calls these functions: the forward kernels (keep16 through
-// AccFrag::row_keep_bits), the backward kernels (keep16 into a per-tile bit mask in shared memory,
-// or through AccFrag::keep_bits_t) and the keep-mask kernel fmha_dropout_mask.cu (keep8).
+// AccFrag::fwd_keep_words), the backward kernels (fill_keep_words into a word tile in shared
+// memory, read by AccFrag::keep_bit) and the keep-mask kernel fmha_dropout_mask.cu.
 #pragma once
 #include "common.cuh"
 
@@ -54,12 +58,15 @@ struct Dropout {
     uint32_t threshold;
     float rp_keep;
 
-    // The 4 output words for query row i and key group jg16 (keys 16 jg16 .. 16 jg16 + 15).
-    __device__ __forceinline__ uint4 random16(int i, int jg16) const {
-        return philox4x32<DROPOUT_PHILOX_ROUNDS>(make_uint4((uint32_t)jg16, (uint32_t)i, t0, t1), k0, k1);
+    // The call index of key j and the draw index of element (i, j) inside its call (see the keying above).
+    __device__ __forceinline__ static int call_of(int j) { return 4 * (j >> 5) + ((j >> 1) & 3); }
+    __device__ __forceinline__ static int draw_of(int i, int j) { return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1); }
+    // The 4 output words of call c of the row pair ip (ip = i & ~8: rows ip and ip + 8).
+    __device__ __forceinline__ uint4 random16(int ip, int c) const {
+        return philox4x32<DROPOUT_PHILOX_ROUNDS>(make_uint4((uint32_t)c, (uint32_t)ip, t0, t1), k0, k1);
     }
-    // Keep bits of keys 16 jg16 + c, c = 0..15, for query row i: bit c set iff key 16 jg16 + c is
-    // kept. SWAR, per output word x (draws of keys 4w + k at byte k): with H the bytes' top bits and
+    // Keep bits of call c of row pair ip: bit d set iff draw d's element is kept. SWAR, per output
+    // word x (draws 4w + k at byte k): with H the bytes' top bits and
     // t the threshold in every byte, d = (x | H) - (t & ~H) has bit 7 of byte k set iff the low 7
     // bits of x_k are >= those of t_k (no borrow crosses a byte), so x_k < t_k is bit 7 of
     // (~x & t) | (~(x ^ t) & ~d) (one LOP3). The four top bits then go to bits 28..31 by one
@@ -69,21 +76,38 @@ struct Dropout {
     // before). A threshold of 256 (nothing dropped) does not fit a byte: every bit set, or'd in
     // without a branch (an early return made the compiler keep a branch around every call and cost
     // the sm90 forward's key-block loop 110 instructions).
-    __device__ __forceinline__ uint32_t keep16(int i, int jg16) const { return keep_bits16(random16(i, jg16), threshold); }
+    __device__ __forceinline__ uint32_t keep16(int ip, int c) const { return keep_bits16(random16(ip, c), threshold); }
+    // keep_bits16's byte compare of one output word x against `threshold` (< 256) without the
+    // gathering: bit 7 of byte k is set iff x_k < threshold (the other bits are not defined). Three
+    // operations a word (bench/NOTES.md step 96).
+    __device__ __forceinline__ static uint32_t keep_msb_word(uint32_t x, uint32_t threshold) {
+        constexpr uint32_t H = 0x80808080u;
+        const uint32_t t = threshold * 0x01010101u, tl = t & ~H;
+        const uint32_t d = (x | H) - tl;
+        return (~x & t) | (~(x ^ t) & ~d);
+    }
+    // Call c of row pair ip as keep_msb_word of its four output words: bit 7 of byte k of word w is
+    // the keep decision of draw 4w + k, for a caller that makes masks of the top bits itself
+    // (AccFrag::keep_msb_apply). A threshold of 256 (nothing dropped) is not expressed: keep_all().
+    __device__ __forceinline__ uint4 keep_msb(int ip, int c) const {
+        const uint4 r = random16(ip, c);
+        return make_uint4(keep_msb_word(r.x, threshold), keep_msb_word(r.y, threshold), keep_msb_word(r.z, threshold),
+                          keep_msb_word(r.w, threshold));
+    }
+    // All ones when nothing is dropped (threshold 256), else 0: or'd into keep_msb's masks.
+    __device__ __forceinline__ uint32_t keep_all() const { return threshold > 255u ? 0xffffffffu : 0u; }
+    // Whether element (i, j) is kept (one call for one element: the cold paths).
+    __device__ __forceinline__ bool keep(int i, int j) const { return (keep16(i & ~8, call_of(j)) >> draw_of(i, j)) & 1u; }
     // keep16's compare of the 16 draws in r against `threshold` (0..256), on its own for the tests
     // (tests/test_philox_cuh.py: every draw at every threshold in every byte position).
     __device__ __forceinline__ static uint32_t keep_bits16(const uint4& r, uint32_t threshold) {
         constexpr uint32_t H = 0x80808080u, G = 0x00204081u;
-        const uint32_t t = threshold * 0x01010101u, tl = t & ~H;
         auto top4 = [&](uint32_t x) {  // bits 28..31: x_k < t_k, k = 0..3 (below: garbage)
-            const uint32_t d = (x | H) - tl;
-            return (((~x & t) | (~(x ^ t) & ~d)) & H) * G;
+            return (keep_msb_word(x, threshold) & H) * G;
         };
         const uint32_t all = threshold > 255u ? 0xffffu : 0u;
         return (top4(r.x) >> 28) | (top4(r.y) >> 28 << 4) | (top4(r.z) >> 28 << 8) | (top4(r.w) >> 28 << 12) | all;
     }
-    // Keep bits of keys 8 jg + c, c = 0..7 (half of a call: for the cold paths, the keep-mask kernel).
-    __device__ __forceinline__ uint32_t keep8(int i, int jg) const { return (keep16(i, jg >> 1) >> (8 * (jg & 1))) & 0xffu; }
 };
 
 __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigned long long offset, int b,
@@ -92,23 +116,28 @@ __device__ __forceinline__ Dropout make_dropout(unsigned long long seed, unsigne
     return Dropout{(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)t, (uint32_t)(t >> 32), threshold, rp_keep};
 }
 
-// Keep bits of the tile [q0, q0 + M) x [k0, k0 + N) (k0 a multiple of 16, N of 16), computed
-// cooperatively by the CTA's NT threads, one Philox call per (row, 16 keys): byte [jg * M + il]
-// holds the keep bits of keys k0 + 8 jg + 0..7 for query row q0 + il.
+// The backward's keep bits of the tile [q0, q0 + M) x [k0, k0 + N) (q0 a multiple of 16, k0 of 32),
+// computed cooperatively by NT threads, one Philox call per (row pair, call): the word tile
+// words[c * (M / 2) + P] = keep16(q0 + 16 (P >> 3) + (P & 7), 4 (k0 >> 5) + c), c = 0 .. N / 8 - 1
+// (the tile's calls), P = 0 .. M / 2 - 1 (its row pairs), M N / 8 bytes. Element (il, jl) of the tile
+// is bit draw_of(il, jl) of word [call_of(jl)][8 (il >> 4) + (il & 7)] (keep_word_bit; the
+// architecture layer's AccFrag::keep_bit reads its own elements).
 template <int M, int N, int NT>
-__device__ __forceinline__ void fill_keep_bits(unsigned char* bits, const Dropout& d, int q0, int k0, int tid) {
-    static_assert(N % 16 == 0, "fill_keep_bits: whole Philox calls of 16 keys");
-    constexpr int CALLS = M * (N / 16);
+__device__ __forceinline__ void fill_keep_words(uint16_t* words, const Dropout& d, int q0, int k0, int tid) {
+    static_assert(M % 16 == 0 && N % 32 == 0, "fill_keep_words: whole row pairs of 16-row tiles, whole 32-key calls");
+    constexpr int CALLS = (M / 2) * (N / 8);
 #pragma unroll 1  // one Philox chain at a time: the callers run at their register limit
     for (int s = 0; s < (CALLS + NT - 1) / NT; ++s) {
-        const int c = tid + s * NT;
-        if (CALLS % NT == 0 || c < CALLS) {
-            const int il = c % M, jg = c / M;
-            const uint32_t b16 = d.keep16(q0 + il, (k0 >> 4) + jg);
-            bits[2 * jg * M + il] = (unsigned char)b16;
-            bits[(2 * jg + 1) * M + il] = (unsigned char)(b16 >> 8);
+        const int x = tid + s * NT;
+        if (CALLS % NT == 0 || x < CALLS) {
+            const int P = x % (M / 2), c = x / (M / 2);
+            words[x] = (uint16_t)d.keep16(q0 + 16 * (P >> 3) + (P & 7), 4 * (k0 >> 5) + c);
         }
     }
+}
+// Element (il, jl) (inside the tile) of fill_keep_words' tile of M query rows, by the keying's formula.
+__device__ __forceinline__ bool keep_word_bit(const uint16_t* words, int M, int il, int jl) {
+    return (words[Dropout::call_of(jl) * (M / 2) + 8 * (il >> 4) + (il & 7)] >> Dropout::draw_of(il, jl)) & 1u;
 }
 
 }  // namespace fmha

@@ -62,18 +62,19 @@ def test_vectorized_and_broadcast():
 
 
 def test_keying_by_hand():
-    """Element (b, h, i, j): counter (j >> 4, i, lo(t), hi(t)) with t = offset + b*nhead_q + h,
-    key (seed lo, seed hi); column j takes byte j & 3 of word (j & 15) >> 2 of the output."""
+    """Element (b, h, i, j): counter (4 (j >> 5) + ((j >> 1) & 3), i & ~8, lo(t), hi(t)) with
+    t = offset + b*nhead_q + h, key (seed lo, seed hi); the element takes draw
+    d = 8 ((i >> 3) & 1) + 2 ((j >> 3) & 3) + (j & 1), byte d & 3 of word d >> 2 of the output."""
     seed, offset, b, nhq, h = 0x0123456789ABCDEF, 0xFFFFFFFF, 3, 5, 4  # t carries into word 3
     t = offset + b * nhq + h
-    for i, j in [(0, 0), (7, 5), (130, 8), (2, 15), (1000, 1003), (3, 16), (4, 31)]:
+    for i, j in [(0, 0), (7, 5), (130, 8), (2, 15), (1000, 1003), (3, 16), (4, 31), (9, 33), (15, 63)]:
         words = P.philox4x32(
-            np.array([j >> 4, i, t & U32, t >> 32], np.uint32),
+            np.array([4 * (j >> 5) + ((j >> 1) & 3), i & ~8, t & U32, t >> 32], np.uint32),
             np.array([seed & U32, seed >> 32], np.uint32),
             rounds=7,
         )
-        lane = j & 15
-        u = (int(words[lane >> 2]) >> (8 * (lane & 3))) & 0xFF
+        d = 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
+        u = (int(words[d >> 2]) >> (8 * (d & 3))) & 0xFF
         assert int(P.dropout_random(seed, offset, b, nhq, h, i, j)) == u
         assert bool(P.dropout_keep(seed, offset, b, nhq, h, i, j, 0.3)) == (u < 179)  # floor(179.2 + 0.5)
 
@@ -115,12 +116,13 @@ def test_keep_rate(p):
     want = P.keep_threshold(p) / 256
     sigma = np.sqrt(want * (1 - want) / n)
     assert abs(keep.mean() - want) < 5 * sigma, (keep.mean(), want)
-    # per head and per column lane (j & 15) too
+    # per head and per draw index (row i % 16, column j % 32: the element's byte of its call) too
     for h in range(8):
         assert abs(keep[h].mean() - want) < 5 * np.sqrt(want * (1 - want) / keep[h].size)
-    for lane in range(16):
-        sub = keep[:, :, lane::16]
-        assert abs(sub.mean() - want) < 5 * np.sqrt(want * (1 - want) / sub.size)
+    for r in range(2):
+        for lane in range(16):
+            sub = keep[:, 8 * r::16, [j for j in range(250) if (2 * ((j >> 3) & 3) + (j & 1)) == (lane & 7) and ((j >> 1) & 3) == lane >> 2]]
+            assert abs(sub.mean() - want) < 5 * np.sqrt(want * (1 - want) / sub.size)
 
 
 def test_uint8_draws_look_uniform():
@@ -130,7 +132,7 @@ def test_uint8_draws_look_uniform():
     expect = u.size / 16
     chi2 = ((hist - expect) ** 2 / expect).sum()
     assert chi2 < 50  # 15 degrees of freedom; p ~ 1e-5
-    # neighbouring columns of one Philox call are not equal more often than chance (1/256)
+    # neighbouring columns (draws d, d + 1 of one Philox call) are not equal more often than chance (1/256)
     assert abs(np.mean(u[..., 0::2] == u[..., 1::2]) - 1 / 256) < 1e-3
 
 

@@ -37,12 +37,14 @@ int main(int argc, char**) {
         return 0;
     }
     unsigned long long seed, offset;
-    int b, nhead, h, i, jg;
+    int b, nhead, h, i, j;
     unsigned int thr;
-    while (std::scanf("%llu %llu %d %d %d %d %d %u", &seed, &offset, &b, &nhead, &h, &i, &jg, &thr) == 8) {
+    while (std::scanf("%llu %llu %d %d %d %d %d %u", &seed, &offset, &b, &nhead, &h, &i, &j, &thr) == 8) {
         const fmha::Dropout d = fmha::make_dropout(seed, offset, b, nhead, h, thr, 1.f);
-        const uint4 r = d.random16(i, jg >> 1);
-        std::printf("%u %u %u %u %u %u\n", r.x, r.y, r.z, r.w, d.keep8(i, jg), d.keep16(i, jg >> 1));
+        const int c = fmha::Dropout::call_of(j);
+        const uint4 r = d.random16(i & ~8, c);
+        std::printf("%u %u %u %u %u %u %d\n", r.x, r.y, r.z, r.w, d.keep16(i & ~8, c), (unsigned)d.keep(i, j),
+                    fmha::Dropout::draw_of(i, j));
     }
     return 0;
 }
@@ -74,29 +76,33 @@ def test_philox_cuh_matches_numpy_replica(host_philox):
         offset = [0, U64 - 1, U64 - 5, 2**32 - 1, int(rng.integers(0, 2**63))][n % 5]
         nhead = int(rng.integers(1, 40))
         b, h = int(rng.integers(0, 9)), int(rng.integers(0, nhead))
-        i, jg = int(rng.integers(0, 70000)), int(rng.integers(0, 9000))
+        i, j = int(rng.integers(0, 70000)), int(rng.integers(0, 70000))
         p = [0.0, 0.1, 0.2, 0.5, 0.9, 0.999, 0.3, 0.002][n % 8]
-        rows.append((seed, offset, b, nhead, h, i, jg, philox.keep_threshold(p)))
+        rows.append((seed, offset, b, nhead, h, i, j, philox.keep_threshold(p)))
     got = host_philox(rows)
-    for (seed, offset, b, nhead, h, i, jg, thr), out in zip(rows, got):
-        counter, key = philox.dropout_counter_key(seed, offset, b, nhead, h, i, jg * 8)
+    for (seed, offset, b, nhead, h, i, j, thr), out in zip(rows, got):
+        counter, key = philox.dropout_counter_key(seed, offset, b, nhead, h, i, j)
         words = philox.philox4x32(counter, key, philox.DROPOUT_ROUNDS)
-        assert [int(w) for w in words] == [int(x) for x in out[:4]], (seed, offset, b, nhead, h, i, jg)
-        u = philox.dropout_random(seed, offset, b, nhead, h, i, jg * 8 + np.arange(8))
-        bits = sum(int(x < thr) << c for c, x in enumerate(u))
-        assert bits == int(out[4])
-        u16 = philox.dropout_random(seed, offset, b, nhead, h, i, (jg >> 1) * 16 + np.arange(16))
-        assert sum(int(x < thr) << c for c, x in enumerate(u16)) == int(out[5])  # (keep16's byte compares)
+        assert [int(w) for w in words] == [int(x) for x in out[:4]], (seed, offset, b, nhead, h, i, j)
+        # keep16: the call's 16 elements (rows i & ~8, + 8; its keys), each at its draw index
+        ip, c = i & ~8, int(philox.call_index(j))
+        ii = ip + 8 * (np.arange(16) >> 3)
+        jj = 32 * (c >> 2) + 8 * ((np.arange(16) >> 1) & 3) + 2 * (c & 3) + (np.arange(16) & 1)
+        assert list(philox.draw_index(ii, jj)) == list(range(16))
+        u16 = philox.dropout_random(seed, offset, b, nhead, h, ii, jj)
+        assert sum(int(x < thr) << d for d, x in enumerate(u16)) == int(out[4])  # (keep16's byte compares)
+        assert int(out[5]) == int(philox.dropout_random(seed, offset, b, nhead, h, i, j) < thr)  # keep(i, j)
+        assert int(out[6]) == int(philox.draw_index(i, j))
 
 
 def test_philox_cuh_offset_wraps_mod_2_64(host_philox):
     # t = offset + b * nhead_q + h crosses 2^64: the counter's high words wrap to 0
-    rows = [(2**40 + 3, 2**64 - 2, 1, 4, 3, 5, 2, 256)]  # t = 2^64 + 5 -> 5
+    rows = [(2**40 + 3, 2**64 - 2, 1, 4, 3, 13, 37, 256)]  # t = 2^64 + 5 -> 5; row pair 5, call 4 + 2
     got = host_philox(rows)[0]
-    counter = np.array([1, 5, 5, 0], dtype=np.uint32)  # (key group 2 of 8 keys: call 1 of 16)
+    counter = np.array([6, 5, 5, 0], dtype=np.uint32)
     key = np.array([3, 2**8], dtype=np.uint32)
     assert [int(w) for w in philox.philox4x32(counter, key, philox.DROPOUT_ROUNDS)] == [int(x) for x in got[:4]]
-    assert int(got[4]) == 0xFF and int(got[5]) == 0xFFFF  # threshold 256 keeps all
+    assert int(got[4]) == 0xFFFF and int(got[5]) == 1  # threshold 256 keeps all
 
 
 def test_philox_cuh_keep_bits_every_draw_at_every_threshold(host_philox):

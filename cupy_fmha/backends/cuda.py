@@ -89,6 +89,8 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
                 + 4 * 2 * st * bm + 8 * (2 * st + 1))
         if m.get("DQ_WRITER"):  # the dQ writer's two mbarriers and job (24 bytes)
             smem += 8 * 2 + 24
+        if m.get("DROPOUT"):  # two buffers of a block's keep words (fill_keep_words)
+            smem += _keep_bits_bytes(m, bm, bn)
         out = dict(NTHREADS=128 * (m["NWG"] + 1), DQ_TILED=1, DQ_ORDERED=1)
         align = 1024 if m.get("SWIZZLE") else 0
         if m.get("BIAS"):  # the bias ring, as the forward's less the `empty` mbarriers
@@ -142,7 +144,7 @@ def _bias_ring(smem: int, tile: int, align: int, barriers: int = 2) -> tuple[int
 
 
 def _keep_bits_bytes(m: dict[str, int], block_m: int, block_n: int) -> int:
-    """The dq_dk_dv kernels' dropout keep bits: two [block_n / 8][block_m] byte tiles (the current
+    """The dq_dk_dv kernels' dropout keep bits: two word tiles of block_m * block_n / 8 bytes (the current
     Q block's and the next one's); 0 without ``DROPOUT``."""
     return 2 * (block_n // 8) * block_m if m.get("DROPOUT", 0) else 0
 

@@ -14,8 +14,10 @@
 //          tile.cuh: loads, stores and products)
 #pragma once
 // common.cuh first, outside the conditional blocks: cupy_fmha.compile expands each local include
-// once, where it first appears, without evaluating #if
+// once, where it first appears, without evaluating #if (philox.cuh too: gfx9's fragment reads the
+// dropout keying's word tile through it)
 #include "../common.cuh"
+#include "../philox.cuh"
 #if defined(__HIP__)  // AMD gfx9 (issue 12: the MMA-free kernels, fmha_fwd, fmha_bwd_dq_dk_dv)
 #include "gfx9/instr.cuh"
 #include "gfx9/elem.cuh"

@@ -16,6 +16,7 @@
 #include "../../common.cuh"
 #include "instr.cuh"
 #include "elem.cuh"
+#include "../../philox.cuh"
 
 namespace fmha {
 
@@ -29,7 +30,7 @@ __device__ __forceinline__ void warp_sync() {
 // [4n + e]) sits at row row(e) and column col(n, e); one row slot of 4 columns per tile.
 struct AccFrag {
     using L = gfx9::Mfma16x16x16;
-    // (enumerators, as on sm80; KEEP_TILES: tiles per word of row_keep_bits, 4 bits each)
+    // (enumerators, as on sm80; KEEP_TILES: tiles per word of fwd_keep_words, 4 bits each)
     enum : int { N = 16, ROW_SLOTS = 1, SLOT_ELEMS = 4, KEEP_TILES = 8 };
     int lane;
 
@@ -64,14 +65,12 @@ struct AccFrag {
                 make_uint2(pack2(acc[n][0], acc[n][1]), pack2(acc[n][2], acc[n][3]));
     }
 
-    // Backward dropout: the keep bit of element e of tile n, from the byte mask fill_keep_bits
-    // makes (byte [key group][query row], `pitch` bytes per key group) of a tile whose rows are
-    // keys and whose columns are query rows (S^T = Q K^T's accumulator: the lane's key, row(e),
-    // and its 4 adjacent query rows col(n, 0) .. + 3): the 4 bytes of those query rows in one
-    // 32-bit read, byte e, bit row_in_group().
-    __device__ __forceinline__ bool keep_bit(const unsigned char* bits, int pitch, int n, int e) const {
-        const uint32_t quad = *reinterpret_cast<const uint32_t*>(bits + row_group(e) * pitch + col(n, 0));
-        return (quad >> (8 * e + row_in_group())) & 1u;
+    // Backward dropout: the keep bit of element e of tile n of S^T (Q K^T's accumulator: the lane's
+    // key key0l + row(e) and its 4 adjacent query rows col(n, 0) .. + 3) from the word tile
+    // fill_keep_words makes (philox.cuh), by the keying's formula (keep_word_bit; the keying follows
+    // the mma.sync fragment, so here each element finds its word and bit on its own).
+    __device__ __forceinline__ bool keep_bit(const uint16_t* words, int M, int key0l, int n, int e) const {
+        return keep_word_bit(words, M, col(n, e), key0l + row(e));
     }
 
     // A row slot's SLOT_ELEMS = 4 adjacent values to global memory at row + col (col: the slot's
@@ -100,19 +99,28 @@ struct AccFrag {
         for (int c = 0; c < SLOT_ELEMS; ++c) gfx9::atomic_add_f32(row + col + c, v[c]);
     }
 
-    // Forward dropout: keep bits of tiles m = 0 .. tiles - 1 (keys 8 jg0 + 16 m ..; jg0 even) in row
-    // i, bits 4m + c for this lane's columns col(m, c). A tile's 16 keys are one Philox call
-    // (philox.cuh keep16), of which the lane keeps its 4 bits; each lane makes its own call per tile.
-    template <class Drop>
-    __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int tiles) const {
-        const int c0 = L::d_row(lane, 0);  // first of the lane's 4 columns inside a tile: 0, 4, 8, 12
-        uint32_t bits = 0;
+    // Forward dropout: the keep bits of NS tiles of keys from k0 in this lane's row row0 + row(0), as
+    // KeepBits' words: w[0][a] bits 4m + c for column col(8a + m, c). The lane's 4 adjacent keys
+    // jb .. jb + 3 (jb = k0 + col(m, 0), a multiple of 4) are draws d, d + 1 of two calls (philox.cuh:
+    // calls call_of(jb) and call_of(jb) + 1, the same draw index d = draw_of(i, jb)): two Philox
+    // calls per lane and tile, of whose 16 bits it keeps 2 each (the keying follows the mma.sync
+    // fragment; before bench/NOTES.md step 96 this was one call per tile).
+    template <int NS, int W, class Drop>
+    __device__ __forceinline__ void fwd_keep_words(const Drop& drop, int row0, int k0, uint32_t (&w)[ROW_SLOTS][W]) const {
+        static_assert(W == (NS + KEEP_TILES - 1) / KEEP_TILES, "fwd_keep_words: one word per KEEP_TILES tiles");
+        const int i = row0 + row(0);
 #pragma unroll
-        for (int m = 0; m < KEEP_TILES; ++m) {
-            if (m >= tiles) break;
-            bits |= ((drop.keep16(i, (jg0 >> 1) + (N / 16) * m) >> c0) & 0xfu) << (4 * m);
+        for (int a = 0; a < W; ++a) {
+            uint32_t bits = 0;
+#pragma unroll
+            for (int m = 0; m < KEEP_TILES; ++m) {
+                if (KEEP_TILES * a + m >= NS) break;
+                const int jb = k0 + col(KEEP_TILES * a + m, 0), c = Drop::call_of(jb), d = Drop::draw_of(i, jb);
+                const uint32_t x = (drop.keep16(i & ~8, c) >> d) & 3u, y = (drop.keep16(i & ~8, c + 1) >> d) & 3u;
+                bits |= (x | (y << 2)) << (4 * m);
+            }
+            w[0][a] = bits;
         }
-        return bits;
     }
 };
 

@@ -28,7 +28,7 @@ struct AccFrag {
     // every instance's module)
     // N: columns per accumulator tile (an n8 tile). Each thread holds ROW_SLOTS rows of a tile,
     // SLOT_ELEMS adjacent columns each: element e = SLOT_ELEMS * r + c is column c of row slot r
-    // (row(e), col(n, e)). KEEP_TILES: tiles per word of row_keep_bits (SLOT_ELEMS bits each).
+    // (row(e), col(n, e)). KEEP_TILES: tiles per word of fwd_keep_words (SLOT_ELEMS bits each).
     enum : int { N = 8, ROW_SLOTS = 2, SLOT_ELEMS = 2, KEEP_TILES = 8 };
     int g, t;  // lane / 4: the row in each group of 8; lane % 4: the column pair in each n8 tile
 
@@ -62,48 +62,16 @@ struct AccFrag {
         }
     }
 
-    // Backward dropout: the keep bit of element e of tile n, from the byte mask fill_keep_bits
-    // makes (byte [key group][query row], `pitch` bytes per key group) of a tile whose rows are
-    // keys and whose columns are query rows (S^T): the bytes of query rows col(n, 0) and
-    // col(n, 0) + 1 in one 16-bit read, bit row_in_group() (+ 8 for the second column).
-    __device__ __forceinline__ bool keep_bit(const unsigned char* bits, int pitch, int n, int e) const {
-        const uint32_t pair = *reinterpret_cast<const uint16_t*>(bits + row_group(e) * pitch + col(n, 0));
-        return (pair >> ((e & 1) * 8 + row_in_group())) & 1u;
-    }
-
-    // Backward dropout without the byte mask (the warp-specialized backward): the keep bits of this
-    // thread's elements of NQ tiles of S^T (rows: the warp's 16 keys from key0, a multiple of 16;
-    // columns: query rows from q0), computed by the warp itself. Round u (NQ / 4 of them): lane
-    // (g, t) makes the Philox call of the warp's 16 keys (drop.keep16: bit r is key row r) and query
-    // row q0 + 8 (g + 8 (u >> 1)) + 2t + (u & 1); sixteen ballots, one per bit r, give every lane bit
-    // r of all 32 calls, and the lanes of rows g and g + 8 keep ballots g and g + 8 shifted by t, so
-    // word 4 (u >> 1) + 2 s + (u & 1) holds, at bit 4 m (m = 0..7, the calling lane's row), the
-    // element of row slot s, tile m + 8 (u >> 1), column u & 1 (keep_bit_t). Each call is made once
-    // per warp.
-    template <int NQ, class Drop>
-    __device__ __forceinline__ void keep_bits_t(const Drop& drop, int key0, int q0, uint32_t (&w)[NQ / 2]) const {
-        static_assert(NQ % 8 == 0, "keep_bits_t: whole groups of 8 tiles");
-#pragma unroll 1  // one Philox chain at a time (it runs under GEMM0/2): the caller is at its register limit
-        for (int u = 0; u < NQ / 4; ++u) {
-            const uint32_t bits = drop.keep16(q0 + 8 * (g + 8 * (u >> 1)) + 2 * t + (u & 1), key0 >> 4);
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const uint32_t v = ballot((bits >> r) & 1u), x = ballot((bits >> (r + 8)) & 1u);
-                lo = g == r ? v : lo;
-                hi = g == r ? x : hi;
-            }
-            lo >>= t;
-            hi >>= t;
-            const int k0 = 4 * (u >> 1) + (u & 1);
-#pragma unroll
-            for (int k = 0; k < NQ / 2; ++k) w[k] = k == k0 ? lo : k == k0 + 2 ? hi : w[k];  // (static indices: w stays in registers)
-        }
-    }
-    // The keep bit of element e of tile n from keep_bits_t's words.
-    template <int NQ>
-    __device__ __forceinline__ static bool keep_bit_t(const uint32_t (&w)[NQ / 2], int n, int e) {
-        return (w[4 * (n >> 3) + 2 * (e >> 1) + (e & 1)] >> (4 * (n & 7))) & 1u;
+    // Backward dropout: the keep bit of element e of tile n of S^T (rows: keys key0l + row(e) of the
+    // word tile fill_keep_words makes, key0l a multiple of 16; columns: query rows col(n, e) of it,
+    // M of them). The thread's keys g and g + 8 share a call (philox.cuh: c = 4 (key0l >> 5) +
+    // ((g >> 1) & 3)) and its query rows 8n + 2t + (e & 1) are row pairs 8 (n >> 1) + 2t + (e & 1),
+    // so one 32-bit read of words [c][8 (n >> 1) + 2t ..] serves tiles n and n + 1 (n even), both
+    // columns and both row slots: bit 16 (e & 1) + 8 (n & 1) + 2 ((key0l >> 3) & 3) + 2 (e >> 1) + (g & 1).
+    __device__ __forceinline__ bool keep_bit(const uint16_t* words, int M, int key0l, int n, int e) const {
+        const uint32_t pair = *reinterpret_cast<const uint32_t*>(words + (4 * (key0l >> 5) + ((g >> 1) & 3)) * (M / 2) +
+                                                                 8 * (n >> 1) + 2 * t);
+        return (pair >> (16 * (e & 1) + 8 * (n & 1) + 2 * ((key0l >> 3) & 3) + 2 * (e >> 1) + (g & 1))) & 1u;
     }
 
     // A row slot's SLOT_ELEMS adjacent values to global memory at row + col (col: the slot's first
@@ -134,28 +102,77 @@ struct AccFrag {
         red_add_f32x2(row + col, v[0], v[1]);
     }
 
-    // Forward dropout: keep bits of n8 tiles jg0 + m, m = 0..7 (jg0 even: whole Philox calls of 16
-    // keys; bits 2m, 2m + 1: this thread's columns of tile m) in row i. The four threads of a row
-    // each make one Philox call (keys 16 (jg0 / 2 + t) .. + 15, tiles 2t and 2t + 1; drop.keep16,
-    // philox.cuh) and place its 16 keep bits at bit 16 (t & 1) of a word; an xor exchange with the
-    // pair neighbour completes tiles 0-3 (threads 0, 1) or 4-7 (threads 2, 3), a second one brings
-    // the other half (byte b of a word: tile b's 8 columns), and this thread takes bits 2t, 2t + 1
-    // of each byte. Two shuffles and one call per eight tiles. (The exchange used to send each
-    // thread one Philox output word, chosen by a per-thread index: the compiler branched around
-    // every choice, which with the shuffles cost more than the Philox rounds; bench/NOTES.md step 48.)
-    // (All eight tiles are computed whatever `tiles`, the number the caller uses.)
-    template <class Drop>
-    __device__ __forceinline__ uint32_t row_keep_bits(const Drop& drop, int i, int jg0, int /*tiles*/) const {
-        uint32_t w = drop.keep16(i, (jg0 >> 1) + t) << (16 * (t & 1));
-        w |= shfl_xor_u32(w, 1);
-        const uint32_t other = shfl_xor_u32(w, 2);
-        const uint32_t lo = t < 2 ? w : other, hi = t < 2 ? other : w;  // tiles 0-3, 4-7
-        // this thread's two bits of byte m (bits 8m + 2t, + 1), as a 2-bit field at 8m, to bits
-        // 18 + 2m, + 1 by one multiply: field m times 2^(18 - 6m') lands at 8m + 18 - 6m', distinct
-        // 2-bit places for all 16 (m, m') pairs, so nothing carries (bench/NOTES.md step 74; was
-        // three shifts and masks per byte)
-        auto mine = [&](uint32_t x) { return ((x >> (2 * t)) & 0x03030303u) * 0x00041041u; };
-        return ((mine(lo) >> 18) & 0xffu) | ((mine(hi) >> 10) & 0xff00u);
+    // Forward dropout on P's A operand (the warp-specialized forward; key blocks of whole 32-key
+    // spans): the keep decisions of this thread's elements of NS n8 tiles from k0 as the top bits of
+    // their draws' bytes, w[q][v] = word v of Dropout::keep_msb of call 4 (k0 / 32 + q) + t of row
+    // pair row0 + g: byte k of word v is draw 4v + k = 8r + 2m + c (row slot r, tile m of span q,
+    // column c). Three operations a word where keep bits cost seven (bench/NOTES.md step 96).
+    template <int NS, class Drop>
+    __device__ __forceinline__ void fwd_keep_msb(const Drop& drop, int row0, int k0, uint32_t (&w)[NS / 4][4]) const {
+        static_assert(NS % 4 == 0, "fwd_keep_msb: key blocks of whole 32-key spans");
+        const int ip = row0 + g, c0 = 4 * (k0 >> 5) + t;
+#pragma unroll
+        for (int q = 0; q < NS / 4; ++q) {
+            const uint4 x = drop.keep_msb(ip, c0 + 4 * q);
+            w[q][0] = x.x;
+            w[q][1] = x.y;
+            w[q][2] = x.z;
+            w[q][3] = x.w;
+        }
+    }
+    // Zero the dropped elements of k-step kk's A fragment (c_to_a: a[2h + r] holds n8 tile 2kk + h,
+    // row slot r, columns 0 and 1 as a 16-bit pair) from fwd_keep_msb's words: tile 2kk + h is tile
+    // 2 (kk & 1) + h of span kk >> 1, so its draws 8r + 2 (2 (kk & 1) + h) + c are bytes 2h + c of word
+    // 2r + (kk & 1), and one PRMT in sign mode turns their top bits into the pair's mask (selector
+    // 0x9988: bytes 0, 0, 1, 1; 0xBBAA: 2, 2, 3, 3), one LOP3 applies it (or `all`, Dropout::keep_all).
+    template <int NQ>
+    __device__ __forceinline__ static void keep_msb_apply(uint32_t (&a)[4], const uint32_t (&w)[NQ][4], int kk, uint32_t all) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) a[2 * h + r] &= prmt(w[kk >> 1][2 * r + (kk & 1)], 0u, h ? 0xBBAAu : 0x9988u) | all;
+    }
+
+    // Forward dropout: the keep bits of this thread's elements of NS n8 tiles of keys from k0 (k0 a
+    // multiple of 8 NS), rows row0 + g and row0 + g + 8 (row0 a multiple of 16), as KeepBits' words:
+    // w[r][a] bit 2m + c is column c of tile 8a + m in row slot r. The keying (philox.cuh) is this
+    // layout's: call 4s + t of row pair row0 + g holds, at bit 8r + 2m + c, exactly this thread's
+    // element (slot r, column c) of tile m of the 32-key span s, so a word is two calls' bytes r side by
+    // side (one PRMT): no exchange across the quad (bench/NOTES.md step 96; before it each of the
+    // quad's threads made one call of 16 consecutive keys and the bits were shuffled into place).
+    // Key blocks of 16 keys (NS % 4 != 0: BLOCK_N 16 or 80) start 0 or 16 keys into a span: the
+    // calls from the span holding k0 on, their bytes shifted into place (one call's bits unused).
+    template <int NS, int W, class Drop>
+    __device__ __forceinline__ void fwd_keep_words(const Drop& drop, int row0, int k0, uint32_t (&w)[ROW_SLOTS][W]) const {
+        static_assert(W == (NS + 7) / 8 && NS % 2 == 0, "fwd_keep_words: one word per 8 tiles; key blocks of 16-key multiples");
+        const int ip = row0 + g, c0 = 4 * (k0 >> 5) + t;
+        if constexpr (NS % 4 == 0) {
+#pragma unroll
+            for (int a = 0; a < W; ++a) {
+                const uint32_t x = drop.keep16(ip, c0 + 8 * a);
+                const uint32_t y = 8 * a + 4 < NS ? drop.keep16(ip, c0 + 8 * a + 4) : 0u;
+                w[0][a] = __byte_perm(x, y, 0x0040);  // bytes 0 of x and y
+                w[1][a] = __byte_perm(x, y, 0x0051);  // bytes 1
+            }
+        } else {
+            constexpr int NC = (NS + 2 + 3) / 4;  // calls from the span of k0 (offset 0 or 2 tiles into it)
+            static_assert(NC <= 4, "fwd_keep_words: at most 4 calls' bytes in a 32-bit word");
+            uint32_t b0 = 0, b1 = 0;
+#pragma unroll
+            for (int q = 0; q < NC; ++q) {
+                const uint32_t x = drop.keep16(ip, c0 + 4 * q);
+                b0 |= (x & 0xffu) << (8 * q);
+                b1 |= ((x >> 8) & 0xffu) << (8 * q);
+            }
+            const int o = 2 * ((k0 >> 3) & 3);  // bits of the span's tiles before k0
+            b0 >>= o;
+            b1 >>= o;
+#pragma unroll
+            for (int a = 0; a < W; ++a) {
+                w[0][a] = (b0 >> (16 * a)) & 0xffffu;
+                w[1][a] = (b1 >> (16 * a)) & 0xffffu;
+            }
+        }
     }
 };
 

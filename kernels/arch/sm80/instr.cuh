@@ -120,6 +120,13 @@ __device__ __forceinline__ float poly_exp2(float x) {
 __device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 // v of lane (this lane ^ m) of this warp; every lane must take part.
 __device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// prmt.b32 of a (bytes 0-3) and b (bytes 4-7) with selector s, sign mode included (a nibble's bit 3
+// replicates the top bit of the byte it selects; CUDA's __byte_perm ignores that bit)
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+}
 // Bit L: `pred` of lane L of this warp; every lane must take part.
 __device__ __forceinline__ uint32_t ballot(bool pred) { return __ballot_sync(0xffffffffu, pred); }
 
