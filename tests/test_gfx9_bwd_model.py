@@ -6,16 +6,18 @@ and a host build of those C++ functions that shows they compute the same maps.
 The model runs one workgroup's step the way the kernel does (every wavefront owns 16 keys):
 S^T and dP^T through v_mfma_f32_16x16x16 with the query (dO) rows as the A operand and the
 wavefront's K (V) fragment as B, so a lane holds one key and 4 adjacent query rows per tile; P^T
-and dS^T element by element (keep bits from fill_keep_bits' byte mask through keep_bit); dV += P^T
+and dS^T element by element (keep bits from fill_keep_words' word tile through keep_bit); dV += P^T
 dO and dK += dS^T Q with the accumulators fed back as the B operand (acc_to_a); dS^T through LDS
 (store_a, then load_a_t as GEMM4's row fragments) into dQ = dS K; the row-slot stores of dQ, dK
 and dV. It gathers the results through the same maps and compares them with dense NumPy. The
-keep-bit map is also checked against the Philox host replica.
+keep-bit map is also checked against the Philox host replica (philox.cuh's word tile, keying of
+bench/NOTES.md step 96: words[call][row pair], bit = draw).
 
 test_cpp_maps_equal_the_model compiles the arch layer's headers with the host clang (the
 builtins the layer calls replaced by recorders: an MFMA call records its operands) and checks
-every map, lane by lane, against this file's formulas; test_a_changed_formula_is_caught shows it
-fails when one formula changes on the C++ side. CPU only: nothing here ran on an AMD GPU."""
+every map, lane by lane, against this file's formulas (and the forward's fwd_keep_words against
+tests/test_gfx9_fwd_model.py's fwd_keep_sources); test_a_changed_formula_is_caught shows it fails
+when one formula changes on the C++ side. CPU only: nothing here ran on an AMD GPU."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import test_gfx9_fwd_model as F  # (tests/ is on sys.path, as for the other test modules' imports)
 from cupy_fmha import philox
 from cupy_fmha.backends import gfx9_layout as G
 
@@ -68,9 +71,20 @@ def kmajor_idx(n0, k0, l, i):  # mma_row_kmajor's A operand, from a [k][n] tile
     return k0 + a_k(l, i), n0 + a_row(l)
 
 
-def keep_bit_idx(pitch, l, n, e):  # keep_bit: (byte, bit) of fill_keep_bits' mask
-    key = frag_row(l, e)
-    return (key >> 3) * pitch + frag_col(l, n, 0) + e, key & 7
+def call_of(j):  # philox.cuh Dropout::call_of
+    return 4 * (j >> 5) + ((j >> 1) & 3)
+
+
+def draw_of(i, j):  # Dropout::draw_of
+    return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
+
+
+def keep_word_idx(m, il, jl):  # keep_word_bit: (word, bit) of element (il, jl) of a word tile of m query rows
+    return call_of(jl) * (m // 2) + 8 * (il >> 4) + (il & 7), draw_of(il, jl)
+
+
+def keep_bit_idx(m, key0l, l, n, e):  # AccFrag::keep_bit: query row col(n, e), key key0l + row(e)
+    return keep_word_idx(m, frag_col(l, n, e), key0l + frag_row(l, e))
 
 
 def slot_offset(c):  # store_slot_* / add_slot_f32: value c of the slot, columns from the slot's first
@@ -121,16 +135,46 @@ def test_ds_round_trip_through_lds_gives_gemm4_its_rows():
                     assert a[l, i] == ds_t.T[m0 + b_col(l), 16 * kk + b_k(l, i)]
 
 
-def _keep_mask_bytes(keep, bm, bn):
-    """fill_keep_bits' byte mask of a tile: byte [jg * bm + il] bit c = keep[il, 8 jg + c]."""
-    out = np.zeros((bn // 8) * bm, np.uint8)
-    for jg in range(bn // 8):
-        for il in range(bm):
-            out[jg * bm + il] = sum(int(keep[il, 8 * jg + c]) << c for c in range(8))
-    return out
+def _keep_words(keep, bm, bn):
+    """The word tile of a tile's keep decisions keep[il, jl] (bm query rows, bn keys), laid out as
+    keep_word_bit reads it: bit draw_of(il, jl) of word keep_word_idx(bm, il, jl)."""
+    out = np.zeros((bn // 8) * (bm // 2), np.uint32)
+    for il in range(bm):
+        for jl in range(bn):
+            w, d = keep_word_idx(bm, il, jl)
+            out[w] |= np.uint32(int(keep[il, jl]) << d)
+    assert (out >> 16 == 0).all()
+    return out.astype(np.uint16)
 
 
-@pytest.mark.parametrize("nwarps, bm, dq, dv, dropout", [(2, 32, 32, 48, True), (4, 16, 48, 32, False), (1, 16, 16, 16, True)])
+def fill_keep_words(bm, bn, q0, k0, p, seed, offset, b, nh, h):
+    """philox.cuh fill_keep_words<M, N, NT> (any thread order): words[x] = keep16(q0 + 16 (P >> 3) +
+    (P & 7), 4 (k0 >> 5) + c), P = x % (M / 2), c = x / (M / 2); keep16 from the replica's Philox."""
+    assert bm % 16 == 0 and bn % 32 == 0  # (its static_assert)
+    t = offset + b * nh + h
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint32)
+    thr = philox.keep_threshold(p)
+    words = np.zeros((bm // 2) * (bn // 8), np.uint16)
+    for x in range(len(words)):
+        pp, c = x % (bm // 2), x // (bm // 2)
+        ip, cc = q0 + 16 * (pp >> 3) + (pp & 7), 4 * (k0 >> 5) + c
+        r = philox.philox4x32(np.array([cc, ip, t & 0xFFFFFFFF, t >> 32], np.uint32), key, philox.DROPOUT_ROUNDS)
+        words[x] = sum(int(((int(r[d >> 2]) >> (8 * (d & 3))) & 0xFF) < thr) << d for d in range(16))
+    return words
+
+
+@pytest.mark.parametrize("bm, bn", [(16, 32), (32, 64), (64, 32)])
+def test_keep_word_bit_covers_the_tile_once(bm, bn):
+    """keep_word_bit maps a tile's bm x bn elements one to one onto the bits of its (bn / 8) (bm / 2)
+    words (whole 16-row tiles, whole 32-key calls: fill_keep_words' static_assert)."""
+    seen = {keep_word_idx(bm, il, jl) for il in range(bm) for jl in range(bn)}
+    assert len(seen) == bm * bn
+    assert seen == {(w, d) for w in range((bn // 8) * (bm // 2)) for d in range(16)}
+
+
+# (dropout needs whole 32-key calls: BLOCK_N = 16 NWARPS of 2 or 4 wavefronts)
+@pytest.mark.parametrize("nwarps, bm, dq, dv, dropout", [(2, 32, 32, 48, True), (4, 16, 48, 32, False), (1, 16, 16, 16, False),
+                                                         (4, 32, 16, 32, True)])
 def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
     """One query block through fmha_bwd_dq_dk_dv's five products on the model, gathered through
     the kernel's maps (dQ, dK, dV row-slot stores), against dense NumPy."""
@@ -144,7 +188,7 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
     dd = rng.standard_normal(bm).astype(np.float32)
     keep = rng.random((bm, bn)) < 0.7 if dropout else np.ones((bm, bn), bool)
     rp_keep = 1 / 0.7 if dropout else 1.0
-    mask = _keep_mask_bytes(keep, bm, bn)
+    words = _keep_words(keep, bm, bn) if dropout else None
     nq = bm // 16  # accumulator tiles along the query rows
 
     ds_tile = np.zeros((bn, bm), np.float32)
@@ -162,14 +206,17 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
             vf = gather(v, lambda l, i: load_a_idx(n0, 16 * kk, l, i))
             for n in range(nq):
                 dp[n] = mfma(gather(do, lambda l, i: load_a_idx(16 * n, 16 * kk, l, i)), vf, dp[n])
-        keep_bits = mask[(n0 // 8) * bm:]  # the kernel's pointer: sKeep + (n0 / 8) * BLOCK_M
+        # the kernel's KeepTile{sKeep + buf * KEEP_WORDS, n0}: the whole tile, the warp's first key n0
         for n in range(nq):  # backward_p_ds
             for l in LANES:
                 for e in range(4):
                     c = frag_col(l, n, e)
                     p = np.exp2(s[n][l, e] * scale * np.log2(np.e) - lse[c] * np.log2(np.e))
-                    byte, bit = keep_bit_idx(16 * nq, l, n, e)
-                    z = rp_keep if (keep_bits[byte] >> bit) & 1 else 0.0
+                    if dropout:  # keep_at: keep_bit(words, N * NQ, key0l, n, e)
+                        word, bit = keep_bit_idx(16 * nq, n0, l, n, e)
+                        z = rp_keep if (int(words[word]) >> bit) & 1 else 0.0
+                    else:
+                        z = 1.0
                     s[n][l, e] = p * z
                     dp[n][l, e] = p * (dp[n][l, e] * z - dd[c])
         acc_dv = [np.zeros((64, 4), np.float32) for _ in range(dv // 16)]
@@ -215,25 +262,24 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
     np.testing.assert_allclose(dqo, ds @ k, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("q0, k0, bm, nwarps", [(0, 0, 32, 2), (48, 4096 + 64, 16, 4)])
+@pytest.mark.parametrize("q0, k0, bm, nwarps", [(0, 0, 32, 2), (48, 4096 + 64, 16, 4), (128, 96, 64, 2)])
 def test_keep_bits_match_the_host_replica(q0, k0, bm, nwarps):
-    """keep_bit over fill_keep_bits' mask (each byte half of one Philox call's 16 keys of one query
-    row, built here from the replica's keep decisions) gives element (lane, n, e) the keep decision of query row
-    q0 + col(n, e) and key k0 + n0 + row(e)."""
+    """keep_bit over fill_keep_words' word tile (one Philox call per (row pair, call), made here by
+    the replica's Philox) gives element (lane, n, e) of wavefront w the keep decision of query row
+    q0 + col(n, e) and key k0 + n0 + row(e) (n0 = 16 w, KeepTile's key0l)."""
     seed, offset, b, nh, h, p = 0xDEAD_BEEF_0123, 5, 2, 4, 3, 0.25
     bn = 16 * nwarps
-    keep = np.array([[philox.dropout_keep(seed, offset, b, nh, h, q0 + il, k0 + j, p) for j in range(bn)]
-                     for il in range(bm)], bool)
-    mask = _keep_mask_bytes(keep, bm, bn)
+    words = fill_keep_words(bm, bn, q0, k0, p, seed, offset, b, nh, h)
+    want = philox.dropout_keep(seed, offset, b, nh, h, q0 + np.arange(bm)[:, None], k0 + np.arange(bn)[None, :], p)
+    assert 0 < want.sum() < want.size
+    np.testing.assert_array_equal(words, _keep_words(want, bm, bn))
     for w in range(nwarps):
         n0 = 16 * w
-        bits = mask[(n0 // 8) * bm:]
         for l in LANES:
             for n in range(bm // 16):
                 for e in range(4):
-                    byte, bit = keep_bit_idx(bm, l, n, e)
-                    want = philox.dropout_keep(seed, offset, b, nh, h, q0 + frag_col(l, n, e), k0 + n0 + frag_row(l, e), p)
-                    assert bool((bits[byte] >> bit) & 1) == bool(want)
+                    word, bit = keep_bit_idx(bm, n0, l, n, e)
+                    assert bool((int(words[word]) >> bit) & 1) == bool(want[frag_col(l, n, e), n0 + frag_row(l, e)])
 
 
 # -- the C++ side: the arch layer's functions on the host, with recorders for the builtins --
@@ -311,6 +357,14 @@ static hshort4 host_tr16(const void* p) {
 #include "arch/gfx9/tile.cuh"
 using namespace fmha;
 
+// fwd_keep_words' Drop: keep16 of one (row pair, call) has only draw d kept, every other call none
+struct ProbeDrop {
+    int ip, c, d;
+    static int call_of(int j) { return Dropout::call_of(j); }
+    static int draw_of(int i, int j) { return Dropout::draw_of(i, j); }
+    uint32_t keep16(int ip_, int c_) const { return ip_ == ip && c_ == c ? 1u << d : 0u; }
+};
+
 constexpr int R = 48, C = 40;  // probe tiles: element (r, c) holds r * C + c
 alignas(16) static uint16_t tile[R * C];
 static void ids(const char* op, int l, const uint32_t* a) {
@@ -363,15 +417,31 @@ int main() {
             std::memcpy(&x, &bits, 4);
             printf("acc_to_a %d %d %d %d\n", l, i, 1, (int)x - 5);
         }
-        // keep_bit: which (byte, bit) of a 2-group mask of 32 query rows each element reads
-        alignas(16) static unsigned char bits[64];
-        for (int n = 0; n < 2; ++n)
-            for (int e = 0; e < 4; ++e)
-                for (int byte = 0; byte < 64; ++byte)
-                    for (int bit = 0; bit < 8; ++bit) {
-                        std::memset(bits, 0, sizeof(bits));
-                        bits[byte] = (unsigned char)(1u << bit);
-                        if (f.keep_bit(bits, 32, n, e)) printf("keep %d %d %d %d\n", l, 4 * n + e, byte, bit);
+        // keep_bit: which (word, bit) of a word tile of M = 32 query rows and 32 keys (4 calls x 16
+        // row pairs: 64 words, in a buffer of 128) each element reads, for the keys 16 .. 31 of the
+        // tile (key0l = 16)
+        if (g_pass) {
+            alignas(16) static uint16_t words[128];
+            for (int n = 0; n < 2; ++n)
+                for (int e = 0; e < 4; ++e)
+                    for (int w = 0; w < 128; ++w)
+                        for (int bit = 0; bit < 16; ++bit) {
+                            words[w] = (uint16_t)(1u << bit);
+                            if (f.keep_bit(words, 32, 16, n, e)) printf("keep %d %d %d %d\n", l, 4 * n + e, w, bit);
+                            words[w] = 0;
+                        }
+        }
+        // fwd_keep_words: NS = 10 tiles (two words) of keys from k0 = 48 in the rows from row0 = 16;
+        // which (row pair, call, draw) each of the 64 bits takes (row pairs 8 .. 31, calls 0 .. 31
+        // scanned: the tiles' are 16 .. 23 and 4 .. 27)
+        if (g_pass)
+            for (int ip = 8; ip < 32; ++ip)
+                for (int c = 0; c < 32; ++c)
+                    for (int d = 0; d < 16; ++d) {
+                        uint32_t kw[AccFrag::ROW_SLOTS][2];
+                        f.fwd_keep_words<10>(ProbeDrop{ip, c, d}, 16, 48, kw);
+                        for (int bit = 0; bit < 64; ++bit)
+                            if ((kw[0][bit / 32] >> (bit % 32)) & 1u) printf("fwdkeep %d %d %d %d\n", l, bit, ip, 16 * c + d);
                     }
         // the row-slot stores: where value c lands, from the slot's first column
         const float v[4] = {1.f, 2.f, 3.f, 4.f};
@@ -413,12 +483,14 @@ def _cpp_maps(kernel_dir: Path, tmp_path: Path, gfx950: bool = False) -> dict:
 
 def _model_maps() -> dict:
     m: dict = {op: set() for op in ("acc", "load_a", "load_a_t", "store_a", "nmajor", "kmajor", "acc_to_a", "keep",
-                                    "slot", "slot16")}
+                                    "fwdkeep", "slot", "slot16")}
     for l in LANES:
         for n in range(2):
             for e in range(4):
                 m["acc"].add((l, 4 * n + e, frag_row(l, e), frag_col(l, n, e)))
-                m["keep"].add((l, 4 * n + e, *keep_bit_idx(32, l, n, e)))
+                m["keep"].add((l, 4 * n + e, *keep_bit_idx(32, 16, l, n, e)))
+        for bit, (ip, c, d) in F.fwd_keep_sources(l, 10, 16, 48).items():
+            m["fwdkeep"].add((l, bit, ip, 16 * c + d))
         for i in range(4):
             m["load_a"].add((l, i, *load_a_idx(16, 12, l, i)))
             m["load_a_t"].add((l, i, *load_a_t_idx(16, 12, l, i)))
@@ -437,7 +509,8 @@ def test_cpp_maps_equal_the_model(tmp_path, gfx950):
     """The host build of arch/gfx9's functions reads, writes and multiplies exactly the elements
     this file's formulas say, for every lane: AccFrag's row / col, load_a, load_a_t, store_a, the
     A operands of mma_row_nmajor / mma_row_kmajor (recorded at the MFMA builtin), acc_to_a,
-    keep_bit's byte and bit, and the row-slot stores. The gfx950 build reads columns (load_a_t,
+    keep_bit's word and bit, the (row pair, call, draw) of each of fwd_keep_words' bits (with a
+    probe Drop whose keep16 keeps one draw of one call), and the row-slot stores. The gfx950 build reads columns (load_a_t,
     mma_row_kmajor) through the transposed LDS read, emulated across lanes by layout.cuh's
     DsReadTr16 (which tests/test_gfx9_layout.py checks against gfx9_layout's model)."""
     from cupy_fmha.compile import kernel_dir
@@ -449,9 +522,12 @@ def test_cpp_maps_equal_the_model(tmp_path, gfx950):
 
 
 _MUTATIONS = {
-    # keep_bit reading byte e ^ 1 instead of byte e
-    "keep_bit": ("arch/gfx9/fragment.cuh", "(quad >> (8 * e + row_in_group()))",
-                 "(quad >> (8 * (e ^ 1) + row_in_group()))", False, {"keep"}),
+    # keep_bit reading the query row of element e ^ 1 instead of e
+    "keep_bit": ("arch/gfx9/fragment.cuh", "keep_word_bit(words, M, col(n, e), key0l + row(e))",
+                 "keep_word_bit(words, M, col(n, e ^ 1), key0l + row(e))", False, {"keep"}),
+    # fwd_keep_words' second call keyed by the row instead of the row pair
+    "fwd_keep_words": ("arch/gfx9/fragment.cuh", "y = (drop.keep16(i & ~8, c + 1) >> d) & 3u",
+                       "y = (drop.keep16(i, c + 1) >> d) & 3u", False, {"fwdkeep"}),
     # gfx950: the transposed read's lane addresses with the 4-column groups in the wrong order
     "tr16_address": ("arch/gfx9/layout.cuh", "return 4 * (lane % 4);", "return 4 * (3 - lane % 4);", True,
                      {"load_a_t", "kmajor"}),

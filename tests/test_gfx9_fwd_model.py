@@ -3,11 +3,15 @@ mirrored here formula by formula over the layouts of cupy_fmha.backends.gfx9_lay
 wavefront's S = Q K^T through v_mfma_f32_16x16x16 with K's rows as the A operand and Q's row
 fragments as B, the accumulator read back through AccFrag's row / col, P fed from that
 accumulator as the B operand of O^T = V^T P^T (acc_to_a, mma_row_kmajor), the lanes sharing a
-row (reduce_max / reduce_sum's xor 16, 32), the O staging store, and the keep bits of
-row_keep_bits against the Philox host replica. CPU only; the kernels themselves have not run on an
+row (reduce_max / reduce_sum's xor 16, 32), the O staging store, and the keep words of
+fwd_keep_words (the dropout keying of bench/NOTES.md step 96: two Philox calls per lane and tile)
+against the Philox host replica. tests/test_gfx9_bwd_model.py's host build of the C++ checks
+fwd_keep_words against fwd_keep_sources below. CPU only; the kernels themselves have not run on an
 AMD GPU."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -105,26 +109,114 @@ def test_row_reductions_cover_each_row():
     assert sorted(frag_row(l, 0) for l in LANES if l < 16) == list(range(16))
 
 
-@pytest.mark.parametrize("k0, tiles", [(0, 8), (48, 3), (4096 + 16, 2)])
-def test_keep_bits_match_the_host_replica(k0, tiles):
-    """row_keep_bits: bit 4m + c of lane l is the keep decision of (row, k0 + col(l, m, c)); one
-    Philox call per lane and tile (16 keys: keep16 of group k0 / 16 + m), of which the lane takes
-    bits c0 .. c0 + 3."""
-    seed, offset, b, nh, h, p = 0x1234_5678_9ABC, 77, 1, 3, 2, 0.3
+# -- dropout: philox.cuh's keying (Dropout::call_of, draw_of, keep16) and AccFrag::fwd_keep_words --
+KEEP_TILES = 8  # AccFrag::KEEP_TILES: tiles per word, 4 bits each
+SEED, OFFSET, B, NH, H = 0x1234_5678_9ABC, 77, 1, 3, 2
+
+
+def call_of(j):  # Dropout::call_of
+    return 4 * (j >> 5) + ((j >> 1) & 3)
+
+
+def draw_of(i, j):  # Dropout::draw_of
+    return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
+
+
+@functools.lru_cache(maxsize=None)
+def keep16(ip, c, p):
+    """Dropout::keep16 of (SEED, OFFSET, B, NH, H): bit d iff draw d of call c of row pair ip is
+    below the threshold (the counter built here, not through the replica's keying)."""
+    t = OFFSET + B * NH + H
+    key = np.array([SEED & 0xFFFFFFFF, SEED >> 32], np.uint32)
+    r = philox.philox4x32(np.array([c, ip, t & 0xFFFFFFFF, t >> 32], np.uint32), key, philox.DROPOUT_ROUNDS)
     thr = philox.keep_threshold(p)
-    key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint32)
-    t = offset + b * nh + h
+    return sum(int(((int(r[d >> 2]) >> (8 * (d & 3))) & 0xFF) < thr) << d for d in range(16))
+
+
+def _fwd_keep_terms(l, ns, row0, k0):
+    """fwd_keep_words' loop for lane l: (a, m, ip, c, d) per tile 8a + m (row pair ip, calls c and
+    c + 1, draws d and d + 1 of each)."""
+    i = row0 + frag_row(l, 0)
+    for a in range((ns + KEEP_TILES - 1) // KEEP_TILES):
+        for m in range(KEEP_TILES):
+            if KEEP_TILES * a + m >= ns:
+                break
+            jb = k0 + frag_col(l, KEEP_TILES * a + m, 0)
+            yield a, m, i & ~8, call_of(jb), draw_of(i, jb)
+
+
+def fwd_keep_words(l, ns, row0, k0, p):
+    """AccFrag::fwd_keep_words<NS> for lane l: w[0][a] (ROW_SLOTS = 1)."""
+    w = [0] * ((ns + KEEP_TILES - 1) // KEEP_TILES)
+    for a, m, ip, c, d in _fwd_keep_terms(l, ns, row0, k0):
+        x, y = (keep16(ip, c, p) >> d) & 3, (keep16(ip, c + 1, p) >> d) & 3
+        w[a] |= (x | (y << 2)) << (4 * m)
+    return w
+
+
+def fwd_keep_sources(l, ns, row0, k0):
+    """Where fwd_keep_words takes each bit of lane l: {32 a + 4 m + c: (row pair, call, draw)}
+    (bits c = 0, 1 from draws d, d + 1 of call c0, bits 2, 3 from those of call c0 + 1)."""
+    return {32 * a + 4 * m + c: (ip, c0 + (c >> 1), d + (c & 1))
+            for a, m, ip, c0, d in _fwd_keep_terms(l, ns, row0, k0) for c in range(4)}
+
+
+def test_keying_helpers_are_the_replicas():
+    """call_of / draw_of (philox.cuh's expressions) are the replica's call_index / draw_index, and
+    keep16's bit draw_of(i, j) of call call_of(j) of row pair i & ~8 is dropout_keep(i, j)."""
+    i, j = np.meshgrid(np.arange(0, 48), np.arange(4064, 4160), indexing="ij")
+    np.testing.assert_array_equal(call_of(j), philox.call_index(j))
+    np.testing.assert_array_equal(draw_of(i, j), philox.draw_index(i, j))
+    for ii, jj in ((0, 0), (9, 37), (27, 4100), (40, 4159)):
+        want = bool(philox.dropout_keep(SEED, OFFSET, B, NH, H, ii, jj, 0.4))
+        assert bool((keep16(ii & ~8, call_of(jj), 0.4) >> draw_of(ii, jj)) & 1) == want
+
+
+# key blocks of 16-key multiples (gfx9 forward BLOCK_N = 16, 32 or 64: NS = 1, 2, 4), starting
+# on or half-way into a 32-key span; NS = 10 fills a second word
+@pytest.mark.parametrize("ns, row0, k0", [(1, 0, 16), (2, 16, 0), (4, 48, 64), (4, 32, 48), (10, 5, 4096 + 16),
+                                          (3, 64, 4096 + 96)])
+@pytest.mark.parametrize("p", [0.3, 0.8])  # (not 0: every bit 1 would hide a wrong mapping)
+def test_keep_words_match_the_host_replica(ns, row0, k0, p):
+    """fwd_keep_words: bit 4m + c of word a of lane l is the keep decision of (row0 + row(0),
+    k0 + col(8a + m, c)), as softmax_p_scaled reads it (attention.cuh: bits E m + c of keep.w[0][a]
+    zero s[4 (8a + m) + c])."""
+    rows = row0 + np.arange(16)
+    keys = k0 + np.arange(16 * ns)
+    want = philox.dropout_keep(SEED, OFFSET, B, NH, H, rows[:, None], keys[None, :], p)
+    assert 0 < want.sum() < want.size
     for l in LANES:
-        i = 5 + frag_row(l, 0)
-        c0 = d_row(l, 0)
-        bits = 0
-        for m in range(tiles):
-            jg16 = (k0 >> 4) + m  # keep16(i, (jg0 >> 1) + m): the tile's 16 keys are one call
-            r = philox.philox4x32(np.array([jg16, i, t & 0xFFFFFFFF, t >> 32], np.uint32), key, philox.DROPOUT_ROUNDS)
-            k16 = sum(int(((int(r[c >> 2]) >> (8 * (c & 3))) & 0xFF) < thr) << c for c in range(16))
-            bits |= ((k16 >> c0) & 0xF) << (4 * m)
-        for m in range(tiles):
+        w = fwd_keep_words(l, ns, row0, k0, p)
+        assert all(x < (1 << 32) for x in w)
+        for t in range(ns):
+            a, m = divmod(t, KEEP_TILES)
             for c in range(4):
-                j = k0 + frag_col(l, m, c)
-                want = philox.dropout_keep(seed, offset, b, nh, h, i, j, p)
-                assert bool((bits >> (4 * m + c)) & 1) == bool(want), (l, m, c)
+                got = bool((w[a] >> (4 * m + c)) & 1)
+                assert got == bool(want[frag_row(l, c), frag_col(l, t, c)]), (l, t, c)
+        # bits past the last tile are 0
+        assert w[-1] >> (4 * (ns - KEEP_TILES * (len(w) - 1))) == 0
+
+
+@pytest.mark.parametrize("ns, row0, k0", [(10, 16, 48), (4, 0, 0), (2, 80, 4096 + 16)])
+def test_keep_word_sources_are_the_keying(ns, row0, k0):
+    """Each bit of fwd_keep_words is the draw the replica's keying gives its element (row pair,
+    call_index, draw_index), independent of p; per lane and tile two calls, 2 draws of each, and
+    across the wavefront each of a tile's (row pair, call) made by 4 lanes (32 distinct calls: the
+    16 rows' 4 calls of the tile's half of a 32-key span)."""
+    made = {}
+    for l in LANES:
+        src = fwd_keep_sources(l, ns, row0, k0)
+        assert sorted(src) == [32 * (t // KEEP_TILES) + 4 * (t % KEEP_TILES) + c for t in range(ns) for c in range(4)]
+        i = row0 + frag_row(l, 0)
+        for t in range(ns):
+            bits = [32 * (t // KEEP_TILES) + 4 * (t % KEEP_TILES) + c for c in range(4)]
+            for c, bit in enumerate(bits):
+                j = k0 + frag_col(l, t, c)
+                assert src[bit] == (i & ~8, int(philox.call_index(j)), int(philox.draw_index(i, j))), (l, t, c)
+            calls = {src[bit][:2] for bit in bits}
+            assert len(calls) == 2
+            for call in calls:
+                made.setdefault((t, call), []).append(l)
+    for t in range(ns):
+        assert len([k for k in made if k[0] == t]) == 32
+    assert all(len(v) == 4 for v in made.values())
