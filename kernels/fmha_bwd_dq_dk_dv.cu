@@ -68,7 +68,11 @@ struct SmemTiles {
     float lse[2][BLOCK_M];
     float d[2][BLOCK_M];
 };
-constexpr int KEEP_SMEM = DROPOUT ? 2 * (BLOCK_N / 8) * BLOCK_M : 0;  // bytes
+// DROPOUT: two word tiles (fill_keep_words) of at least one 32-key call span: a key block of 16 keys
+// (gfx9's one-wavefront tiles) takes the span that holds it, of which it reads half
+enum : int { KEEP_N = BLOCK_N < 32 ? 32 : BLOCK_N };
+static_assert(BLOCK_N % 32 == 0 || 32 % BLOCK_N == 0, "fmha_bwd_dq_dk_dv: key blocks of whole 32-key spans, or parts of one");
+constexpr int KEEP_SMEM = DROPOUT ? 2 * (KEEP_N / 8) * BLOCK_M : 0;  // bytes
 struct Smem : SmemTiles, KeepBitsSmem<KEEP_SMEM> {};
 static_assert(sizeof(Smem) == SMEM_BYTES, "fmha_bwd_dq_dk_dv: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(Smem) == sizeof(SmemTiles) + KEEP_SMEM, "fmha_bwd_dq_dk_dv: the keep bits must follow the tiles");
@@ -100,7 +104,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
     uint16_t* sKeep = reinterpret_cast<uint16_t*>(smem_raw + sizeof(SmemTiles));  // [2][BLOCK_N / 8][BLOCK_M / 2] (DROPOUT; block.cuh)
-    constexpr int KEEP_WORDS = (BLOCK_N / 8) * (BLOCK_M / 2);
+    constexpr int KEEP_WORDS = (KEEP_N / 8) * (BLOCK_M / 2);
 
     const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);
     const AccFrag frag(tid);  // this thread's accumulator elements (arch layer)
@@ -118,7 +122,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         load_tile_async<BLOCK_M, HDIM_V, NTHREADS>(sdO, blk.dog, p.dout.ss, r0, blk.seqlen_q, p.hdim_v, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sLse, blk.lse_g, r0, blk.seqlen_q, tid);
         load_vec_async<BLOCK_M, NTHREADS>(sD, blk.d_g, r0, blk.seqlen_q, tid);
-        if constexpr (DROPOUT) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep, blk.drop, r0, k0, tid);
+        if constexpr (DROPOUT) fill_keep_words<BLOCK_M, KEEP_N, NTHREADS>(sKeep, blk.drop, r0, k0 & ~31, tid);
     }
     cp_async_commit();
 
@@ -166,7 +170,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         // P^T and dS^T, element by element; the window test only on edge tiles
         const bool edge = blk.win.tile_needs_test(q0, BLOCK_M, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
         backward_p_ds<NT_M>(&s[0][0], &dp[0][0], sLseb, sDb, p.scale_log2, edge, blk.win, blk.alibi, blk.bias, k0 + n0, q0, frag,
-                            blk.seqlen_q, blk.seqlen_k, blk.drop, KeepTile{sKeep + buf * KEEP_WORDS, n0});
+                            blk.seqlen_q, blk.seqlen_k, blk.drop, KeepTile{sKeep + buf * KEEP_WORDS, n0 + (k0 & 31)});
         if constexpr (BIAS)
             if (p.dbias_acc != nullptr && split == 0)  // dS in fp32 for dBias (the other splits repeat it)
                 bwd_store_ds<NT_M>(p, blk, &dp[0][0], k0 + n0, q0, frag);
@@ -219,8 +223,8 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
         // readers, in the previous iteration, are past this iteration's barrier). At the end of
         // the iteration, where S, dP and dQ are dead: at its start the Philox state spills.
         if constexpr (DROPOUT)
-            if (qb + 1 < blk.qb_end) fill_keep_words<BLOCK_M, BLOCK_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_WORDS, blk.drop,
-                                                                            q0 + BLOCK_M, k0, tid);
+            if (qb + 1 < blk.qb_end) fill_keep_words<BLOCK_M, KEEP_N, NTHREADS>(sKeep + (buf ^ 1) * KEEP_WORDS, blk.drop,
+                                                                           q0 + BLOCK_M, k0 & ~31, tid);
     }
 
     // epilogue: dK *= scale; write dK, dV (input dtype, or fp32 per query head for GQA)

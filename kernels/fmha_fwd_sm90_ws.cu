@@ -41,8 +41,8 @@
 //               the bias stays -inf (any scale sign).
 //
 //   DROPOUT=1   the Philox keep test (philox.cuh, the keep mask of every other kernel): each MMA thread
-//               computes the keep bits of its scores of a key block (fwd_keep_bits: one Philox call per
-//               row slot and 64 keys, 2 ceil(BLOCK_N / 64), independent of each other) right after issuing that block's S GEMM and
+//               computes the keep decisions of its scores of a key block (one Philox call per 32 keys for
+//               both its rows, BLOCK_N / 32 independent calls: keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //

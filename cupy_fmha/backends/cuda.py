@@ -145,8 +145,9 @@ def _bias_ring(smem: int, tile: int, align: int, barriers: int = 2) -> tuple[int
 
 def _keep_bits_bytes(m: dict[str, int], block_m: int, block_n: int) -> int:
     """The dq_dk_dv kernels' dropout keep bits: two word tiles of block_m * block_n / 8 bytes (the current
-    Q block's and the next one's); 0 without ``DROPOUT``."""
-    return 2 * (block_n // 8) * block_m if m.get("DROPOUT", 0) else 0
+    Q block's and the next one's; a key block shorter than a 32-key call span takes the whole span);
+    0 without ``DROPOUT``."""
+    return 2 * (max(block_n, 32) // 8) * block_m if m.get("DROPOUT", 0) else 0
 
 
 def compile_arch(spec: KernelSpec) -> str | None:
