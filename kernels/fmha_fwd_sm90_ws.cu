@@ -170,9 +170,9 @@ template <bool MSB = KEEP_MSB>  // (templates, so that if constexpr discards the
 __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
     typename FwdKeepOf<MSB>::type kb{};
     if constexpr (DROPOUT) {
-        // Anchored between the S GEMM's issue and its wait: the calls' coordinates pass through an
-        // empty asm first (else NVVM may hoist the Philox work above the issue), and the words' xor
-        // through one shuffle, from which the first word is recovered (else ptxas sinks the work below
+        // Anchored between the S GEMM's issue and its wait: the calls' coordinates pass through a
+        // register fence first (fence_operand; else NVVM may hoist the Philox work above the issue), and
+        // the words' xor through one shuffle, from which the first word is recovered (else ptxas sinks the work below
         // the wait, WARPGROUP.DEPBAR, where it no longer hides under the tensor cores; the keying before
         // bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
         uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
