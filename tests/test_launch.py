@@ -175,9 +175,9 @@ def test_fwd_ws_routing_and_geometry(monkeypatch):
         assert (s.source, s.macro("HDIM_Q"), s.macro("HDIM_V"), s.macro("BLOCK_N")) == ("fmha_fwd_sm90_ws", dpad, dpad, bn)
         assert s.macro("SMEM_BYTES") <= L.SMEM_LIMIT and s.macro("PV_OVERLAP") == 1
         assert fwd_spec("bf16", d, d, 90, bias=True, bias_tma=2).source == ("fmha_fwd_sm90_ws" if d <= 128 else "fmha_fwd")
-        drop = fwd_spec("bf16", d, d, 90, dropout=True)  # (the serial pipeline from 128 on: step 48)
-        assert (drop.source, drop.macro("DROPOUT"), drop.macro("FOLD"), drop.macro("PV_OVERLAP")) == (
-            "fmha_fwd_sm90_ws", 1, None, None)
+        drop = fwd_spec("bf16", d, d, 90, dropout=True)  # (the serial pipeline above 128: step 48; at 128 overlapped since step 97)
+        assert (drop.source, drop.macro("DROPOUT"), drop.macro("FOLD"), drop.macro("PV_OVERLAP"), drop.macro("PINGPONG")) == (
+            "fmha_fwd_sm90_ws", 1, None, *((1, 1) if dpad == 128 else (None, None)))
         assert drop.macro("BLOCK_N") == {128: 128, 192: 96, 256: 80}[dpad]
         # (a bias with dropout: no ws build; at these head dims the mma.sync kernel, as without TMA)
         assert fwd_spec("bf16", d, d, 90, bias=True, dropout=True, bias_tma=2).source == "fmha_fwd"

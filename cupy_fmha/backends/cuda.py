@@ -660,8 +660,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: with the cheaper keep mask of step 73 they measured 0.89-0.97x the time of three serial ones
 #: (step 71's choice at 10 rounds, 0.92-0.93x the two then) at s1024-16384, causal and not, except
 #: 1.01x non-causal at s4096 (bench/NOTES.md step 74); at 128 three with 64- or 80-key blocks were
-#: not faster (step 71)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(PV_OVERLAP=0, PINGPONG=0), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
+#: not faster (step 71). Since step 96's shorter keep work, hdim 128 takes the plain build's overlapped
+#: ping-pong pipeline: 0.94-0.97x the serial one's time on the H200 at s1024-16384, causal and not
+#: (0.90-0.96x at s16384; step 97), 0 spills with ALiBi too
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
 #: 4: fp32): at hdim 64 the bias goes into S's accumulator (BIAS_ACC), and the 16-bit bias takes three
