@@ -431,15 +431,15 @@ int main() {
                             words[w] = 0;
                         }
         }
-        // fwd_keep_words: NS = 10 tiles (two words) of keys from k0 = 48 in the rows from row0 = 16;
+        // fwd_keep_words: NS = 10 tiles (two words) of keys from k0 = 64 in the rows from row0 = 16;
         // which (row pair, call, draw) each of the 64 bits takes (row pairs 8 .. 31, calls 0 .. 31
-        // scanned: the tiles' are 16 .. 23 and 4 .. 27)
+        // scanned: the tiles' are 16 .. 23 and 8 .. 27)
         if (g_pass)
             for (int ip = 8; ip < 32; ++ip)
                 for (int c = 0; c < 32; ++c)
                     for (int d = 0; d < 16; ++d) {
                         uint32_t kw[AccFrag::ROW_SLOTS][2];
-                        f.fwd_keep_words<10>(ProbeDrop{ip, c, d}, 16, 48, kw);
+                        f.fwd_keep_words<10>(ProbeDrop{ip, c, d}, 16, 64, kw);
                         for (int bit = 0; bit < 64; ++bit)
                             if ((kw[0][bit / 32] >> (bit % 32)) & 1u) printf("fwdkeep %d %d %d %d\n", l, bit, ip, 16 * c + d);
                     }
@@ -489,7 +489,7 @@ def _model_maps() -> dict:
             for e in range(4):
                 m["acc"].add((l, 4 * n + e, frag_row(l, e), frag_col(l, n, e)))
                 m["keep"].add((l, 4 * n + e, *keep_bit_idx(32, 16, l, n, e)))
-        for bit, (ip, c, d) in F.fwd_keep_sources(l, 10, 16, 48).items():
+        for bit, (ip, c, d) in F.fwd_keep_sources(l, 10, 16, 64).items():
             m["fwdkeep"].add((l, bit, ip, 16 * c + d))
         for i in range(4):
             m["load_a"].add((l, i, *load_a_idx(16, 12, l, i)))
@@ -526,8 +526,8 @@ _MUTATIONS = {
     "keep_bit": ("arch/gfx9/fragment.cuh", "keep_word_bit(words, M, col(n, e), key0l + row(e))",
                  "keep_word_bit(words, M, col(n, e ^ 1), key0l + row(e))", False, {"keep"}),
     # fwd_keep_words' second call keyed by the row instead of the row pair
-    "fwd_keep_words": ("arch/gfx9/fragment.cuh", "y = (drop.keep16(i & ~8, c + 1) >> d) & 3u",
-                       "y = (drop.keep16(i, c + 1) >> d) & 3u", False, {"fwdkeep"}),
+    "fwd_keep_words": ("arch/gfx9/fragment.cuh", "const uint32_t y = drop.keep16(i & ~8, c + 1);",
+                       "const uint32_t y = drop.keep16(i, c + 1);", False, {"fwdkeep"}),
     # gfx950: the transposed read's lane addresses with the 4-column groups in the wrong order
     "tr16_address": ("arch/gfx9/layout.cuh", "return 4 * (lane % 4);", "return 4 * (3 - lane % 4);", True,
                      {"load_a_t", "kmajor"}),

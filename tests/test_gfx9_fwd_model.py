@@ -135,14 +135,17 @@ def keep16(ip, c, p):
 
 def _fwd_keep_terms(l, ns, row0, k0):
     """fwd_keep_words' loop for lane l: (a, m, ip, c, d) per tile 8a + m (row pair ip, calls c and
-    c + 1, draws d and d + 1 of each)."""
+    c + 1, draws d and d + 1 of each); with NS even (whole 32-key spans, k0 % 32 == 0) tile m + 1
+    takes the calls of tile m (m even), draws d + 4 and d + 5."""
+    pair = 2 if ns % 2 == 0 else 1
     i = row0 + frag_row(l, 0)
     for a in range((ns + KEEP_TILES - 1) // KEEP_TILES):
-        for m in range(KEEP_TILES):
+        for m in range(0, KEEP_TILES, pair):
             if KEEP_TILES * a + m >= ns:
                 break
             jb = k0 + frag_col(l, KEEP_TILES * a + m, 0)
-            yield a, m, i & ~8, call_of(jb), draw_of(i, jb)
+            for u in range(pair):
+                yield a, m + u, i & ~8, call_of(jb), draw_of(i, jb) + 4 * u
 
 
 def fwd_keep_words(l, ns, row0, k0, p):
@@ -172,10 +175,10 @@ def test_keying_helpers_are_the_replicas():
         assert bool((keep16(ii & ~8, call_of(jj), 0.4) >> draw_of(ii, jj)) & 1) == want
 
 
-# key blocks of 16-key multiples (gfx9 forward BLOCK_N = 16, 32 or 64: NS = 1, 2, 4), starting
-# on or half-way into a 32-key span; NS = 10 fills a second word
-@pytest.mark.parametrize("ns, row0, k0", [(1, 0, 16), (2, 16, 0), (4, 48, 64), (4, 32, 48), (10, 5, 4096 + 16),
-                                          (3, 64, 4096 + 96)])
+# key blocks of the gfx9 forward (BLOCK_N = 16, 32 or 64: NS = 1, 2, 4; k0 a multiple of BLOCK_N), an
+# odd NS starting on or half-way into a 32-key span; NS = 10 fills a second word
+@pytest.mark.parametrize("ns, row0, k0", [(1, 0, 16), (1, 0, 32), (2, 16, 0), (4, 48, 64), (4, 32, 4096 + 128),
+                                          (10, 5, 4096 + 32), (3, 64, 4096 + 96), (3, 16, 48)])
 @pytest.mark.parametrize("p", [0.3, 0.8])  # (not 0: every bit 1 would hide a wrong mapping)
 def test_keep_words_match_the_host_replica(ns, row0, k0, p):
     """fwd_keep_words: bit 4m + c of word a of lane l is the keep decision of (row0 + row(0),
@@ -197,7 +200,7 @@ def test_keep_words_match_the_host_replica(ns, row0, k0, p):
         assert w[-1] >> (4 * (ns - KEEP_TILES * (len(w) - 1))) == 0
 
 
-@pytest.mark.parametrize("ns, row0, k0", [(10, 16, 48), (4, 0, 0), (2, 80, 4096 + 16)])
+@pytest.mark.parametrize("ns, row0, k0", [(10, 16, 64), (4, 0, 0), (2, 80, 4096 + 32), (1, 16, 48)])
 def test_keep_word_sources_are_the_keying(ns, row0, k0):
     """Each bit of fwd_keep_words is the draw the replica's keying gives its element (row pair,
     call_index, draw_index), independent of p; per lane and tile two calls, 2 draws of each, and

@@ -102,22 +102,28 @@ struct AccFrag {
     // Forward dropout: the keep bits of NS tiles of keys from k0 in this lane's row row0 + row(0), as
     // KeepBits' words: w[0][a] bits 4m + c for column col(8a + m, c). The lane's 4 adjacent keys
     // jb .. jb + 3 (jb = k0 + col(m, 0), a multiple of 4) are draws d, d + 1 of two calls (philox.cuh:
-    // calls call_of(jb) and call_of(jb) + 1, the same draw index d = draw_of(i, jb)): two Philox
-    // calls per lane and tile, of whose 16 bits it keeps 2 each (the keying follows the mma.sync
-    // fragment; before bench/NOTES.md step 96 this was one call per tile).
+    // calls call_of(jb) and call_of(jb) + 1, the same draw index d = draw_of(i, jb)), and the next
+    // tile's, 16 keys on in the same 32-key span, draws d + 4, d + 5 of the same two: where key blocks
+    // are whole spans (NS even: BLOCK_N 32 or 64, so k0 % 32 == 0) two Philox calls serve a pair of
+    // tiles, else (BLOCK_N 16) one tile (the keying follows the mma.sync fragment, whose thread holds
+    // all 16 draws of a call; here a lane uses 4 of each; before bench/NOTES.md step 96 one call per tile).
     template <int NS, int W, class Drop>
     __device__ __forceinline__ void fwd_keep_words(const Drop& drop, int row0, int k0, uint32_t (&w)[ROW_SLOTS][W]) const {
-        static_assert(W == (NS + KEEP_TILES - 1) / KEEP_TILES, "fwd_keep_words: one word per KEEP_TILES tiles");
+        static_assert(W == (NS + KEEP_TILES - 1) / KEEP_TILES && KEEP_TILES % 2 == 0, "fwd_keep_words: one word per KEEP_TILES tiles");
+        constexpr int PAIR = NS % 2 == 0 ? 2 : 1;  // tiles per two calls
         const int i = row0 + row(0);
 #pragma unroll
         for (int a = 0; a < W; ++a) {
             uint32_t bits = 0;
 #pragma unroll
-            for (int m = 0; m < KEEP_TILES; ++m) {
+            for (int m = 0; m < KEEP_TILES; m += PAIR) {
                 if (KEEP_TILES * a + m >= NS) break;
                 const int jb = k0 + col(KEEP_TILES * a + m, 0), c = Drop::call_of(jb), d = Drop::draw_of(i, jb);
-                const uint32_t x = (drop.keep16(i & ~8, c) >> d) & 3u, y = (drop.keep16(i & ~8, c + 1) >> d) & 3u;
-                bits |= (x | (y << 2)) << (4 * m);
+                const uint32_t x = drop.keep16(i & ~8, c);
+                const uint32_t y = drop.keep16(i & ~8, c + 1);
+#pragma unroll
+                for (int u = 0; u < PAIR; ++u)  // tile m + u: draws d + 4u, d + 4u + 1
+                    bits |= (((x >> (d + 4 * u)) & 3u) | (((y >> (d + 4 * u)) & 3u) << 2)) << (4 * (m + u));
             }
             w[0][a] = bits;
         }
