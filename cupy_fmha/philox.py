@@ -78,7 +78,8 @@ _U64_MAX = (1 << 64) - 1
 #: rounds of the dropout generator (kernels/philox.cuh's DROPOUT_PHILOX_ROUNDS)
 DROPOUT_ROUNDS = 7
 #: draws take values 0 .. KEEP_RANGE - 1 (8 bits); one Philox call serves 2 rows x KEYS_PER_CALL keys of a
-#: span of SPAN_KEYS keys (draws per call: 2 * KEYS_PER_CALL = 16)
+#: span of SPAN_KEYS keys (draws per call: 2 * KEYS_PER_CALL = 16; before bench/NOTES.md step 96
+#: KEYS_PER_CALL was 16, the consecutive keys of one row a call served)
 KEEP_RANGE, KEYS_PER_CALL, SPAN_KEYS = 256, 8, 32
 
 

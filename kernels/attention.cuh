@@ -404,8 +404,8 @@ struct KeepTile {
     const uint16_t* words;
     int key0l;
 };
-template <int NQ, class Frag>
-__device__ __forceinline__ bool keep_at(const KeepTile& k, const Frag& f, int n, int e) {
+template <int NQ>
+__device__ __forceinline__ bool keep_at(const KeepTile& k, const AccFrag& f, int n, int e) {
     return f.keep_bit(k.words, AccFrag::N * NQ, k.key0l, n, e);
 }
 
@@ -452,7 +452,6 @@ __device__ __forceinline__ void backward_p_ds(float* s, float* dp, const float* 
             float p = fast_exp2(x);
             if ((EDGE == 1 || (EDGE == 2 && edge)) && (i >= seqlen_q || !win.visible(i, j, seqlen_k))) p = 0.f;
             if constexpr (DROPOUT) {
-                // the tile's byte mask has one byte per (key group, query row): NQ tiles of N query rows
                 const float z = keep_at<NQ>(keep, f, n, e) ? drop.rp_keep : 0.f;
                 s[4 * n + e] = p * z;
                 dp[4 * n + e] = p * (dp[4 * n + e] * z - d[c]);

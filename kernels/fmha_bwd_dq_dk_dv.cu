@@ -103,7 +103,7 @@ fmha_bwd_dq_dk_dv(FMHA_BWD_PARAMS_ARGS) {
     uint16_t* sdS = sm.ds;
     float* sLse = &sm.lse[0][0];
     float* sD = &sm.d[0][0];
-    uint16_t* sKeep = reinterpret_cast<uint16_t*>(smem_raw + sizeof(SmemTiles));  // [2][BLOCK_N / 8][BLOCK_M / 2] (DROPOUT; block.cuh)
+    uint16_t* sKeep = reinterpret_cast<uint16_t*>(smem_raw + sizeof(SmemTiles));  // [2][KEEP_N / 8][BLOCK_M / 2] (DROPOUT; block.cuh)
     constexpr int KEEP_WORDS = (KEEP_N / 8) * (BLOCK_M / 2);
 
     const int tid = threadIdx.x, lane = lane_of(tid), warp = warp_of(tid);

@@ -63,7 +63,7 @@ __device__ __forceinline__ void fwd_step(const FwdParams& p, const FwdBlock& blk
     KeepBits<NS> keep;  // (dropout: Philox on the ALUs while the tensor cores compute S)
     if constexpr (DROPOUT) {
         keep = fwd_keep_bits<NS>(blk.drop, wq0 + wi * 16, k0, f);
-        fence_operand<2 * ((NS + 3) / 4)>(&keep.w[0][0]);  // computed before the wait, not after
+        fence_operand<sizeof(keep) / 4>(&keep.w[0][0]);  // computed before the wait, not after
     }
     wgmma_wait0();
     fence_operand<NS * 4>(s);

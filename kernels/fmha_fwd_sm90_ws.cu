@@ -41,8 +41,9 @@
 //               the bias stays -inf (any scale sign).
 //
 //   DROPOUT=1   the Philox keep test (philox.cuh, the keep mask of every other kernel): each MMA thread
-//               computes the keep decisions of its scores of a key block (one Philox call per 32 keys for
-//               both its rows, BLOCK_N / 32 independent calls: keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
+//               computes the keep decisions of its scores of a key block (one Philox call per 32-key span for
+//               both its rows, ceil(BLOCK_N / 32) independent calls, one more where a block starts mid-span:
+//               keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
 //
@@ -177,15 +178,10 @@ __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBloc
         // bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
         uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
         fence_operand<2>(at);
-        uint32_t* w;
-        constexpr int WORDS = sizeof(FwdKeep) / 4;
-        if constexpr (MSB) {
-            f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
-            w = &kb.w[0][0];
-        } else {
-            kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
-            w = &kb.w[0][0];
-        }
+        constexpr int WORDS = sizeof(kb) / 4;
+        if constexpr (MSB) f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
+        else kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
+        uint32_t* w = &kb.w[0][0];
         uint32_t rest = 0u;
 #pragma unroll
         for (int x = 1; x < WORDS; ++x) rest ^= w[x];

@@ -20,7 +20,7 @@
 // + 0.5) (256 keeps everything), and a kept element is scaled by rp_keep = 256 / threshold.
 //
 // Every dropout path calls these functions: the forward kernels (keep16 through
-// AccFrag::fwd_keep_words), the backward kernels (fill_keep_words into a word tile in shared
+// AccFrag::fwd_keep_words; the warp-specialized forward keep_msb through AccFrag::fwd_keep_msb), the backward kernels (fill_keep_words into a word tile in shared
 // memory, read by AccFrag::keep_bit) and the keep-mask kernel fmha_dropout_mask.cu.
 #pragma once
 #include "common.cuh"

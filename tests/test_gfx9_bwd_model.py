@@ -71,12 +71,7 @@ def kmajor_idx(n0, k0, l, i):  # mma_row_kmajor's A operand, from a [k][n] tile
     return k0 + a_k(l, i), n0 + a_row(l)
 
 
-def call_of(j):  # philox.cuh Dropout::call_of
-    return 4 * (j >> 5) + ((j >> 1) & 3)
-
-
-def draw_of(i, j):  # Dropout::draw_of
-    return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
+call_of, draw_of = F.call_of, F.draw_of  # philox.cuh Dropout::call_of, draw_of
 
 
 def keep_word_idx(m, il, jl):  # keep_word_bit: (word, bit) of element (il, jl) of a word tile of m query rows
@@ -143,7 +138,6 @@ def _keep_words(keep, bm, bn):
         for jl in range(bn):
             w, d = keep_word_idx(bm, il, jl)
             out[w] |= np.uint32(int(keep[il, jl]) << d)
-    assert (out >> 16 == 0).all()
     return out.astype(np.uint16)
 
 
@@ -172,8 +166,9 @@ def test_keep_word_bit_covers_the_tile_once(bm, bn):
     assert seen == {(w, d) for w in range((bn // 8) * (bm // 2)) for d in range(16)}
 
 
-# (dropout needs whole 32-key calls: BLOCK_N = 16 NWARPS of 2 or 4 wavefronts)
-@pytest.mark.parametrize("nwarps, bm, dq, dv, dropout", [(2, 32, 32, 48, True), (4, 16, 48, 32, False), (1, 16, 16, 16, False),
+# (one wavefront: BLOCK_N = 16, whose keep words are those of the 32-key span holding the block,
+# KEEP_N = 32, read from key k0 & 31 = 16 on: fmha_bwd_dq_dk_dv.cu's KeepTile{.., n0 + (k0 & 31)})
+@pytest.mark.parametrize("nwarps, bm, dq, dv, dropout", [(2, 32, 32, 48, True), (4, 16, 48, 32, False), (1, 16, 16, 16, True),
                                                          (4, 32, 16, 32, True)])
 def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
     """One query block through fmha_bwd_dq_dk_dv's five products on the model, gathered through
@@ -188,7 +183,10 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
     dd = rng.standard_normal(bm).astype(np.float32)
     keep = rng.random((bm, bn)) < 0.7 if dropout else np.ones((bm, bn), bool)
     rp_keep = 1 / 0.7 if dropout else 1.0
-    words = _keep_words(keep, bm, bn) if dropout else None
+    kn, koff = max(bn, 32), 16 if bn < 32 else 0  # KEEP_N, k0 & 31 (the block is the span's second half)
+    keep_span = np.ones((bm, kn), bool)
+    keep_span[:, koff:koff + bn] = keep
+    words = _keep_words(keep_span, bm, kn) if dropout else None
     nq = bm // 16  # accumulator tiles along the query rows
 
     ds_tile = np.zeros((bn, bm), np.float32)
@@ -206,14 +204,14 @@ def test_backward_step_of_one_workgroup(nwarps, bm, dq, dv, dropout):
             vf = gather(v, lambda l, i: load_a_idx(n0, 16 * kk, l, i))
             for n in range(nq):
                 dp[n] = mfma(gather(do, lambda l, i: load_a_idx(16 * n, 16 * kk, l, i)), vf, dp[n])
-        # the kernel's KeepTile{sKeep + buf * KEEP_WORDS, n0}: the whole tile, the warp's first key n0
+        # the kernel's KeepTile{sKeep + buf * KEEP_WORDS, n0 + (k0 & 31)}: the span's tile, the warp's first key in it
         for n in range(nq):  # backward_p_ds
             for l in LANES:
                 for e in range(4):
                     c = frag_col(l, n, e)
                     p = np.exp2(s[n][l, e] * scale * np.log2(np.e) - lse[c] * np.log2(np.e))
                     if dropout:  # keep_at: keep_bit(words, N * NQ, key0l, n, e)
-                        word, bit = keep_bit_idx(16 * nq, n0, l, n, e)
+                        word, bit = keep_bit_idx(16 * nq, n0 + koff, l, n, e)
                         z = rp_keep if (int(words[word]) >> bit) & 1 else 0.0
                     else:
                         z = 1.0

@@ -3,7 +3,7 @@ padded head dims 64/128 in atomic mode, CUPY_FMHA_BWD_WS=1 takes it wherever it 
 the NumPy reference: the cases of the main GPU suites (batch mode: masks, GQA, both layouts,
 lengths that are not multiples of any tile; group mode; ALiBi; deterministic mode, which by
 default runs the other kernel) rerun with the switch on, plus a check that the switch really
-selects the kernel. Its dropout build (the warps make their own keep bits: AccFrag::keep_bits_t)
+selects the kernel. Its dropout build (the MMA threads fill a word tile of keep bits: fill_keep_words)
 is the default at these head dims, so the dropout suites test it as they are (test_gpu_dropout.py
 reruns its cases on the older kernel, CUPY_FMHA_BWD_WS=0). Configurations it does not take (bias
 with dropout, bias at hdim 128, head dims above 128, devices before sm_90) run the usual kernels

@@ -116,13 +116,13 @@ def test_keep_rate(p):
     want = P.keep_threshold(p) / 256
     sigma = np.sqrt(want * (1 - want) / n)
     assert abs(keep.mean() - want) < 5 * sigma, (keep.mean(), want)
-    # per head and per draw index (row i % 16, column j % 32: the element's byte of its call) too
+    # per head, per draw index (the byte of its call an element takes) and per call index mod 4 too
     for h in range(8):
         assert abs(keep[h].mean() - want) < 5 * np.sqrt(want * (1 - want) / keep[h].size)
-    for r in range(2):
-        for lane in range(16):
-            sub = keep[:, 8 * r::16, [j for j in range(250) if (2 * ((j >> 3) & 3) + (j & 1)) == (lane & 7) and ((j >> 1) & 3) == lane >> 2]]
-            assert abs(sub.mean() - want) < 5 * np.sqrt(want * (1 - want) / sub.size)
+    ii, jj = np.meshgrid(np.arange(256), np.arange(250), indexing="ij")
+    for sel in [P.draw_index(ii, jj) == d for d in range(16)] + [P.call_index(jj) % 4 == u for u in range(4)]:
+        sub = keep[:, sel]
+        assert abs(sub.mean() - want) < 5 * np.sqrt(want * (1 - want) / sub.size)
 
 
 def test_uint8_draws_look_uniform():

@@ -183,7 +183,7 @@ def loop_path(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozense
 
 
 def serial_paths(ins: list[Ins], labels: dict[str, int], flip: frozenset = frozenset()) -> tuple[list[Ins], list[Ins]]:
-    """The serial pipeline's loop (PV_OVERLAP=0: the dropout builds from hdim 128, ALiBi at 256), in
+    """The serial pipeline's loop (PV_OVERLAP=0: the dropout builds above hdim 128 (at 128 until step 97), ALiBi at 256), in
     two stretches: from the S GEMM's issue (the first ``WARPGROUP.ARRIVE`` followed by a K-major
     HGMMA run that ends in a wait for all groups) to that wait (what runs under the GEMM: the keep
     bits), and from the wait to the P V GEMM's ``WARPGROUP.ARRIVE`` (the softmax, P packed, V's wait);

@@ -633,7 +633,7 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
 #: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
 #: step 67; not in the bias or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_SHORT_BY_HDIM; the
-#: dropout builds take three on the serial pipeline, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
+#: dropout builds take two taking turns, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -814,7 +814,7 @@ def experimental_table() -> list[KernelSpec]:
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
     # where it crosses: 4 bytes of spill at 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
     # and LAZY_RESCALE=8 (O rescaled only when a maximum moved by more than 2^8) likewise at 64 and 128; all four
-    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout (at 128 dropout takes the serial pipeline: online_softmax's lazy rescale)
+    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout (above 128 dropout takes the serial pipeline: online_softmax's lazy rescale)
     for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 2}, (64, 128)),
                            ({"EXP_EMU": 1}, (64, 128)), ({"LAZY_RESCALE": 8}, (64, 128))):
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})

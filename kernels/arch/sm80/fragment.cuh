@@ -141,7 +141,7 @@ struct AccFrag {
     // side (one PRMT): no exchange across the quad (bench/NOTES.md step 96; before it each of the
     // quad's threads made one call of 16 consecutive keys and the bits were shuffled into place).
     // Key blocks of 16 keys (NS % 4 != 0: BLOCK_N 16 or 80) start 0 or 16 keys into a span: the
-    // calls from the span holding k0 on, their bytes shifted into place (one call's bits unused).
+    // calls from the span holding k0 on, their bytes shifted into place (half a call's bits unused).
     template <int NS, int W, class Drop>
     __device__ __forceinline__ void fwd_keep_words(const Drop& drop, int row0, int k0, uint32_t (&w)[ROW_SLOTS][W]) const {
         static_assert(W == (NS + 7) / 8 && NS % 2 == 0, "fwd_keep_words: one word per 8 tiles; key blocks of 16-key multiples");
