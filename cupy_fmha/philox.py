@@ -154,13 +154,30 @@ def _indices(*xs):
 
 
 def call_index(cols):
-    """First counter word of key ``cols``' call: ``4 * (j >> 5) + ((j >> 1) & 3)``."""
+    """The first counter word of the Philox call that holds key column ``cols``' draws:
+    ``4 * (j >> 5) + ((j >> 1) & 3)`` (bench/NOTES.md step 96).
+
+    Args:
+        cols: non-negative integer or integer array of key columns (local to the sequence).
+
+    Returns:
+        int64 array of ``cols``' shape.
+    """
     j = np.asarray(cols, dtype=np.int64)
     return 4 * (j >> 5) + ((j >> 1) & 3)
 
 
 def draw_index(rows, cols):
-    """Index (0..15) of element (rows, cols)'s draw inside its call: ``8 ((i >> 3) & 1) + 2 ((j >> 3) & 3) + (j & 1)``."""
+    """Which of its call's 16 uint8 draws element (rows, cols) takes:
+    ``8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)`` (byte ``d & 3`` of output word ``d >> 2``).
+
+    Args:
+        rows, cols: non-negative integers or integer arrays (query rows and key columns, local to the
+            sequence), broadcast together.
+
+    Returns:
+        int64 array of values 0..15 with the broadcast shape.
+    """
     i, j = _indices(rows, cols)
     return 8 * ((i >> 3) & 1) + 2 * ((j >> 3) & 3) + (j & 1)
 
