@@ -174,3 +174,82 @@ def test_dropout_changes_the_result():
     x0, x1, x2 = (inp.to_float(x) for x in (o0, o1, o2))
     assert np.linalg.norm(x1 - x0) > 0.1 * np.linalg.norm(x0)
     assert np.linalg.norm(x1 - x2) > 0.1 * np.linalg.norm(x0)
+
+
+# --------------------------------------------------------------------------- KEEP_RING (sm_90)
+# The ws forward's keep decisions of the first n 32-key spans of each key block made by the producer
+# warpgroup's idle warps into a ring in shared memory (CUPY_FMHA_FWD_WS_TILES=KEEP_RING=n, bench/NOTES.md
+# step 99), the others by the MMA threads: O and LSE must be bit-identical to the build whose MMA threads
+# make them all (the same GEMMs and softmax, only the keep words' origin differs), and match the
+# reference; n = 1, 2 and 4 (all: 128-key blocks have 4 spans). Causal and windowed masks
+# (key-block ranges that differ per row block), GQA, unaligned lengths, several row blocks per CTA
+# (PERSIST=2: the ring runs on across row blocks) and group mode (sequences ending mid-block).
+
+RING_CASES = {
+    "f16-d64-none-253": (F16, "bshd", 2, 253, 253, 4, 4, 64, 64, {"dropout_p": 0.2, "seed": 1}),
+    "bf16-d64-causal-700-gqa2-p0.5": (BF16, "bshd", 1, 700, 700, 4, 2, 64, 64,
+                                      {"causal": True, "dropout_p": 0.5, "seed": 21}),
+    "f16-d128-t:64,16-300x600": (F16, "bhsd", 1, 300, 600, 2, 2, 128, 128,
+                                 {"mask": "t:64,16", "dropout_p": 0.2, "seed": 22, "offset": U64 - 3}),
+    "bf16-d128-none-1030": (BF16, "bshd", 2, 1030, 1030, 2, 2, 128, 128, {"dropout_p": 0.3, "seed": 2**40 + 7}),
+    "bf16-d120-b-129x257": (BF16, "bshd", 2, 129, 257, 2, 2, 120, 120, {"mask": "b", "dropout_p": 0.2, "seed": 23}),
+}
+
+
+def _ring_runs(inp, kw, monkeypatch, persist, spans):
+    """(o, lse) of the KEEP_RING build and of the default one, each checked to have run, and the ring
+    build's gradients (the backward does not change)."""
+    from cupy_fmha import api
+
+    names, real = [], api.get_function
+
+    def record(spec):
+        names.append(spec.name)
+        return real(spec)
+
+    monkeypatch.setattr(api, "get_function", record)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_RING={spans}" + persist)
+    o, lse, g = run(inp, kw)
+    assert any(n.startswith("fmha_fwd_sm90_ws_") and f"KEEP_RING{spans}" in n for n in names), names
+    names.clear()
+    if persist:
+        monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", persist.lstrip(","))
+    else:
+        monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    o0, lse0, _ = run(inp, kw)
+    assert any(n.startswith("fmha_fwd_sm90_ws_") and "DROPOUT1" in n and "KEEP_RING" not in n for n in names), names
+    return o, lse, g, o0, lse0
+
+
+@pytest.mark.parametrize("spans", [1, 2, 4])
+@pytest.mark.parametrize("persist", ["", ",PERSIST=2"])
+@pytest.mark.parametrize("case", list(RING_CASES))
+def test_keep_ring_matches_reference_and_default(case, persist, spans, monkeypatch):
+    from conftest import is_sm90
+
+    if not is_sm90():
+        pytest.skip("KEEP_RING is a variant of the sm_90 ws forward")
+    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = RING_CASES[case]
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("ring", case))
+    kw = dict(extra, layout=layout)
+    o, lse, g, o0, lse0 = _ring_runs(inp, kw, monkeypatch, persist, spans)
+    check(inp, o, lse, g, kw)
+    assert np.array_equal(cp.asnumpy(lse), cp.asnumpy(lse0))
+    diff = int((cp.asnumpy(o).view(np.uint16) != cp.asnumpy(o0).view(np.uint16)).sum())
+    assert diff == 0, f"{diff} of {o.size} elements of O differ from the default build's"
+
+
+@pytest.mark.parametrize("spans", [1, 2, 4])
+def test_keep_ring_group_mode(spans, monkeypatch):
+    from conftest import Packed, check_group, is_sm90
+
+    if not is_sm90():
+        pytest.skip("KEEP_RING is a variant of the sm_90 ws forward")
+    lq, lk = [1, 130, 0, 257, 64], [200, 129, 3, 257, 1]
+    for d in (64, 128):
+        inp = Packed(BF16, lq, lk, 4, 2, d, d, seed_for("ring-varlen", d))
+        kw = {"mask": "b", "dropout_p": 0.3, "seed": 5 + d}
+        o, lse, g, o0, lse0 = _ring_runs(inp, kw, monkeypatch, "", spans)
+        check_group(inp, o, lse, g, kw)
+        assert np.array_equal(cp.asnumpy(lse), cp.asnumpy(lse0), equal_nan=True)
+        assert np.array_equal(cp.asnumpy(o).view(np.uint16), cp.asnumpy(o0).view(np.uint16))
