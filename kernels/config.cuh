@@ -54,10 +54,6 @@
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
-//   KEEP_RING    fmha_fwd_sm90_ws with DROPOUT (key blocks of whole 32-key spans): the keep decisions of
-//                the first KEEP_RING spans of each key block are made by the producer warpgroup's three
-//                idle warps into a ring in shared memory, the rest by each MMA thread between its S
-//                GEMM's issue and wait (0: all by the MMA threads)
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -186,9 +182,6 @@
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 0
 #endif
-#ifndef KEEP_RING
-#define KEEP_RING 0
-#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -208,7 +201,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE, keep_ring = KEEP_RING };
+             lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -251,7 +244,6 @@ enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_row
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
-#undef KEEP_RING
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -289,9 +281,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
-              KEEP_RING = config_detail::keep_ring != 0 };
-enum : int { KEEP_RING_SPANS = config_detail::keep_ring };
+enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

@@ -46,18 +46,6 @@
 //               keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
-//   KEEP_RING=n (with DROPOUT, key blocks of whole 32-key spans; no bias) the keep decisions of the first
-//               n spans of each key block (RING_SPANS: at most all) are made by the producer
-//               warpgroup's three other warps instead, KEEP_THREADS of them, one call at a time into a
-//               ring of KEEP_STAGES word tiles of its own (each MMA thread's calls of a block as
-//               Dropout::keep_msb_packed words; keep_full / keep_empty mbarriers, the MMA threads
-//               handing a stage back as soon as they have read their words, so the generator runs up
-//               to KEEP_STAGES blocks ahead; tied to K and V's `empty` instead, a block's words were
-//               begun only when its P V was two blocks away); the MMA threads read one word per such
-//               span and make the other spans' calls themselves. The producer warpgroup keeps
-//               WS_WORKING_PRODUCER_REGS registers for the generator, the MMA warpgroups 16 fewer each.
-//               (Three warps make calls at a fraction of the MMA warps' rate: all of a block's calls
-//               took them longer than the block, bench/NOTES.md step 99.)
 //
 //   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
 //               its 16 rows of O in the rows of the Q buffer its warpgroup's S GEMMs read (128-byte
@@ -94,8 +82,6 @@ static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 *
 static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
-static_assert(!KEEP_RING || (DROPOUT && !BIAS && BLOCK_N % 32 == 0),
-              "fmha_fwd_sm90_ws: KEEP_RING is a variant of the dropout build with key blocks of whole 32-key spans");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
@@ -105,15 +91,8 @@ constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
 // turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
-// registers per thread after setmaxnreg: the producer warpgroup's (24; KEEP_RING, where three of its
-// warps run the generator: 56) and the MMA warpgroups' (240 with two, 160 with three; KEEP_RING 224, 152)
-enum : int { PRODUCER_REGS = KEEP_RING ? WS_WORKING_PRODUCER_REGS : WS_PRODUCER_REGS };  // (an enumerator: see below)
-constexpr int MMA_REGS = ws_mma_regs<NWG, PRODUCER_REGS>;
-// KEEP_RING: the producer warpgroup's generator threads (its warps 1-3) and the ring's words per MMA
-// thread and block (one per 32-key span)
-enum : int { KEEP_THREADS = 96, KEEP_SPANS = BLOCK_N / 32, KEEP_STAGES = 4,
-             RING_SPANS = KEEP_RING ? (KEEP_RING_SPANS < KEEP_SPANS ? KEEP_RING_SPANS : KEEP_SPANS) : 0,
-             OWN_SPANS = KEEP_SPANS - RING_SPANS };
+// registers per MMA thread after setmaxnreg (240 with two MMA warpgroups, 160 with three)
+constexpr int MMA_REGS = ws_mma_regs<NWG>;
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
 // swizzle pattern follows address bits 4-9); the launcher passes this much more (SMEM_BYTES)
 constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
@@ -131,10 +110,6 @@ struct Smem {
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_empty(int) { return nullptr; }
-    // (no keep ring either: SmemKeep)
-    __device__ __forceinline__ uint32_t* keep_words(int) { return nullptr; }
-    __device__ __forceinline__ unsigned long long* keep_full(int) { return nullptr; }
-    __device__ __forceinline__ unsigned long long* keep_empty(int) { return nullptr; }
 };
 // With BIAS: the bias ring after them, from the next 1024-byte boundary; bias_full: the tile landed,
 // bias_empty: every MMA thread has added it to its scores
@@ -148,21 +123,9 @@ struct SmemBias : Smem {
     __device__ __forceinline__ unsigned long long* bias_full(int s) { return &bias_full_[s]; }
     __device__ __forceinline__ unsigned long long* bias_empty(int s) { return &bias_empty_[s]; }
 };
-// With KEEP_RING: the keep ring after them: per stage, RING_SPANS words per MMA thread (thread-major,
-// so that each reads its words with one load), keep_full (the generator threads' words of the stage's
-// block are written) and keep_empty (every MMA thread has read its words)
-struct SmemKeep : Smem {
-    uint32_t keep[KEEP_STAGES][MMA_THREADS * (RING_SPANS > 0 ? RING_SPANS : 1)];
-    unsigned long long keep_full_[KEEP_STAGES], keep_empty_[KEEP_STAGES];
-    __device__ __forceinline__ uint32_t* keep_words(int s) { return keep[s]; }
-    __device__ __forceinline__ unsigned long long* keep_full(int s) { return &keep_full_[s]; }
-    __device__ __forceinline__ unsigned long long* keep_empty(int s) { return &keep_empty_[s]; }
-};
-static_assert(sizeof(Smem) % 16 == 0, "SmemKeep: the keep words start 16-byte aligned, without padding");
-template <int K> struct SmemOf { using type = Smem; };
-template <> struct SmemOf<1> { using type = SmemBias; };
-template <> struct SmemOf<2> { using type = SmemKeep; };
-using SmemAll = SmemOf<BIAS ? 1 : KEEP_RING ? 2 : 0>::type;
+template <bool B> struct SmemOf { using type = Smem; };
+template <> struct SmemOf<true> { using type = SmemBias; };
+using SmemAll = SmemOf<BIAS>::type;
 // O_STAGE: O's stage after the layout, from the next 16-byte boundary: BLOCK_M rows of HDIM_V + 8
 // elements (a warp's 4-byte stores of 8 rows x 4 column pairs fall on 32 different banks), MMA
 // warpgroup w's 64 rows from row 64 w (fwd_ws_store_o)
@@ -197,81 +160,33 @@ __device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const u
 // dropped elements of P's A operand when it is packed for the P V GEMM (keep_msb_apply: a PRMT and a
 // LOP3 per pair of elements; the softmax then gets all-ones bits, which the compiler folds away);
 // else (BLOCK_N 80) as keep bits the softmax applies (fwd_keep_bits). Without dropout: nothing.
-// KEEP_RING: KEEP_MSB's words of the first RING_SPANS spans as the producer warpgroup made them
-// (Dropout::keep_msb_packed, one per span), read from the ring (`ring`: the thread's words of the
-// block's stage, its keep_full and keep_empty mbarriers and phase; unread in the other builds), and
-// of the other OWN_SPANS as KEEP_MSB's.
 enum : int { KEEP_MSB = DROPOUT && BLOCK_N % 32 == 0 };
 struct KeepMsb {
     uint32_t w[BLOCK_N / 32][4];
 };
-struct KeepRing {
-    uint32_t p[RING_SPANS > 0 ? RING_SPANS : 1];
-    uint32_t w[OWN_SPANS > 0 ? OWN_SPANS : 1][4];
-};
-struct KeepRingAt {
-    const uint32_t* words;
-    unsigned full, empty, parity;
-};
-template <bool MSB, bool RING = KEEP_RING> struct FwdKeepOf { using type = KeepBits<BLOCK_N / 8>; };
-template <> struct FwdKeepOf<true, false> { using type = KeepMsb; };
-template <> struct FwdKeepOf<true, true> { using type = KeepRing; };
+template <bool MSB> struct FwdKeepOf { using type = KeepBits<BLOCK_N / 8>; };
+template <> struct FwdKeepOf<true> { using type = KeepMsb; };
 using FwdKeep = FwdKeepOf<KEEP_MSB>::type;
-// KEEP_MSB's words from either form
-__device__ __forceinline__ const KeepMsb& msb_words(const KeepMsb& k) { return k; }
-__device__ __forceinline__ KeepMsb msb_words(const KeepRing& k) {
-    KeepMsb m;
-#pragma unroll
-    for (int q = 0; q < BLOCK_N / 32; ++q)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) m.w[q][v] = q < RING_SPANS ? Dropout::msb_word(k.p[q], v) : k.w[q - RING_SPANS][v];
-    return m;
-}
-// The keep work's anchors between the S GEMM's issue and its wait: the calls' coordinates pass
-// through a register fence first (fence_operand; else NVVM may hoist the Philox work above the
-// issue), and the words' xor through one shuffle, from which the first word is recovered (else ptxas
-// sinks the work below the wait, WARPGROUP.DEPBAR, where it no longer hides under the tensor cores;
-// the keying before bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
-__device__ __forceinline__ void anchor_coords(int& row0, int& k0) {
-    uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
-    fence_operand<2>(at);
-    row0 = (int)at[0];
-    k0 = (int)at[1];
-}
-template <int WORDS>
-__device__ __forceinline__ void anchor_words(uint32_t* w) {
-    uint32_t rest = 0u;
-#pragma unroll
-    for (int x = 1; x < WORDS; ++x) rest ^= w[x];
-    w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
-    fence_operand<WORDS>(w);
-}
 template <bool MSB = KEEP_MSB>  // (templates, so that if constexpr discards the other form)
-__device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f,
-                                                                   const KeepRingAt& ring) {
+__device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
     typename FwdKeepOf<MSB>::type kb{};
-    if constexpr (MSB && KEEP_RING) {
-        mbarrier_wait(ring.full, ring.parity);
+    if constexpr (DROPOUT) {
+        // Anchored between the S GEMM's issue and its wait: the calls' coordinates pass through a
+        // register fence first (fence_operand; else NVVM may hoist the Philox work above the issue), and
+        // the words' xor through one shuffle, from which the first word is recovered (else ptxas sinks the work below
+        // the wait, WARPGROUP.DEPBAR, where it no longer hides under the tensor cores; the keying before
+        // bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
+        uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
+        fence_operand<2>(at);
+        constexpr int WORDS = sizeof(kb) / 4;
+        if constexpr (MSB) f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
+        else kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
+        uint32_t* w = &kb.w[0][0];
+        uint32_t rest = 0u;
 #pragma unroll
-        for (int q = 0; q < RING_SPANS; ++q) kb.p[q] = ring.words[q];
-        mbarrier_arrive(ring.empty);  // (after the loads: the arrive releases them)
-        if constexpr (OWN_SPANS > 0) {
-            anchor_coords(row0, k0);
-#pragma unroll
-            for (int q = 0; q < OWN_SPANS; ++q) {
-                const uint4 x = f.fwd_keep_msb_span(blk.drop, row0, k0, RING_SPANS + q);
-                kb.w[q][0] = x.x;
-                kb.w[q][1] = x.y;
-                kb.w[q][2] = x.z;
-                kb.w[q][3] = x.w;
-            }
-            anchor_words<4 * OWN_SPANS>(&kb.w[0][0]);
-        }
-    } else if constexpr (DROPOUT) {
-        anchor_coords(row0, k0);
-        if constexpr (MSB) f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, row0, k0, kb.w);
-        else kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, row0, k0, f);
-        anchor_words<sizeof(kb) / 4>(&kb.w[0][0]);
+        for (int x = 1; x < WORDS; ++x) rest ^= w[x];
+        w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
+        fence_operand<WORDS>(w);
     }
     return kb;
 }
@@ -296,7 +211,7 @@ __device__ __forceinline__ void pv_operands(uint32_t (*pa)[4], const float* sacc
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
         c_to_a(pa[kk], sacc + 8 * kk, sacc + 8 * kk + 4);
-        if constexpr (MSB) AccFrag::keep_msb_apply<BLOCK_N / 32>(pa[kk], msb_words(keep).w, kk, keep_all);
+        if constexpr (MSB) AccFrag::keep_msb_apply<BLOCK_N / 32>(pa[kk], keep.w, kk, keep_all);
     }
 }
 
@@ -472,45 +387,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
                 mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
             }
-        if constexpr (KEEP_RING)
-            for (int s = 0; s < KEEP_STAGES; ++s) {
-                mbarrier_init(smem_u32(sm.keep_full(s)), KEEP_THREADS);
-                mbarrier_init(smem_u32(sm.keep_empty(s)), MMA_THREADS);
-            }
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if constexpr (KEEP_RING) {
-            if (threadIdx.x >= 128 - KEEP_THREADS) {  // the generator threads (warps 1-3)
-                // The MMA threads' keep words of every block, in the producer's order (row blocks,
-                // key blocks; the ring position i): a stage is written once keep_empty says the MMA
-                // threads have read its block KEEP_STAGES before, then published through keep_full.
-                // Word x of a stage is span x % RING_SPANS of MMA thread x / RING_SPANS (rows: its
-                // warp's 16 from q0).
-                const int kt = threadIdx.x - (128 - KEEP_THREADS);
-                int i = 0;
-                for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-                    const int q0 = row0_of(x);
-                    FwdBlock blk;
-                    if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as the MMA threads)
-                    for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
-                        const int s = i % KEEP_STAGES;
-                        if (i >= KEEP_STAGES) mbarrier_wait(smem_u32(sm.keep_empty(s)), ((i / KEEP_STAGES) & 1) ^ 1);
-                        uint32_t* words = sm.keep_words(s);
-#pragma unroll 2  // (two independent Philox chains in flight: one warp alone on its sub-partition)
-                        for (int y = kt; y < MMA_THREADS * RING_SPANS; y += KEEP_THREADS) {
-                            const int m = y / RING_SPANS;
-                            words[y] = AccFrag(m).fwd_keep_msb_packed(blk.drop, q0 + 16 * warp_of(m), kb * BLOCK_N,
-                                                                      y % RING_SPANS);
-                        }
-                        mbarrier_arrive(smem_u32(sm.keep_full(s)));
-                    }
-                }
-            }
-        }
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
@@ -559,12 +441,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
     auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
-    // KEEP_RING: this thread's keep words of key block i (ring count) and their mbarrier
-    auto keep_ring = [&](int i) {
-        const int s = i % KEEP_STAGES;
-        return KeepRingAt{sm.keep_words(s) + tid * RING_SPANS, smem_u32(sm.keep_full(s)), smem_u32(sm.keep_empty(s)),
-                          (unsigned)(i / KEEP_STAGES) & 1u};
-    };
     // BIAS: the bias tile of key block i (ring count) once it has landed, and its hand-back after the
     // softmax has added it
     using BiasTile = SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2>;
@@ -647,7 +523,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 float sacc[NS * 4];
                 wgmma_fence();
                 gemm_s(sacc, sq, sm.k[s], wg);
-                const FwdKeep keep = keep_bits(blk, wq0 + wi * 16, k0, frag, keep_ring(it + i));  // (while S runs)
+                const FwdKeep keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
 
@@ -661,7 +537,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                                            wq0 + wi * 16, k0, frag, blk.seqlen_k, softmax_keep(keep));
                 }
                 uint32_t pa[BLOCK_N / 16][4];
-                pv_operands(pa, sacc, keep, KEEP_RING ? 0u : blk.drop.keep_all());  // (the ring's words hold keep_all)
+                pv_operands(pa, sacc, keep, blk.drop.keep_all());
 
                 mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
                 wgmma_fence();
@@ -752,7 +628,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 phase(1);
                 if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
                 rescale_o_lazy<NO>(acc_o, corr, frag);
-                pv_operands(pa, sacc, keep_prev, KEEP_RING ? 0u : blk.drop.keep_all());  // (block i - 1's P and keep decisions)
+                pv_operands(pa, sacc, keep_prev, blk.drop.keep_all());  // (block i - 1's P and keep decisions)
                 // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
@@ -766,7 +642,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 wgmma_fence();
                 gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
                 turn_end(false);
-                keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag, keep_ring(it));
+                keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
@@ -785,7 +661,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
                     gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
                     turn_end(false);
-                    keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag, keep_ring(it + i));  // (block i - 1's are used)
+                    keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);  // (block i - 1's are used)
                     phase(4);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);

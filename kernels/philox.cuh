@@ -94,16 +94,6 @@ struct Dropout {
         return make_uint4(keep_msb_word(r.x, threshold), keep_msb_word(r.y, threshold), keep_msb_word(r.z, threshold),
                           keep_msb_word(r.w, threshold));
     }
-    // keep_msb's four words in one (the forward's KEEP_RING, whose words cross shared memory): bit
-    // 7 - v of byte k is bit 7 of byte k of word v, and keep_all() is or'd in (every bit set when
-    // nothing is dropped); msb_word(p, v) = p << v has word v's top bits back at bit 7 of each byte
-    // (the bits below them are not defined, as keep_msb_word's).
-    __device__ __forceinline__ uint32_t keep_msb_packed(int ip, int c) const {
-        constexpr uint32_t H = 0x80808080u;
-        const uint4 m = keep_msb(ip, c);
-        return (m.x & H) | ((m.y & H) >> 1) | ((m.z & H) >> 2) | ((m.w & H) >> 3) | keep_all();
-    }
-    __device__ __forceinline__ static uint32_t msb_word(uint32_t packed, int v) { return packed << v; }
     // All ones when nothing is dropped (threshold 256), else 0: or'd into keep_msb's masks.
     __device__ __forceinline__ uint32_t keep_all() const { return threshold > 255u ? 0xffffffffu : 0u; }
     // Whether element (i, j) is kept (one call for one element: the cold paths).

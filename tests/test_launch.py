@@ -225,10 +225,10 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
-@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA"])
+@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):
-    """The ws forward's variants removed in step 88, and ROWSUM_MMA (step 89, no gain in step 91), are
-    refused by name, not built as the default under another name (an old A/B command would otherwise
+    """The ws forward's variants removed in step 88, ROWSUM_MMA (step 89, no gain in step 91) and
+    KEEP_RING (step 99, slower), are refused by name, not built as the default under another name (an old A/B command would otherwise
     time the default against itself)."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
     with pytest.raises(ValueError, match=f"{name} no longer exist"):

@@ -65,8 +65,6 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
-        if m.get("KEEP_RING"):  # the keep ring: per stage a word per MMA thread and 32-key span, two mbarriers
-            smem += FWD_WS_KEEP_STAGES * (4 * 128 * m["NWG"] * min(m["KEEP_RING"], bn // 32) + 16)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
         # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
         staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
@@ -114,10 +112,6 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_bwd_dot_do_o":  # one warp per row
         return dict(NTHREADS=32 * m["ROWS"])
     return dict(NTHREADS=256)  # fmha_bwd_convert_dq, fmha_dropout_mask
-
-
-#: the ws forward's KEEP_RING stages (kernels/fmha_fwd_sm90_ws.cu's KEEP_STAGES)
-FWD_WS_KEEP_STAGES = 4
 
 
 def _check_bias_tma(n: int) -> int:
@@ -711,9 +705,11 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 
 
 #: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88;
-#: ROWSUM_MMA, the row sums by a 72-wide P V GEMM at hdim_v 64: step 89, no gain on an H100 in step 91):
+#: ROWSUM_MMA, the row sums by a 72-wide P V GEMM at hdim_v 64: step 89, no gain on an H100 in step 91;
+#: KEEP_RING, dropout keep decisions made by the producer warpgroup's idle warps: step 99, slower at every
+#: share of the calls, on an H100 and the H200; the build is commit d6d5747):
 #: asking for one is an error rather than a build that quietly is the default
-FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA")
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING")
 
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
@@ -741,17 +737,13 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: MASK_ROWS must be 0, 1 or 2, got {tiles['MASK_ROWS']}")
     if not 0 <= tiles.get("EXP_EMU", 0) <= 8:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: EXP_EMU (tiles of 8 with poly_exp2) must be 0..8, got {tiles['EXP_EMU']}")
-    if tiles.get("KEEP_RING", 0) < 0:
-        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: KEEP_RING (32-key spans from the producer warps) must be >= 0, "
-                         f"got {tiles['KEEP_RING']}")
     if not 0 <= tiles.get("LAZY_RESCALE", 0) <= 15:  # (P up to 2^(LAZY_RESCALE + 1/4): float16 holds 2^15.25)
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LAZY_RESCALE must be 0..15, got {tiles['LAZY_RESCALE']}")
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md steps 88 and 91)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "KEEP_RING",
-                *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+                         f"measurements, bench/NOTES.md steps 88, 91 and 99)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -777,10 +769,6 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
-    if not dropout or bias_tma or tiles.get("BLOCK_N", 128) % 32:
-        tiles.pop("KEEP_RING", None)  # (a variant of the dropout build with whole 32-key spans, no bias)
-    elif tiles.get("KEEP_RING"):  # (spans from the producer warps: at most the block's)
-        tiles["KEEP_RING"] = min(tiles["KEEP_RING"], tiles.get("BLOCK_N", 128) // 32)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
@@ -838,10 +826,6 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
             for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
-    # the dropout builds with half of each key block's keep decisions made by the producer warpgroup's idle warps
-    # (KEEP_RING=2, bench/NOTES.md step 99), at hdim 64 and 128, and with ALiBi at 64 (at 128 it spills 4 bytes)
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles={**fwd_ws_tiles(d, alibi, True), "KEEP_RING": 2})
-            for dtype in DTYPES for d in (64, 128) for alibi in (False, True) if not (alibi and d == 128)]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16

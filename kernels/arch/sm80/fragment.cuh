@@ -120,16 +120,6 @@ struct AccFrag {
             w[q][3] = x.w;
         }
     }
-    // ... span q's call of them alone (w[q]), and as one Dropout::keep_msb_packed word (for another
-    // thread: the forward's KEEP_RING, where the producer warpgroup makes keep decisions of the MMA threads)
-    template <class Drop>
-    __device__ __forceinline__ uint4 fwd_keep_msb_span(const Drop& drop, int row0, int k0, int q) const {
-        return drop.keep_msb(row0 + g, 4 * (k0 >> 5) + t + 4 * q);
-    }
-    template <class Drop>
-    __device__ __forceinline__ uint32_t fwd_keep_msb_packed(const Drop& drop, int row0, int k0, int q) const {
-        return drop.keep_msb_packed(row0 + g, 4 * (k0 >> 5) + t + 4 * q);
-    }
     // Zero the dropped elements of k-step kk's A fragment (c_to_a: a[2h + r] holds n8 tile 2kk + h,
     // row slot r, columns 0 and 1 as a 16-bit pair) from fwd_keep_msb's words: tile 2kk + h is tile
     // 2 (kk & 1) + h of span kk >> 1, so its draws 8r + 2 (2 (kk & 1) + h) + c are bytes 2h + c of word
