@@ -24,15 +24,13 @@ namespace fmha {
 // warpgroup that only issues TMA copies, and MMA warpgroups (one producer and two MMA warpgroups:
 // 128 * (24 + 2 * 240) = 64512 of the SM's 65536; with three, ws_mma_regs<3>: 128 * (24 + 3 * 160)).
 inline constexpr int WS_PRODUCER_REGS = 24, WS_MMA_REGS = 240;
-// ... per MMA thread with nwg MMA warpgroups beside a producer of `producer` registers: the largest
-// multiple of 8 that fits the CTA's pool, the registers it was launched with (a multiple of 8 per
-// thread: 168 for 384 threads, 128 for 512; setmaxnreg.inc waits for registers the pool lacks)
+// ... per MMA thread with nwg MMA warpgroups beside the producer: the largest multiple of 8 that fits
+// the CTA's pool, the registers it was launched with (a multiple of 8 per thread: 168 for 384
+// threads, 128 for 512; setmaxnreg.inc waits for registers the pool lacks). A pool of 65536 would
+// overstate it for two MMA warpgroups (bench/NOTES.md step 99: a 56-register producer leaves them 224, not 232).
 template <int nwg> inline constexpr int ws_launch_regs = 65536 / (128 * (nwg + 1)) / 8 * 8;
-template <int nwg, int producer = WS_PRODUCER_REGS>
-inline constexpr int ws_mma_regs = ((nwg + 1) * ws_launch_regs<nwg> - producer) / nwg / 8 * 8;
-// (a producer of 56 registers leaves two MMA warpgroups 224, not the 232 a pool of 65536 would suggest:
-// bench/NOTES.md step 99)
-static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160 && ws_mma_regs<2, 56> == 224, "ws_mma_regs");
+template <int nwg> inline constexpr int ws_mma_regs = ((nwg + 1) * ws_launch_regs<nwg> - WS_PRODUCER_REGS) / nwg / 8 * 8;
+static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160, "ws_mma_regs");
 
 // An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
 struct __align__(64) TmaMap {
