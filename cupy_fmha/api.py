@@ -708,15 +708,15 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             on every run with the same inputs on the same device and library version. On the
             warp-specialized Hopper kernel (sm_90, head dims rounding up to 64 or 128, no dropout
             or bias) the key blocks add their dQ tiles into the one accumulator in ascending
-            order, admitted one at a time by an int32 semaphore per (batch, head, 64-row query
-            tile): the same memory as the default plus those semaphores. Elsewhere each CTA
+            order, admitted one at a time by an int32 semaphore per (batch, head, query tile of
+            64 or 80 rows): the same memory as the default plus those semaphores. Elsewhere each CTA
             stores its key block kb's dQ contribution with plain stores into slab kb of an fp32
             workspace [nsplit, batch, nhead_q, seqlen_q, hdim_q], nsplit = ceil(seqlen_k /
             BLOCK_N) (BLOCK_N = 128 on the other Hopper kernel, 16 * NWARPS = 128 or 64 on the
             mma.sync kernels), and ``convert_dq`` sums, in kb order, only the slabs whose key
             block sees that row (nothing is zero-filled). Memory there: nsplit times the atomic
             accumulator, i.e. ``4 * nsplit * batch * nhead_q * seqlen_q * hdim_q`` bytes, e.g.
-            4.3 GB for batch 4, 16 heads, seqlen 4096, hdim 128 (32 slabs) instead of 134 MB;
+            4.3 GB for batch 4, 16 heads, seqlen 4096, hdim 128 (32 slabs) instead of 136 MB;
             see :func:`cupy_fmha.launch.dq_workspace` and :func:`cupy_fmha.backward_workspace_bytes`.
             dK/dV are deterministic in both modes (plain stores; GQA sums per-head fp32 copies
             in a fixed order).

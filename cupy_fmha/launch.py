@@ -203,13 +203,13 @@ def first_key_block(win_y: int, win_x: int, qb: int, first: int, first_call: boo
 class DqWorkspace(tuple):
     """(shape, nsplit, split_stride, tiled, nsem): the fp32 dQ workspace of one backward call."""
 
-    def __new__(cls, shape, nsplit, split_stride, tiled=False, nsem=0):
-        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride), bool(tiled), int(nsem)))
+    def __new__(cls, shape, nsplit, split_stride, tiled=0, nsem=0):
+        return super().__new__(cls, (tuple(shape), int(nsplit), int(split_stride), int(tiled), int(nsem)))
 
     shape = property(lambda s: s[0])
     nsplit = property(lambda s: s[1])  # 0: one accumulator (atomic adds)
     split_stride = property(lambda s: s[2])  # elements between slabs; 0 in atomic mode
-    tiled = property(lambda s: s[3])  # whole query-block tiles, chunks placed as dq_tile_chunk
+    tiled = property(lambda s: s[3])  # 0, or whole query-block tiles, chunks placed as dq_tile_chunk of this kind (1, 2)
     pitch = property(lambda s: s[0][-2])  # rows per (batch, head)
     cols = property(lambda s: s[0][-1])  # floats per row
     nsem = property(lambda s: s[4])  # deterministic by ordered adds: int32 semaphores, one per query tile
@@ -220,6 +220,16 @@ class DqWorkspace(tuple):
         for d in self.shape:
             n *= d
         return n + 4 * self.nsem
+
+
+def dq_tile_kind(spec: KernelSpec) -> int:
+    """How the dq_dk_dv instance ``spec`` places a row's 16-byte chunks in the tiled dQ workspace
+    (``dq_tile_chunk``'s kind in kernels/common.cuh): 0 not tiled; 1 (``DQ_TILED``); 2 where the ws
+    backward stages dQ^T fragments (``DQ_T`` in kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu: BLOCK_M not a
+    multiple of 64)."""
+    if not spec.macro("DQ_TILED", 0):
+        return 0
+    return 2 if spec.source == "fmha_bwd_dq_dk_dv_sm90_ws" and spec.macro("BLOCK_M") % 64 else 1
 
 
 def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
@@ -243,7 +253,7 @@ def dq_workspace(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int, seql
     slabs; the one workspace (zero-filled, as in atomic mode) plus an int32 semaphore per
     (batch, head, query tile), zeroed, which admits the key blocks' adds of a tile in ascending
     order (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu)."""
-    tiled = bool(spec.macro("DQ_TILED", 0))
+    tiled = dq_tile_kind(spec)
     if tiled:
         bm = spec.macro("BLOCK_M")
         per = (batch, nhead_q, cdiv(seqlen_q, bm) * bm, spec.macro("HDIM_Q"))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch as L
-from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_fwd_ws_short, use_heads_x,
+from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_bwd_ws_diagonal, use_fwd_ws_short, use_heads_x,
                    use_wg_skip)
 from .validate import (
     _BF16,
@@ -221,9 +221,9 @@ def _fwd_spec(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, wg_skip, bias_tma
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_specs(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, bias_tma, heads_x, _tuning):
+def _bwd_specs(dtype, hdim_q, hdim_v, cc, alibi, bias, dropout, deterministic, bias_tma, heads_x, diagonal, _tuning):
     return bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout, deterministic=deterministic,
-                     bias_tma=bias_tma, heads_x=heads_x)
+                     bias_tma=bias_tma, heads_x=heads_x, diagonal=diagonal)
 
 
 # --------------------------------------------------------------------------- forward
@@ -282,8 +282,9 @@ def _backward_kernels(checked, cc) -> BwdPlan:
     # causal-like: the window's left side reaches every query row, its right side is limited
     causal = base.window[0] >= base.rows_q and base.window[1] < L.WINDOW_INF
     heads_x = use_heads_x(causal, base.rows_k, cc, p.nhead_q, max(p.hdim_q, p.hdim_v))
+    diagonal = use_bwd_ws_diagonal(min(base.window[0], base.window[1]) < L.WINDOW_INF, causal, base.rows_k, cc)
     specs = _bwd_specs(base.dtype, p.hdim_q, p.hdim_v, cc, base.alibi_sb is not None, base.bias_dtype is not None,
-                       base.dropout.enabled, deterministic, base.bias_tma, heads_x, tuning_key())
+                       base.dropout.enabled, deterministic, base.bias_tma, heads_x, diagonal, tuning_key())
     b, hq, hk = p.batch, p.nhead_q, p.nhead_k
     tq = p.total_q if base.group_mode else base.rows_q
     tk = p.total_k if base.group_mode else base.rows_k

@@ -138,12 +138,14 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
               bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
-              heads_x: int = 0) -> BwdSpecs:
+              heads_x: int = 0, diagonal: bool = False) -> BwdSpecs:
     """The backward's kernel instances (dot_do_o, dq_dk_dv, convert_dq and its slab-summing
     build) on a device of compute capability ``cc`` (see the backend's ``bwd_specs``;
-    ``bias_tma`` as in :func:`fwd_spec`; ``heads_x`` from :func:`use_heads_x`)."""
+    ``bias_tma`` as in :func:`fwd_spec`; ``heads_x`` from :func:`use_heads_x`; ``diagonal`` from
+    :func:`use_bwd_ws_diagonal`)."""
     return backend_for(cc).bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                                     deterministic=deterministic, bias_tma=bias_tma, heads_x=heads_x)
+                                     deterministic=deterministic, bias_tma=bias_tma, heads_x=heads_x,
+                                     diagonal=diagonal)
 
 
 def use_heads_x(causal: bool, seqlen_k: int, cc: int = 90, nhead_q: int = 1, hdim: int = 128) -> int:
@@ -152,6 +154,14 @@ def use_heads_x(causal: bool, seqlen_k: int, cc: int = 90, nhead_q: int = 1, hdi
     key blocks of every head first, n >= 2 within groups of n heads (the backend's tuning decision;
     see :func:`cupy_fmha.backends.cuda.use_heads_x`)."""
     return backend_for(cc).use_heads_x(causal, seqlen_k, nhead_q, hdim)
+
+
+def use_bwd_ws_diagonal(diagonal: bool, causal: bool, seqlen_k: int, cc: int = 90) -> bool:
+    """Whether the backward of a mask with a diagonal (``diagonal``; ``causal``: causal-like) over
+    ``seqlen_k`` keys (the max in group mode) should take the warp-specialized backward's entries
+    for such masks (the backend's tuning decision; see
+    :func:`cupy_fmha.backends.cuda.use_bwd_ws_diagonal`)."""
+    return backend_for(cc).use_bwd_ws_diagonal(diagonal, causal, seqlen_k)
 
 
 def use_wg_skip(diagonal: bool, seqlen_q: int, cc: int = 90) -> bool:

@@ -79,8 +79,14 @@ __device__ __forceinline__ int first_key_block(const Window& w, int qb, int firs
 // rows are one contiguous tile; inside row r, the 16-byte chunk j of columns [4j, 4j + 4) is
 // stored at chunk dq_tile_chunk(r, j), which keeps the staging stores of the MMA fragments free
 // of shared-memory bank conflicts (rows % 8 spread over 8 chunk pairs). An even XOR: columns
-// [8m, 8m + 8) stay 32 contiguous bytes. Needs rows of at least 64 floats.
-__host__ __device__ __forceinline__ constexpr int dq_tile_chunk(int r, int j) { return j ^ ((r & 7) << 1); }
+// [8m, 8m + 8) stay 32 contiguous bytes. Needs rows of at least 64 floats. kind 2 (the ws backward's
+// dQ^T builds, BLOCK_M % 64 != 0: a thread holds two adjacent query rows of one column, and a warp's
+// store spans 4 row pairs x 8 columns): the XOR takes (r / 2) % 4 instead, which spreads those 4 row
+// pairs and 2 chunks over 8 chunks (stage_dq_tile_t, arch/sm90/tile.cuh); BLOCK_M stays a multiple of 8,
+// so a tile's row r and the workspace's row agree in r % 8.
+__host__ __device__ __forceinline__ constexpr int dq_tile_chunk(int r, int j, int kind = 1) {
+    return j ^ ((kind == 2 ? (r >> 1) & 3 : r & 7) << 1);
+}
 
 // Zeroes N accumulator tiles of 4 elements per thread (the layout of every architecture's AccFrag).
 template <int N>

@@ -274,7 +274,7 @@ inline constexpr int ROWS = config_detail::rows;
 inline constexpr bool DQ_SPLIT = config_detail::dq_split != 0;
 inline constexpr bool LSE2 = config_detail::lse2 != 0;
 inline constexpr bool FOLD = config_detail::fold != 0;
-inline constexpr bool SPLIT_PDS = config_detail::split_pds != 0;
+inline constexpr int SPLIT_PDS = config_detail::split_pds;
 inline constexpr int HEADS_X = config_detail::heads_x;
 inline constexpr int BIAS_TMA = config_detail::bias_tma;
 inline constexpr int BIAS_STAGES = config_detail::bias_stages;

@@ -14,8 +14,8 @@
 // DQ_SPLIT=1 instance because it costs registers (48 vs 34 on sm_90a: fewer resident CTAs),
 // which the default path's convert should not pay.
 //
-// acc rows: acc_pitch per (batch, head) plane, acc_cols floats each; acc_tiled = 1: the dQ
-// workspace of the bulk-copy kernels (whole tiles, chunks placed by dq_tile_chunk, common.cuh).
+// acc rows: acc_pitch per (batch, head) plane, acc_cols floats each; acc_tiled = 1 or 2: the dQ
+// workspace of the bulk-copy kernels (whole tiles, chunks placed by dq_tile_chunk of that kind, common.cuh).
 // Grid (ceil(seqlen / ROWS), nhead_out, batch), block NTHREADS (256). Output rows are strided (unit last
 // stride); each thread converts 8 elements at a time. Parameters: ConvertParams (params.cuh;
 // seq.seqlen_q is `seqlen`, seq.cu_seqlens_q `cu_seqlens`). Group mode (cu_seqlens non-null, see
@@ -68,7 +68,7 @@ fmha_bwd_convert_dq(const __grid_constant__ ConvertParams p) {
             for (int s = 0; s < nsum; ++s) {
                 // (tiled: the chunk pair of columns [col, col + 8) stays adjacent under the even XOR)
                 const float* src = slab + ((((index_t)b * nhead_out + h) * nsum + s) * pitch + i) * acc_cols +
-                                   (tiled ? 4 * dq_tile_chunk(i, col / 4) : col);
+                                   (tiled ? 4 * dq_tile_chunk(i, col / 4, p.acc_tiled) : col);
                 const float4 u = *reinterpret_cast<const float4*>(src);
                 const float4 w = *reinterpret_cast<const float4*>(src + 4);
                 x[0] += u.x; x[1] += u.y; x[2] += u.z; x[3] += u.w;

@@ -25,7 +25,10 @@
 // SPLIT_PDS=1 (plain and ALiBi builds; on at hdim 128, cupy_fmha.backends.cuda.BWD_WS_BY_HDIM):
 // GEMM0 and GEMM2 are committed as two groups; P is formed after the first wait, while GEMM2 runs,
 // and GEMM1 (dV) issued behind GEMM2; dS after the second wait, then GEMM3 (1.02-1.03x at hdim 128;
-// at 64, with 128 rows, it spills; bench/NOTES.md step 57).
+// at 64, with 128 rows, it spills; bench/NOTES.md step 57). SPLIT_PDS=2: P formed while GEMM2 runs
+// as well, but GEMM1 and GEMM3 issued together once dS is formed, as without the split: no P^T
+// fragments live beside S^T and dP^T (at 80 query rows SPLIT_PDS=1 spilled 108 bytes and ptxas
+// serialized its wgmmas; bench/NOTES.md step 100).
 // LSE2=1: the producer stores each row's LSE in log2 units (lse_log2) and backward_p_ds<..., LOG2_LSE>
 // uses it as is; on at hdim 64 only (cupy_fmha.backends.cuda.BWD_WS_BY_HDIM: 1.01-1.03x there,
 // 0.96-1.0x at 128, bench/NOTES.md step 36).
@@ -87,8 +90,10 @@
 
 using namespace fmha;
 
-static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && (BLOCK_M == 64 || BLOCK_M == 128),
-              "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64 or 128 query rows per step");
+static_assert(NWG == 2 && BLOCK_N == 64 * NWG && NTHREADS == 128 * (NWG + 1) && (BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 80),
+              "fmha_bwd_dq_dk_dv_sm90_ws: a producer and two MMA warpgroups of 64 keys, 64, 80 or 128 query rows per step");
+static_assert(BLOCK_M != 80 || (HDIM_Q == 128 && !BIAS && !DROPOUT && SWIZZLE),
+              "fmha_bwd_dq_dk_dv_sm90_ws: 80 query rows (dQ^T) at hdim_q 128, swizzled, without the bias or dropout");
 static_assert(DQ_TILED && HDIM_Q % 64 == 0, "fmha_bwd_dq_dk_dv_sm90_ws: dQ leaves as whole workspace tiles (spec.py sets DQ_TILED)");
 static_assert(!DROPOUT || !BIAS, "fmha_bwd_dq_dk_dv_sm90_ws: dropout or the bias, not both (no such build)");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE && BLOCK_M == 64),
@@ -172,12 +177,19 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // (an N = 32 SS wgmma runs at 2/3 of the tensor rate, bench/NOTES.md step 34)
     constexpr bool DQ_BY_ROWS = BLOCK_M == 128;
     constexpr int DQ_COLS = DQ_BY_ROWS ? HDIM_Q : DQ_HALF;
+    // DQ_T (BLOCK_M = 80, hdim 128; FlashAttention-3's 80-row non-causal step, dQ_swapAB): 80 is no
+    // multiple of wgmma's M, so GEMM4 forms dQ^T = K^T dS^T, M = this warpgroup's 64 columns of dQ,
+    // N = BLOCK_M query rows; A = K read MN-major, B = the dS^T tile read MN-major, as it is stored
+    // (stage_dq_tile_t stages the transposed fragments; the workspace's chunks are dq_tile_chunk kind 2)
+    constexpr bool DQ_T = BLOCK_M % 64 != 0;
+    constexpr int DQ_ACC = DQ_T ? BLOCK_M / 2 : DQ_COLS / 2;
     // the dS tile: BIAS builds keep it K-major and swizzled (the layout of dBias's TMA store), the
     // others dS^T in the blocked layout (GEMM4 reads it MN-major)
     constexpr bool DS_KMAJOR = BIAS;
     // SPLIT_PDS (no dropout or bias): GEMM0 and GEMM2 in separate groups; P is formed while GEMM2 runs
     // and GEMM1 (dV) issued behind it, then dS once GEMM2 is done, then GEMM3 (bench/NOTES.md step 57)
-    constexpr bool SPLIT = SPLIT_PDS && !DROPOUT && !BIAS;
+    constexpr bool SPLIT = SPLIT_PDS == 1 && !DROPOUT && !BIAS;
+    constexpr bool SPLIT_P = SPLIT_PDS == 2 && !DROPOUT && !BIAS;  // (P under GEMM2 only)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem_base = smem_raw;
@@ -332,7 +344,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         for (int kk = 0; kk < HDIM_Q / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.k, key_row0, kk * 16),
                                     desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQb, 0, kk * 16), kk > 0);
-        if constexpr (SPLIT) wgmma_commit();
+        if constexpr (SPLIT || SPLIT_P) wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
             wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
@@ -343,7 +355,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             named_barrier_sync(1, MMA_THREADS);
         }
         const KeepTile keep{DROPOUT ? sm.keep_words(KEEP_AHEAD ? i & 1 : 0) : nullptr, warp_key0};
-        if constexpr (SPLIT) {
+        if constexpr (SPLIT || SPLIT_P) {
             wgmma_wait<1>();  // GEMM0
             fence_operand<NQ * 4>(sacc);
         } else {
@@ -366,6 +378,11 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
                                        warp_key0);
             if (p.dbias_acc)  // (null when dBias leaves through TMA, below)
                 bwd_store_ds<NQ>(p, blk, dp, k0 + warp_key0, q0, frag);  // dS for dBias, element by element
+        } else if constexpr (SPLIT_P) {  // P while GEMM2 runs, dS once it is done
+            bwd_ws_p_ds<NQ, LSE2, true>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
+            wgmma_wait0();
+            fence_operand<NQ * 4>(dp);
+            backward_ds_from_p<NQ>(sacc, dp, sm.d[s], frag);
         } else if constexpr (!SPLIT) {
             bwd_ws_p_ds<NQ, LSE2>(sacc, dp, sm.lse[s], sm.d[s], p, blk, edge, k0 + warp_key0, q0, frag, keep);
         }
@@ -414,27 +431,44 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         // GEMM4: dQ[q0 .. q0 + 64, this warpgroup's half of the columns] = dS K (SWIZZLE at hdim 64:
         // the second half starts 64 bytes into K's one slab, inside the swizzle atom: desc_sw_mnmajor);
         // DQ_BY_ROWS: dQ[this warpgroup's 64 rows, all columns]
-        float acc_dq[DQ_COLS / 2];
+        // DQ_T: dQ^T[this warpgroup's 64 columns, q0 .. q0 + BLOCK_M] = K^T dS^T, issued once GEMM1/3
+        // are done, so that their register operands (P^T, dS^T) are free before its accumulator is live
+        // (with both, ptxas serialized the wgmmas: C7512)
+        if constexpr (DQ_T) {
+            wgmma_wait0();
+            fence_operand<BLOCK_M / 4>(&pa[0][0]);
+            fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+        }
+        float acc_dq[DQ_ACC];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_ss<DQ_COLS, DS_KMAJOR ? 0 : 1, 1>(
-                acc_dq, DS_KMAJOR ? desc_sw_kmajor<BLOCK_M>(sdS, DQ_BY_ROWS ? wg * 64 : 0, kk * 16)
-                                  : desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
-                desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF), kk > 0);
+            if constexpr (DQ_T)
+                wgmma_ss<BLOCK_M, 1, 1>(acc_dq, desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF),
+                                        desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0), kk > 0);
+            else
+                wgmma_ss<DQ_COLS, DS_KMAJOR ? 0 : 1, 1>(
+                    acc_dq, DS_KMAJOR ? desc_sw_kmajor<BLOCK_M>(sdS, DQ_BY_ROWS ? wg * 64 : 0, kk * 16)
+                                      : desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
+                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF), kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
-        fence_operand<DQ_COLS / 2>(acc_dq);
+        fence_operand<DQ_ACC>(acc_dq);
         fence_operand<NDV * 4>(acc_dv);
         fence_operand<NDQ * 4>(acc_dk);
-        fence_operand<BLOCK_M / 4>(&pa[0][0]);
-        fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+        if constexpr (!DQ_T) {
+            fence_operand<BLOCK_M / 4>(&pa[0][0]);
+            fence_operand<BLOCK_M / 4>(&dsa[0][0]);
+        }
         mbarrier_arrive(smem_u32(&sm.empty[s]));
 
         // this warpgroup's columns of the tile into sdQ, then one bulk add of the tile (in order when deterministic)
         if (DQ_WRITER && i > 0) mbarrier_wait(smem_u32(&wsm.dq_empty), (i - 1) & 1);  // the writer has read the last one
-        stage_dq_tile<DQ_COLS / 8, HDIM_Q, true>(sdQ, acc_dq, (DQ_BY_ROWS ? wg * 64 : 0) + wi * 16,
-                                                 DQ_BY_ROWS ? 0 : wg * DQ_HALF, frag);
+        if constexpr (DQ_T)
+            stage_dq_tile_t<BLOCK_M / 8, HDIM_Q>(sdQ, acc_dq, wg * DQ_HALF + wi * 16, frag);
+        else
+            stage_dq_tile<DQ_COLS / 8, HDIM_Q, true>(sdQ, acc_dq, (DQ_BY_ROWS ? wg * 64 : 0) + wi * 16,
+                                                     DQ_BY_ROWS ? 0 : wg * DQ_HALF, frag);
         fence_proxy_async();
         if constexpr (DQ_WRITER) {
             if (tid == 0) bwd_dq_job<BLOCK_M, BLOCK_N, HDIM_Q>(wsm.job, p, blk, qb, kb, kb_first);

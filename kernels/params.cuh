@@ -114,7 +114,7 @@ struct ConvertParams {
     index_t split_stride;      // elements between dQ slabs (DQ_SPLIT=1)
     SeqArg seq;                // seqlen_q: rows of acc (and of out); seqlen_k: keys (DQ_SPLIT=1)
     int hdim, nsum, nsplit, block_n, block_m;
-    int acc_pitch, acc_cols, acc_tiled;  // rows per (batch, head), floats per row of acc; 1: chunks as dq_tile_chunk
+    int acc_pitch, acc_cols, acc_tiled;  // rows per (batch, head), floats per row of acc; 1, 2: chunks as dq_tile_chunk of that kind
     float scale;
     int pad_;
     MaskArg mask;              // the dq_dk_dv window (DQ_SPLIT=1)

@@ -12,6 +12,7 @@ import pytest
 
 import cupy_fmha
 from cupy_fmha import api
+from cupy_fmha import launch as L
 from cupy_fmha.launch import dq_dk_dv_blocks
 from fake_cupy import Recorder, fake_cupy
 
@@ -640,9 +641,13 @@ def test_ws_backward_variant_switch(monkeypatch):
     sw = cuda.bwd_ws_spec("bf16", 128, 128)
     assert sw.macro("SWIZZLE") == 1 and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=1)
     plain_name = "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
-    assert sw.name == plain_name + "_SPLIT_PDS1_SWIZZLE1"  # (SPLIT_PDS at hdim 128: BWD_WS_BY_HDIM, step 57)
+    # (80 rows, SPLIT_PDS=2 and the dQ writer at hdim 128: BWD_WS_BY_HDIM, step 100; under a short
+    # diagonal mask the 64-row build with SPLIT_PDS=1, step 57)
+    assert sw.name == ("fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M80_BLOCK_N128_DQ_WRITER1_HDIM_Q128_HDIM_V128_NWG2"
+                       "_SPLIT_PDS2_SWIZZLE1")
+    assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == plain_name + "_SPLIT_PDS1_SWIZZLE1"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SPLIT_PDS=0")
-    assert cuda.bwd_ws_spec("bf16", 128, 128).name == plain_name + "_SWIZZLE1"
+    assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == plain_name + "_SWIZZLE1"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == sw.name
@@ -651,7 +656,10 @@ def test_ws_backward_variant_switch(monkeypatch):
     assert base.macro("SWIZZLE") is None and base.name == plain_name + "_SPLIT_PDS1"
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == base.name
     # K, V 2 x 32 KB; Q, dO 2 stages x 2 x 16 KB; dS^T 2 x 16 KB; dQ 32 KB; LSE, D 1 KB; 5 mbarriers
-    assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 198696 <= cuda.SMEM_LIMIT
+    # (the 80-row build: Q, dO, dS^T 20 KB each, dQ 40 KB, LSE, D 1.25 KB, the writer's 40 bytes)
+    assert base.macro("SMEM_BYTES") == 197672 and sw.macro("SMEM_BYTES") == 231760 <= cuda.SMEM_LIMIT
+    # (column-blocked: 64 rows, the short-diagonal entries, with or without a diagonal)
+    assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == base.name
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("SMEM_BYTES") == 115752
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
     # (the default at hdim 64: 128 query rows per step, BWD_WS_BY_HDIM; the 64-row build is 116,776 B)
@@ -682,14 +690,27 @@ def test_ws_backward_variant_switch(monkeypatch):
     assert len(drops) == 8 and all("DQ_BULK0" in n for n in drops)
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=128")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128
-    assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
+    # (128 rows do not fit at hdim 128: the 64-row entries, as under a short diagonal)
+    assert cuda.bwd_ws_spec("bf16", 128, 128).name == cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64,LSE2=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).name == bm64[0].name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 64
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=96")
-    with pytest.raises(ValueError, match="BLOCK_M must be 64 or 128"):
+    with pytest.raises(ValueError, match="BLOCK_M must be 64, 80 or 128"):
         cuda.bwd_ws_spec("bf16", 64, 64)
+    # 80 rows (GEMM4 as dQ^T, bench/NOTES.md step 100) where hdim_q pads to 128 and the tiles are
+    # swizzled, without the bias or dropout; elsewhere 64 rows; the workspace's chunks then kind 2
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=80,SPLIT_PDS=0")
+    bm80 = cuda.bwd_ws_spec("bf16", 128, 128)
+    assert bm80.macro("BLOCK_M") == 80 and bm80.macro("SMEM_BYTES") == 231760 <= cuda.SMEM_LIMIT  # (with the writer)
+    assert L.dq_tile_kind(bm80) == L.dq_tile_kind(sw) == 2 and L.dq_tile_kind(cuda.bwd_ws_spec("bf16", 64, 64)) == 1
+    assert L.dq_workspace(bm80, 2, 3, 161, 200, 128, False).shape == (2, 3, 240, 128)
+    assert cuda.bwd_ws_spec("bf16", 120, 64).macro("BLOCK_M") == 80
+    for hq, hv, kw in ((64, 64, {}), (64, 128, {}), (128, 128, dict(dropout=True)), (128, 128, dict(bias_tma=2))):
+        assert cuda.bwd_ws_spec("bf16", hq, hv, **kw).macro("BLOCK_M") == 64
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=80,SWIZZLE=0")
+    assert cuda.bwd_ws_spec("bf16", 128, 128).macro("BLOCK_M") == 64
 
 
 def test_ws_backward_switch_reaches_the_launch(rec, monkeypatch):

@@ -21,18 +21,27 @@ def _ops(sass: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_descriptors_uniform_and_mask_unswitched(dtype, d):
-    spec = cuda.bwd_ws_spec(dtype, d, d)
+@pytest.mark.parametrize("d,diagonal", [(64, False), (128, False), (128, True)])
+def test_descriptors_uniform_and_mask_unswitched(dtype, d, diagonal):
+    spec = cuda.bwd_ws_spec(dtype, d, d, diagonal=diagonal)
     ops = _ops(C.sass_instructions(spec))
     hgmma, bssy = ops.count("HGMMA"), ops.count("BSSY")
-    assert hgmma == 32  # (hdim 64 with 128 query rows per step: 8 + 16 + 8; hdim 128: 16 + 8 + 8)
+    # (hdim 64 with 128 query rows per step: 8 + 16 + 8; hdim 128 with 80 rows: 16 + 10 + 8, GEMM1 and
+    # GEMM3 over 5 k16 slices of the 80 rows; with 64 rows 16 + 8 + 8)
+    assert hgmma == {128: 32, 80: 34, 64: 32}[spec.macro("BLOCK_M")]
     # R2UR from the first HGMMA to the last (the loop's GEMMs): 1-2 since the fix, about 4 per HGMMA
     # before it (92 / 124 in the whole kernel). Counted on that span, not the whole kernel, because the
     # dK/dV epilogue's bulk row copies (step 60) take their addresses in uniform registers too.
     first = ops.index("HGMMA")
     last = len(ops) - 1 - ops[::-1].index("HGMMA")
     r2ur = ops[first:last + 1].count("R2UR")
-    assert r2ur <= 6, f"{spec.name}: {r2ur} R2UR among {hgmma} HGMMA: descriptors left the uniform registers"
+    # The dQ-writer builds (the hdim-128 default without a short diagonal mask: 80 rows) form the
+    # stage-dependent descriptors (Q, dO, dS^T) in vector registers: 67 R2UR, two per such HGMMA; the
+    # K/V ones stay uniform. They measured 0.94-0.99x the time of the 80-row build without the writer,
+    # whose descriptors are uniform only with a select for the stage (bench/NOTES.md step 100); an
+    # opaque re-formed layout base made them uniform but spilled 32-120 bytes. Bounded, so that more
+    # does not creep in.
+    limit = 68 if spec.macro("DQ_WRITER", 0) else 6
+    assert r2ur <= limit, f"{spec.name}: {r2ur} R2UR among {hgmma} HGMMA: descriptors left the uniform registers"
     # 23 after the fix (26 with the step-60 epilogue), 53 before it (one per element of S^T: NQ * 4 = 32)
     assert bssy < 32, f"{spec.name}: {bssy} BSSY: the mask test is back to a branch per element"

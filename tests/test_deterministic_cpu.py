@@ -31,15 +31,15 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
     ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)
     atomic = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
     if spec.macro("DQ_ORDERED", 0):  # the ws kernel: no slabs, one semaphore per query tile
-        assert ws == (atomic.shape, 0, 0, True, 2 * 3 * -(-777 // bm)) and atomic.tiled and not atomic.nsem
+        assert ws == (atomic.shape, 0, 0, L.dq_tile_kind(spec), 2 * 3 * -(-777 // bm)) and atomic.tiled and not atomic.nsem
         assert ws.nbytes == 4 * 2 * 3 * -(-777 // bm) * bm * spec.macro("HDIM_Q") + 4 * ws.nsem
         return
     assert ws.nsplit == -(-1000 // bn) and ws.shape == (ws.nsplit, 2, 3, 777, hdim)
     assert ws.split_stride == 2 * 3 * 777 * hdim
     assert ws.nbytes == 4 * ws.nsplit * ws.split_stride
     assert atomic == ((2, 3, 777, hdim), 0, 0, False, 0)
-    if spec.target == "sm90a":  # (the ws kernel: 128 query rows per step at hdim 64, BWD_WS_BY_HDIM)
-        assert (bn, bm) == (128, 128 if spec.source.endswith("_ws") and hdim == 64 else 64)
+    if spec.target == "sm90a":  # (the ws kernel: 128 query rows per step at hdim 64, 80 at 128, BWD_WS_BY_HDIM)
+        assert (bn, bm) == (128, {64: 128, 128: 80}[hdim] if spec.source.endswith("_ws") else 64)
     else:
         assert bm == spec.macro("BLOCK_M") and bn == 16 * spec.macro("NWARPS")
 
@@ -47,15 +47,17 @@ def test_workspace_has_one_slab_per_key_block(hdim, cc):
 @pytest.mark.parametrize("hdim", [64, 120, 128])
 def test_tiled_workspace_rounds_rows_and_columns(hdim):
     """The bulk-copy kernels (DQ_TILED) write whole tiles of BLOCK_M rows x HDIM_Q (padded) floats
-    (BLOCK_M: 128 at hdim 64, 64 above)."""
+    (BLOCK_M: 128 at hdim 64, 80 at 128, whose chunks are dq_tile_chunk's kind 2; 64 there under a
+    short diagonal mask)."""
     from cupy_fmha.backends.cuda import bwd_ws_spec
-    spec = bwd_ws_spec("bf16", hdim, hdim)
-    assert spec.macro("DQ_TILED") == 1
-    rows, tiles = (832, 13) if hdim > 64 else (896, 7)
-    ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
-    assert ws == ((2, 3, rows, 128 if hdim > 64 else 64), 0, 0, True, 0) and (ws.pitch, ws.cols) == ws.shape[2:]
-    det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)  # ordered adds: the same tiles + semaphores
-    assert det == (ws.shape, 0, 0, True, 2 * 3 * tiles)
+    for diagonal in (False, True):
+        spec = bwd_ws_spec("bf16", hdim, hdim, diagonal=diagonal)
+        assert spec.macro("DQ_TILED") == 1
+        rows, tiles, kind = (896, 7, 1) if hdim == 64 else (832, 13, 1) if diagonal else (800, 10, 2)
+        ws = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, False)
+        assert ws == ((2, 3, rows, 128 if hdim > 64 else 64), 0, 0, kind, 0) and (ws.pitch, ws.cols) == ws.shape[2:]
+        det = L.dq_workspace(spec, 2, 3, 777, 1000, hdim, True)  # ordered adds: the same tiles + semaphores
+        assert det == (ws.shape, 0, 0, kind, 2 * 3 * tiles)
 
 
 def test_workspace_bytes_of_the_benchmark_shape():
@@ -65,7 +67,7 @@ def test_workspace_bytes_of_the_benchmark_shape():
     ws = L.dq_workspace(spec, 4, 16, 4096, 4096, 128, True)
     assert ws.nsplit == 4096 // L.dq_dk_dv_blocks(spec)[0] and ws.nbytes == ws.nsplit * 4 * 16 * 4096 * 128 * 4
     ws90 = L.dq_workspace(bwd_specs("bf16", 128, 128, 90, deterministic=True).dq_dk_dv, 4, 16, 4096, 4096, 128, True)
-    assert ws90.nbytes == 4 * 16 * 4096 * 128 * 4 + 4 * 4 * 16 * 64  # 134 MB + 4 KB of semaphores
+    assert ws90.nbytes == 4 * 16 * 4160 * 128 * 4 + 4 * 4 * 16 * 52  # 80-row tiles: 136 MB + 13 KB of semaphores
     assert L.dq_workspace(spec, 4, 16, 4096, 4096, 128, False).nbytes == 4 * 16 * 4096 * 128 * 4
 
 
@@ -254,7 +256,10 @@ def test_dq_path_per_instance():
                     assert spec.macro("DQ_TILED") == int(bulk or spec.source.endswith("_ws")), spec.name
                     assert spec.name in names
         # the mma.sync kernel has no such switch: one instance for both modes (the ws kernel, where 96 rounds
-        # to, takes the dQ writer in deterministic mode only: BWD_WS_DQ_WRITER, bench/NOTES.md step 83)
+        # to, takes the dQ writer in deterministic mode only with 64 rows, under a short diagonal mask:
+        # BWD_WS_DQ_WRITER, bench/NOTES.md step 83; with 80 rows in both modes, step 100)
         assert bwd_specs(dtype, 48, 48, 90) == bwd_specs(dtype, 48, 48, 90, deterministic=True)
-        a, b = bwd_specs(dtype, 96, 96, 90).dq_dk_dv, bwd_specs(dtype, 96, 96, 90, deterministic=True).dq_dk_dv
+        a, b = (bwd_specs(dtype, 96, 96, 90, diagonal=True, deterministic=det).dq_dk_dv for det in (False, True))
         assert (a.macro("DQ_WRITER", 0), b.macro("DQ_WRITER")) == (0, 1) and a.name != b.name
+        a, b = (bwd_specs(dtype, 96, 96, 90, deterministic=det).dq_dk_dv for det in (False, True))
+        assert a.macro("DQ_WRITER") == 1 and a == b

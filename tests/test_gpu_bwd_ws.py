@@ -54,10 +54,12 @@ def test_switch_selects_the_ws_kernel():
         if item.strip():
             key, _, val = item.partition("=")
             want[key.strip()] = int(val)
-    for d in (56, 120):  # padded to 64 / 128 (BLOCK_M=128: hdim 64 only)
+    for d in (56, 120):  # padded to 64 / 128 (BLOCK_M=128: hdim 64 only; 80: hdim 128 only)
         spec = cuda.bwd_specs("fp16", d, d, 90).dq_dk_dv
         for key, val in want.items():
-            assert spec.macro(key, 0) == (64 if key == "BLOCK_M" and d > 64 else val), (key, spec.name)
+            if key == "BLOCK_M" and val != {56: 128, 120: 80}[d]:
+                val = 64
+            assert spec.macro(key, 0) == val, (key, spec.name)
         print(spec.name)
 
 
@@ -273,3 +275,53 @@ def test_ws_dq_writer_group_mode(_ws_dq_writer):
 def test_ws_dq_writer_batch(case, monkeypatch, _ws_dq_writer):
     monkeypatch.setitem(A.CASES, case, EXTRA[case])
     A.test_forward_backward_matches_reference(case)
+
+
+# 80 query rows per step at hdim 128 (the default there without a short diagonal mask, forced here
+# under every mask through CUPY_FMHA_BWD_WS_TILES: GEMM4 as dQ^T = K^T dS^T, the fragments staged
+# transposed into the workspace's kind-2 chunks, the dQ writer; bench/NOTES.md step 100): the
+# hdim-128 cases (120 and 96 padded to 128: TMA's zero fill), lengths that are no multiple of 80 (65,
+# 700, 1537 query rows: a last tile of 17, 60, 17 rows), masks, GQA, group mode with sequences ending
+# inside a tile, deterministic mode (ordered adds of 80-row tiles) with and without the dQ writer, and
+# twenty bit-identical runs. hdim_q 64 keeps 64 rows (GEMM4's M would be 32): checked too.
+BM80 = "BLOCK_M=80,SPLIT_PDS=2,DQ_WRITER=1"
+BM80_BATCH = [c for c in EXTRA if EXTRA[c][7] in (96, 120, 128) and EXTRA[c][8] <= 128] + \
+    [c for c in A.CASES if A.CASES[c][7] in (96, 120, 128) and A.CASES[c][8] <= 128]
+BM80_DETERMINISTIC = [c for c in D.CASES if D.CASES[c][7] == 128]
+
+
+@pytest.fixture
+def _bm80(monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", BM80)
+    if conftest.is_sm90():
+        for hq, hv, want in ((128, 128, 80), (120, 120, 80), (128, 64, 80), (64, 128, 64), (64, 64, 64)):
+            spec = cuda.bwd_specs("bf16", hq, hv, 90).dq_dk_dv
+            assert spec.macro("BLOCK_M") == want, spec.name
+        for kw in (dict(dropout=True), dict(bias=True, bias_tma=2)):
+            assert cuda.bwd_specs("bf16", 128, 128, 90, **kw).dq_dk_dv.macro("BLOCK_M") == 64
+
+
+@pytest.mark.parametrize("case", BM80_BATCH)
+def test_bm80_batch(case, monkeypatch, _bm80):
+    if case in EXTRA:
+        monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+def test_bm80_group_mode(_bm80):
+    for case in ("bf16-d120-b-ends-mid-block", "bf16-d128-t-many-blocks", "bf16-d104-b-mid-block"):
+        test_group_mode_extra(case)
+    for case in V.DETERMINISTIC:
+        if V.DETERMINISTIC[case][5] in (96, 128):
+            V.test_varlen_deterministic_is_bit_identical_and_correct(case)
+
+
+@pytest.mark.parametrize("case", BM80_DETERMINISTIC)
+def test_bm80_deterministic(case, _bm80):
+    D.test_deterministic_is_bit_identical_and_correct(case)
+
+
+@pytest.mark.parametrize("writer", [0, 1])
+def test_bm80_twenty_runs(writer, monkeypatch, _bm80):
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", f"BLOCK_M=80,SPLIT_PDS=2,DQ_WRITER={writer}")
+    D.test_deterministic_twenty_runs("bf16-d128-causal-253x1000-gqa4")

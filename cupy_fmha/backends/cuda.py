@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "use_bwd_ws_diagonal", "BWD_WS_DIAGONAL_SEQLEN_K", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -383,7 +383,7 @@ def use_fwd_ws(hdim_q: int, hdim_v: int, *, bias: bool = False) -> bool:
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool = False,
               bias: bool = False, dropout: bool = False, deterministic: bool = False, bias_tma: int = 0,
-              heads_x: int = 0) -> BwdSpecs:
+              heads_x: int = 0, diagonal: bool = False) -> BwdSpecs:
     """Backward kernel instances for these head dims on a device of compute capability ``cc``
     (e.g. 90 for H100/H200: the wgmma kernel where it applies); ``alibi`` as in :func:`fwd_spec`;
     ``bias=True``: a dq_dk_dv instance that adds an elementwise bias and can write dS for dBias;
@@ -392,7 +392,9 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
     the build without the bulk dQ path; elsewhere the same instance). ``bias_tma``: as in
     :func:`fwd_spec` (a bias TMA can load: the warp-specialized backward takes it). ``heads_x``: the
     warp-specialized builds with the grid (nhead_q, key blocks, batch) and that start order
-    (``-D HEADS_X=n``, for causal masks: :func:`use_heads_x`); the other kernels ignore it."""
+    (``-D HEADS_X=n``, for causal masks: :func:`use_heads_x`); the other kernels ignore it.
+    ``diagonal``: :func:`use_bwd_ws_diagonal`'s decision (a short diagonal mask or a sliding window):
+    the ws backward's :data:`BWD_WS_DIAGONAL_BY_HDIM` entries apply."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     # (with dropout at hdim 128 the wgmma backward spills 16-60 bytes at its 255 registers, and
@@ -434,7 +436,7 @@ def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool
                                       deterministic=deterministic)
             and (not tma_bias or bwd_ws_tiles(d).get("SWIZZLE"))):
         ws = bwd_ws_spec(dtype, hdim_q, hdim_v, alibi=alibi, bias_tma=tma_bias, dropout=dropout, heads_x=heads_x,
-                         deterministic=deterministic)
+                         deterministic=deterministic, diagonal=diagonal)
         if ws.macro("SMEM_BYTES") <= SMEM_LIMIT:  # (a bias ring that does not fit: the older kernel)
             main = ws
     return BwdSpecs(
@@ -461,18 +463,40 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 
 #: The ws backward's entries by padded head dim, each chosen by measurement on the H200:
 #: BLOCK_M (query rows per step) 128 at hdim 64, where GEMM4 then splits dQ by rows and stays at
-#: N = 64 (1.09-1.24x the 64-row build, bench/NOTES.md step 35); 64 at hdim 128, where 128 rows would
-#: need 320 KB of shared memory (bwd_ws_spec keeps 64 there, and in the column-blocked build, whatever
-#: ``CUPY_FMHA_BWD_WS_TILES`` asks). LSE2 (0/1: the producer stores the LSE in log2 units) at hdim 64
-#: only: 1.01-1.03x there, 0.96-1.0x at hdim 128 (step 36). SPLIT_PDS (P formed while the dP GEMM
-#: runs, the dV GEMM issued before dS exists; plain and ALiBi builds) at hdim 128: 1.02-1.03x (step
-#: 57); at hdim 64 (128 rows) it spills 48 bytes.
-BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=64, SPLIT_PDS=1)}
-#: ... and with dropout (the DROPOUT build, whose warps make their own keep bits): nothing differs.
-#: At hdim 64 the 128-row build spills 64-128 bytes (the 64-row one none) and still measured
-#: 1.05-1.06x faster (bf16 b4 h16 s4096: 2.76 against 2.90 ms, causal 1.57 against 1.64;
-#: bench/NOTES.md step 50)
-BWD_WS_DROPOUT_BY_HDIM: dict[int, dict[str, int]] = {}
+#: N = 64 (1.09-1.24x the 64-row build, bench/NOTES.md step 35); 80 at hdim 128 (FlashAttention-3's
+#: step there without a mask; 128 rows would need 320 KB of shared memory), where GEMM4 forms dQ^T
+#: (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu, DQ_T), with SPLIT_PDS=2 (P formed while the dP GEMM runs;
+#: SPLIT_PDS=1, which also issues the dV GEMM before dS exists, spills 108 bytes there and ptxas
+#: serializes its wgmmas) and the dQ writer (DQ_WRITER=1: without it the MMA warpgroups spill 20 bytes
+#: and the build measured 1.05-1.08x slower): 0.94-0.98x the time of the 64-row build without a mask
+#: at s2048-16384 (bf16, FlashAttention's grid, `bench/ab.py` on an H100, step 100). LSE2 (0/1: the
+#: producer stores the LSE in log2 units) at hdim 64 only: 1.01-1.03x there, 0.96-1.0x at hdim 128
+#: (step 36). bwd_ws_spec keeps 64 rows at hdim 128 in the column-blocked build, and 80 rows only
+#: where hdim_q pads to 128, whatever ``CUPY_FMHA_BWD_WS_TILES`` asks.
+BWD_WS_BY_HDIM = {64: dict(BLOCK_M=128, LSE2=1), 128: dict(BLOCK_M=80, SPLIT_PDS=2, DQ_WRITER=1)}
+#: ... and with dropout (the DROPOUT build, whose warps make their own keep bits, 64 or 128 rows: its
+#: keep-word tile), over those: at hdim 128 64 rows. At hdim 64 the 128-row build spills 64-128 bytes
+#: (the 64-row one none) and still measured 1.05-1.06x faster (bf16 b4 h16 s4096: 2.76 against 2.90 ms,
+#: causal 1.57 against 1.64; bench/NOTES.md step 50)
+BWD_WS_DROPOUT_BY_HDIM: dict[int, dict[str, int]] = {128: dict(BLOCK_M=64)}
+#: ... and where :func:`use_bwd_ws_diagonal` says (a mask with a diagonal over at most
+#: :data:`BWD_WS_DIAGONAL_SEQLEN_K` keys, or a sliding window), or hdim_q pads below hdim_v (80 rows
+#: need hdim_q 128), over :data:`BWD_WS_BY_HDIM`'s (before dropout's): at hdim 128 the 64-row build
+#: with SPLIT_PDS=1 (P formed, and the dV GEMM issued, while the dP GEMM runs: 1.02-1.03x, step 57),
+#: no dQ writer in atomic mode (1.01-1.1x the time with it, step 100; deterministic mode takes it,
+#: :data:`BWD_WS_DQ_WRITER`). Causal, 80 rows measured 1.02 / 1.00 / 0.97 / 0.94x the time of these at
+#: s2048 / 4096 / 8192 / 16384 (step 100).
+BWD_WS_DIAGONAL_BY_HDIM: dict[int, dict[str, int]] = {128: dict(BLOCK_M=64, SPLIT_PDS=1, DQ_WRITER=0)}
+#: the longest seqlen_k (the max in group mode) at which a causal mask takes :data:`BWD_WS_DIAGONAL_BY_HDIM`
+BWD_WS_DIAGONAL_SEQLEN_K = 4096
+
+
+def use_bwd_ws_diagonal(diagonal: bool, causal: bool, seqlen_k: int) -> bool:
+    """Whether the ws backward should take :data:`BWD_WS_DIAGONAL_BY_HDIM`'s entries: a mask with a
+    diagonal (``diagonal``) that is a sliding window (not ``causal``: the window's left side does not
+    reach every query row, so a key block sees few query blocks) or covers at most
+    :data:`BWD_WS_DIAGONAL_SEQLEN_K` keys (``seqlen_k``: the max in group mode)."""
+    return bool(diagonal) and (not causal or seqlen_k <= BWD_WS_DIAGONAL_SEQLEN_K)
 
 
 #: padded head dims at which the ws backward takes the elementwise bias (its BIAS build). At hdim
@@ -488,8 +512,9 @@ BWD_WS_BIAS_HDIMS = (64, 128)
 #: 256: the wide build, by its larger head dim), by measurement on the H200 (bench/NOTES.md step 83,
 #: ``bench/probe/time78_gpu.sh``, bf16 b4 h16 s4096): deterministic mode 1.15-1.19x the atomic backward
 #: with the writer against 1.44-1.52x without (hdim 64, 128), the wide backward 0.88-0.91x the time
-#: at s2048-8192 causal and not; not in atomic mode at 128 (1.02x the time) or 64 (0.99x, and its build's
-#: wgmma descriptors leave the uniform registers: 60 R2UR, tests/test_bwd_ws_sass.py).
+#: at s2048-8192 causal and not; not in atomic mode at 128 with 64 rows (1.02x the time) or 64 (0.99x,
+#: and its build's wgmma descriptors leave the uniform registers: 60 R2UR, tests/test_bwd_ws_sass.py);
+#: the 80-row build at 128 takes it in both modes (its :data:`BWD_WS_BY_HDIM` entry, step 100).
 #: ``CUPY_FMHA_BWD_WS_TILES`` / ``CUPY_FMHA_BWD_WS_WIDE_TILES`` (``DQ_WRITER=0`` or ``=1``) override it.
 BWD_WS_DQ_WRITER: dict[str, tuple[int, ...]] = {"atomic": (256,), "deterministic": (64, 128, 256)}
 
@@ -498,16 +523,19 @@ def _dq_writer_default(hdim: int, deterministic: bool) -> dict[str, int]:
     return {"DQ_WRITER": 1} if hdim in BWD_WS_DQ_WRITER["deterministic" if deterministic else "atomic"] else {}
 
 
-def bwd_ws_tiles(hdim: int, dropout: bool = False, deterministic: bool = False) -> dict[str, int]:
+def bwd_ws_tiles(hdim: int, dropout: bool = False, deterministic: bool = False,
+                 diagonal: bool = False) -> dict[str, int]:
     """The ws backward's table entries at padded head dim ``hdim``: two MMA warpgroups of 64 keys,
-    the entries of :data:`BWD_WS_BY_HDIM` (with ``dropout`` those of :data:`BWD_WS_DROPOUT_BY_HDIM`
-    over them), and the variant macros that are on (:data:`BWD_WS_VARIANTS`, then
+    the entries of :data:`BWD_WS_BY_HDIM` (with ``diagonal``, a mask with a diagonal, those of
+    :data:`BWD_WS_DIAGONAL_BY_HDIM` over them; with ``dropout`` those of :data:`BWD_WS_DROPOUT_BY_HDIM`
+    over those), and the variant macros that are on (:data:`BWD_WS_VARIANTS`, then
     ``CUPY_FMHA_BWD_WS_TILES``); 0/1 macros at 0 are left out, so the default instances keep their
     names and code. Besides the table's entries the variable takes DQ_WRITER=0/1 (the dQ writer
     thread, bench/NOTES.md step 76; by default where :data:`BWD_WS_DQ_WRITER` says for the dQ mode,
     ``deterministic``; :func:`bwd_ws_spec` leaves it out of the bias and dropout builds)."""
     tiles = _override("CUPY_FMHA_BWD_WS_TILES",
                       {**dict(NWG=2, BLOCK_N=128, LSE2=0), **BWD_WS_BY_HDIM[hdim],
+                       **(BWD_WS_DIAGONAL_BY_HDIM.get(hdim, {}) if diagonal else {}),
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS,
                        **_dq_writer_default(hdim, deterministic)})
     switches = {"LSE2", "SPLIT_PDS", "DQ_WRITER", *BWD_WS_VARIANTS}
@@ -519,24 +547,34 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False, deterministic: bool = False) 
 
 def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
                 tiles: dict[str, int] | None = None, bias_tma: int = 0, dropout: bool = False,
-                heads_x: int = 0, deterministic: bool = False) -> KernelSpec:
+                heads_x: int = 0, deterministic: bool = False, diagonal: bool = False) -> KernelSpec:
     """The warp-specialized Hopper backward (``fmha_bwd_dq_dk_dv_sm90_ws``: a producer warpgroup
     loading with TMA, two MMA warpgroups) for head dims rounding up (to a multiple of 64) to 64 and
     128 (:func:`use_ws` says when it is dispatched). ``dropout``: the build whose warps make their
     own keep bits (``-D DROPOUT=1``; not with a bias). ``bias_tma`` 2 or 4: the build with an
     elementwise bias of 16-bit or fp32 elements loaded through TMA (``-D BIAS=1 -D BIAS_TMA=n``;
     needs the swizzled tiles; 64 query rows per step, where the bias tiles fit); 0 none.
-    ``tiles``: the table entries (default :func:`bwd_ws_tiles`, for the dQ mode ``deterministic``).
+    ``tiles``: the table entries (default :func:`bwd_ws_tiles`, for the dQ mode ``deterministic`` and
+    the mask's ``diagonal``).
     ``heads_x``: the ``-D HEADS_X=n``
     build (n >= 1: grid (nhead_q, key blocks, batch), :func:`use_heads_x`), unless the tile variable
     sets HEADS_X itself (for comparisons).
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, a bias with tiles that are not swizzled, a bias
-            with dropout, or a BLOCK_M other than 64 or 128."""
+            with dropout, or a BLOCK_M other than 64, 80 or 128."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     d = max(dq, dv)
-    tiles = dict(bwd_ws_tiles(d, dropout, deterministic) if tiles is None else tiles)
+    # (hdim_q padding below hdim_v: the 64-row entries, as under a short diagonal; 80 rows need hdim_q 128)
+    tiles = dict(bwd_ws_tiles(d, dropout, deterministic, diagonal or dq < d) if tiles is None else tiles)
+    if ((tiles.get("BLOCK_M") == 80 and (dq != 128 or dv > 128 or bias_tma or dropout or not tiles.get("SWIZZLE")))
+            or (tiles.get("BLOCK_M") == 128 and d > 64)):
+        # (80 rows: GEMM4 as dQ^T, whose M is the warpgroup's half of hdim_q, so hdim_q 128 only, swizzled;
+        # 231,720 bytes of shared memory at 128 / 128; the keep-word and bias tiles assume 64 or 128
+        # rows; 128 rows at hdim 128 would need 320 KB): the 64-row entries instead, as under a short
+        # diagonal mask
+        tiles.update(BWD_WS_DIAGONAL_BY_HDIM.get(128, {}), BLOCK_M=64, **_dq_writer_default(128, deterministic))
+        tiles = {k: v for k, v in tiles.items() if v or k not in ("SPLIT_PDS", "DQ_WRITER")}
     feats = _ws_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma:
         if dropout:
@@ -545,11 +583,11 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if bias_tma or dropout:
         tiles.pop("SPLIT_PDS", None)  # (those builds form P and dS together: the same code, one name)
         tiles.pop("DQ_WRITER", None)  # (built without the bias or dropout)
-    if tiles.get("BLOCK_M", 64) not in (64, 128):
-        raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64 or 128, got {tiles['BLOCK_M']}")
-    if d > 64 or not tiles.get("SWIZZLE"):
-        # (128 query rows per step at hdim 128: 320 KB of shared memory; the column-blocked build
-        # keeps the 64 rows of the step-30 comparison build, which at hdim 64 also needs LSE2=0)
+    if tiles.get("BLOCK_M", 64) not in (64, 80, 128):
+        raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64, 80 or 128, got {tiles['BLOCK_M']}")
+    if not tiles.get("SWIZZLE"):
+        # (the column-blocked build keeps the 64 rows of the step-30 comparison build, which at hdim 64
+        # also needs LSE2=0)
         tiles["BLOCK_M"] = 64
     if (dropout or bias_tma) and heads_x > 1:
         heads_x = 0  # (the grouped start order's index arithmetic spills in these builds, at their limit)
@@ -858,8 +896,8 @@ def dispatch_table() -> list[KernelSpec]:
     """Every kernel instance the library dispatches to for the head dims it supports
     (multiples of 8 up to 256, hdim_q == hdim_v, plus the pairs (192, 128), (256, 128), (128, 256)), both dtypes, on
     sm_80-class and sm_90 devices, for every feature set, in atomic and deterministic dQ mode,
-    with and without the heads-first grid of causal backwards (:func:`use_heads_x`), plus the
-    keep-mask kernel."""
+    with and without the heads-first grid of causal backwards (:func:`use_heads_x`) and the ws
+    backward's entries for diagonal masks (:func:`use_bwd_ws_diagonal`), plus the keep-mask kernel."""
     seen: dict[str, KernelSpec] = {}
     pairs = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (256, 128), (128, 256)]
     for feats in FEATURE_SETS:
@@ -876,8 +914,9 @@ def dispatch_table() -> list[KernelSpec]:
                                    for n in tma for det in (False, True)),
                                  bwd_specs(dtype, hq, hv, cc, **feats, deterministic=True).dq_dk_dv,
                                  *(bwd_specs(dtype, hq, hv, cc, **feats, bias_tma=n, deterministic=det,
-                                             heads_x=hx).dq_dk_dv for n in (0, *tma) for det in (False, True)
-                                   for hx in ((1, BWD_WS_HEADS_GROUP) if max(hq, hv) <= 128 else (1,)))):
+                                             heads_x=hx, diagonal=diag).dq_dk_dv for n in (0, *tma)
+                                   for det in (False, True) for diag in (False, True)
+                                   for hx in ((0, 1, BWD_WS_HEADS_GROUP) if max(hq, hv) <= 128 else (0, 1)))):
                         seen.setdefault(spec.name, spec)
     spec = dropout_mask_spec()
     seen.setdefault(spec.name, spec)

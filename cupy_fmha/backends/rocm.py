@@ -323,6 +323,11 @@ def use_heads_x(causal: bool, seqlen_k: int, nhead_q: int = 1, hdim: int = 128) 
     return 0
 
 
+def use_bwd_ws_diagonal(diagonal: bool, causal: bool, seqlen_k: int) -> bool:
+    """The short-diagonal entries are the warp-specialized Hopper backward's: never on gfx9."""
+    return False
+
+
 def dropout_mask_spec():
     """The keep-mask kernel (no matrix instructions: the CUDA instance's macros, 256 threads)."""
     from . import cuda
@@ -331,11 +336,12 @@ def dropout_mask_spec():
 
 
 def bwd_specs(dtype: str, hdim_q: int, hdim_v: int, target: str, *, alibi: bool = False, bias: bool = False,
-              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0, heads_x: int = 0):
+              dropout: bool = False, deterministic: bool = False, bias_tma: int = 0, heads_x: int = 0,
+              diagonal: bool = False):
     """The backward's gfx9 instances on ``target``: dot_do_o (one 64-lane wavefront per row, 8
     rows), the main kernel (:func:`bwd_spec`; deterministic mode is its run-time dQ-slab path, as
     on CUDA's mma.sync kernel), convert_dq and its slab-summing build (``bias_tma``, a Hopper
-    kernel's option, is ignored, as is ``heads_x``)."""
+    kernel's option, is ignored, as are ``heads_x`` and ``diagonal``)."""
     from ..spec import BwdSpecs, _mk
 
     dot = _mk("fmha_bwd_dot_do_o", dtype, ROWS=8)

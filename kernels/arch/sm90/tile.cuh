@@ -169,4 +169,27 @@ __device__ __forceinline__ void stage_dq_tile(float* sdQ, const float* acc, int 
     }
 }
 
+// Backward, the ws build with dQ^T (BLOCK_M % 64 != 0, e.g. 80 query rows at hdim 128: GEMM4 as
+// dQ^T = K^T dS^T, since wgmma's M is 64): a warp's dQ^T accumulator (rows = dQ columns col0 + f.row(e),
+// col0 a multiple of 16; N8 n8 tiles of query rows 8n + f.col(n, e)) into the fp32 dQ tile sdQ of D
+// columns, chunks placed by dq_tile_chunk kind 2 (common.cuh). Element (query row q, column c) goes to
+// q * D + 4 (c / 4 ^ 2 ((q / 2) % 4)) + c % 4; for this thread (q / 2) % 4 = t, so each of its two
+// column chunks (rows f.row(0), f.row(2)) is one offset for all its query rows, and the warp's scalar
+// stores are free of bank conflicts (4 row pairs x 8 columns land on 8 distinct chunks mod 8). The lane's
+// g and t pass through an opaque move, as in stage_dq_tile's OPAQUE_LANE form.
+template <int N8, int D>
+__device__ __forceinline__ void stage_dq_tile_t(float* sdQ, const float* acc, int col0, const AccFrag& f) {
+    int g, t;
+    asm volatile("mov.b32 %0, %1;" : "=r"(g) : "r"(f.g));
+    asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(f.t));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float* base = sdQ + 2 * t * D + 4 * (((col0 >> 2) + 2 * r + (g >> 2)) ^ (2 * t)) + (g & 3);
+#pragma unroll
+        for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) base[(8 * n + e) * D] = acc[4 * n + 2 * r + e];
+    }
+}
+
 }  // namespace fmha
