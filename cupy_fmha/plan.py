@@ -336,7 +336,8 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
                              hdim_v: int | None = None, *, nhead_k: int | None = None, deterministic: bool = False,
                              return_dbias: bool = False, dtype: str = "bf16", cc: int = 90,
                              dropout: bool = False, bias: bool = False, alibi: bool = False,
-                             bias_shape: tuple | None = None, group_mode: bool = False) -> dict[str, int]:
+                             bias_shape: tuple | None = None, group_mode: bool = False, causal: bool = False,
+                             sliding_window: bool = False) -> dict[str, int]:
     """Device memory, in bytes, that :func:`cupy_fmha.attention_backward` allocates besides its
     outputs, by workspace, plus ``"total"``.
 
@@ -354,6 +355,9 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
             warp-specialized Hopper backward takes).
         bias_shape, group_mode: the bias's shape and whether the call is in group mode (for the
             dBias workspace; without ``bias_shape`` it is counted).
+        causal, sliding_window: the call's mask (a causal mask, or a window limited on the left): on
+            the warp-specialized Hopper backward they can pick other query tiles, which round the dQ
+            workspace's rows differently (:func:`cupy_fmha.spec.use_bwd_ws_diagonal`).
 
     Returns:
         ``{"delta": ..., "dq_accumulator": ..., "dkdv_gqa": ..., "dbias": ..., "total": ...}``.
@@ -362,8 +366,9 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
     """
     hdim_v = hdim_q if hdim_v is None else hdim_v
     nhead_k = nhead_q if nhead_k is None else nhead_k
+    diagonal = use_bwd_ws_diagonal(bool(causal or sliding_window), bool(causal) and not sliding_window, seqlen_k, cc)
     specs = bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
-                      deterministic=deterministic, bias_tma=2 if bias else 0)
+                      deterministic=deterministic, bias_tma=2 if bias else 0, diagonal=diagonal)
     ws = L.dq_workspace(specs.dq_dk_dv, batch, nhead_q, seqlen_q, seqlen_k, hdim_q, deterministic)
     out = {"delta": 4 * batch * nhead_q * seqlen_q, "dq_accumulator": ws.nbytes,
            "dkdv_gqa": 4 * batch * nhead_q * seqlen_k * (hdim_q + hdim_v) if nhead_k != nhead_q else 0,

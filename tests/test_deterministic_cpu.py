@@ -263,3 +263,17 @@ def test_dq_path_per_instance():
         assert (a.macro("DQ_WRITER", 0), b.macro("DQ_WRITER")) == (0, 1) and a.name != b.name
         a, b = (bwd_specs(dtype, 96, 96, 90, deterministic=det).dq_dk_dv for det in (False, True))
         assert a.macro("DQ_WRITER") == 1 and a == b
+
+
+def test_workspace_bytes_follow_the_mask():
+    """backward_workspace_bytes picks the query tile the call would: at hdim 128 on sm_90 80 rows without
+    a mask (1000 rows round to 1040), 64 under a causal mask up to 4096 keys or a sliding window (1024),
+    80 again for a causal mask over more keys (bench/NOTES.md step 100)."""
+    import cupy_fmha
+
+    acc = lambda **kw: cupy_fmha.backward_workspace_bytes(1, 16, 1000, 1000, 128, **kw)["dq_accumulator"]
+    assert acc() == 16 * 1040 * 128 * 4
+    assert acc(causal=True) == acc(sliding_window=True) == 16 * 1024 * 128 * 4
+    long = cupy_fmha.backward_workspace_bytes(1, 16, 1000, 8192, 128, causal=True)["dq_accumulator"]
+    assert long == 16 * 1040 * 128 * 4
+    assert acc(cc=80) == 16 * 1000 * 128 * 4  # (no tiled workspace off Hopper)
