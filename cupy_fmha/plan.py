@@ -355,9 +355,11 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
             warp-specialized Hopper backward takes).
         bias_shape, group_mode: the bias's shape and whether the call is in group mode (for the
             dBias workspace; without ``bias_shape`` it is counted).
-        causal, sliding_window: the call's mask (a causal mask, or a window limited on the left): on
-            the warp-specialized Hopper backward they can pick other query tiles, which round the dQ
-            workspace's rows differently (:func:`cupy_fmha.spec.use_bwd_ws_diagonal`).
+        causal, sliding_window: the call's mask: ``causal`` a causal mask (or any window whose left
+            side reaches every query row), ``sliding_window`` a window whose left side is shorter than
+            seqlen_q (then ``causal`` is ignored). On the warp-specialized Hopper backward they can pick
+            other query tiles, which round the dQ workspace's rows differently
+            (:func:`cupy_fmha.spec.use_bwd_ws_diagonal`).
 
     Returns:
         ``{"delta": ..., "dq_accumulator": ..., "dkdv_gqa": ..., "dbias": ..., "total": ...}``.

@@ -467,8 +467,8 @@ BWD_WS_VARIANTS = dict(SWIZZLE=1)
 #: step there without a mask; 128 rows would need 320 KB of shared memory), where GEMM4 forms dQ^T
 #: (kernels/fmha_bwd_dq_dk_dv_sm90_ws.cu, DQ_T), with SPLIT_PDS=2 (P formed while the dP GEMM runs;
 #: SPLIT_PDS=1, which also issues the dV GEMM before dS exists, spills 108 bytes there and ptxas
-#: serializes its wgmmas) and the dQ writer (DQ_WRITER=1: without it the MMA warpgroups spill 20 bytes
-#: and the build measured 1.05-1.08x slower): 0.94-0.98x the time of the 64-row build without a mask
+#: serializes its wgmmas) and the dQ writer (DQ_WRITER=1: 4 bytes of spill, without it 20, and the build
+#: without it measured 1.05-1.08x slower): 0.94-0.98x the time of the 64-row build without a mask
 #: at s2048-16384 (bf16, FlashAttention's grid, `bench/ab.py` on an H100, step 100). LSE2 (0/1: the
 #: producer stores the LSE in log2 units) at hdim 64 only: 1.01-1.03x there, 0.96-1.0x at hdim 128
 #: (step 36). bwd_ws_spec keeps 64 rows at hdim 128 in the column-blocked build, and 80 rows only
@@ -573,7 +573,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         # 231,720 bytes of shared memory at 128 / 128; the keep-word and bias tiles assume 64 or 128
         # rows; 128 rows at hdim 128 would need 320 KB): the 64-row entries instead, as under a short
         # diagonal mask
-        tiles.update(BWD_WS_DIAGONAL_BY_HDIM.get(128, {}), BLOCK_M=64, **_dq_writer_default(128, deterministic))
+        tiles.update(BWD_WS_DIAGONAL_BY_HDIM.get(d, {}), BLOCK_M=64, **_dq_writer_default(d, deterministic))
         tiles = {k: v for k, v in tiles.items() if v or k not in ("SPLIT_PDS", "DQ_WRITER")}
     feats = _ws_feats("fmha_bwd_dq_dk_dv_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma:
