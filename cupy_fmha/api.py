@@ -709,7 +709,7 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             warp-specialized Hopper kernel (sm_90, head dims rounding up to 64 or 128, no dropout
             or bias) the key blocks add their dQ tiles into the one accumulator in ascending
             order, admitted one at a time by an int32 semaphore per (batch, head, query tile of
-            64 or 80 rows): the same memory as the default plus those semaphores. Elsewhere each CTA
+            64, 80 or 128 rows): the same memory as the default plus those semaphores. Elsewhere each CTA
             stores its key block kb's dQ contribution with plain stores into slab kb of an fp32
             workspace [nsplit, batch, nhead_q, seqlen_q, hdim_q], nsplit = ceil(seqlen_k /
             BLOCK_N) (BLOCK_N = 128 on the other Hopper kernel, 16 * NWARPS = 128 or 64 on the

@@ -6,8 +6,8 @@
 // once; then per query block Q and dO into a ring of STAGES buffers), its first warp copies the
 // block's LSE and D rows into shared memory, and each buffer's `full` mbarrier completes when all
 // of it has landed. Warpgroups 1 and 2 are the MMA warpgroups (64 keys each of BLOCK_N = 128), as
-// in fmha_bwd_dq_dk_dv_sm90.cu, stepping BLOCK_M query rows at a time (64, or 128 at hdim 64:
-// cupy_fmha.backends.cuda.BWD_WS_BY_HDIM, bench/NOTES.md step 35), and hand a buffer back through
+// in fmha_bwd_dq_dk_dv_sm90.cu, stepping BLOCK_M query rows at a time (64; 128 at hdim 64, bench/NOTES.md
+// step 35; 80 at hdim 128 with GEMM4 transposed, DQ_T below, step 100: cupy_fmha.backends.cuda.BWD_WS_BY_HDIM), and hand a buffer back through
 // its `empty` mbarrier once the block's last wgmma (GEMM4, after GEMM1/3, which read the buffer) has completed. Registers move
 // from the producer to the MMA warpgroups with setmaxnreg.
 //

@@ -17,7 +17,7 @@ for part in "$@"; do
       t "bm80 tests"
       timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_bwd_ws.py -k bm80 > $OUT/test-bm80.txt 2>&1
       echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-bm80.txt | head; tail -1 $OUT/test-bm80.txt
-      t "test_gpu_bwd_ws.py under $BM80"
+      t "test_gpu_bwd_ws.py under BLOCK_M=80,SPLIT_PDS=0"
       CUPY_FMHA_BWD_WS_TILES=BLOCK_M=80,SPLIT_PDS=0 timeout -s KILL 240 python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_bwd_ws.py > $OUT/test-bwdws-bm80.txt 2>&1
       echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-bwdws-bm80.txt | head; tail -1 $OUT/test-bwdws-bm80.txt;;
     ab)
