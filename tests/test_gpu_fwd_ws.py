@@ -481,3 +481,64 @@ def test_poly_exp2_on_the_device():
     ok = (x >= -126) & (x < 128)
     rel = np.abs(got[ok].astype(np.float64) / np.exp2(x[ok].astype(np.float64)) - 1)
     assert rel.max() <= E.MAX_REL_ERROR + 1.2e-7, rel.max()
+
+
+# NWG=1 (a variant, not dispatched: one MMA warpgroup of 64 rows per CTA, two CTAs per SM, so one
+# CTA's row-block start and O epilogue run beside the other's key-block loop; bench/NOTES.md step 101).
+# Every batch-mode and group-mode case whose head dims round to 64 or 128, under 64-key blocks (what
+# fits two CTAs at hdim 128), with the default and three row blocks per CTA, and at hdim <= 64 also
+# with 128-key blocks; against the NumPy reference (forward and the backward that reads its O / LSE).
+ONE_WG = ["NWG=1,BLOCK_N=64,PINGPONG=0", "NWG=1,BLOCK_N=64,PINGPONG=0,PERSIST=3", "NWG=1,PINGPONG=0,PERSIST=2"]
+ONE_WG_CASES = {**{c: A.CASES[c] for c in A.CASES if max(A.CASES[c][7], A.CASES[c][8]) <= 128},
+                **{c: EXTRA[c] for c in EXTRA if max(EXTRA[c][7], EXTRA[c][8]) <= 128}}
+
+
+def _one_wg_params():
+    for case, spec in ONE_WG_CASES.items():
+        for tiles in ONE_WG:
+            if "BLOCK_N" not in tiles and max(spec[7], spec[8]) > 64:
+                continue  # (128-key blocks at hdim 128 need 144 KB: one CTA per SM, refused)
+            yield pytest.param(case, tiles, id=f"{case}-{tiles}")
+
+
+@pytest.mark.parametrize("case,tiles", list(_one_wg_params()))
+def test_one_warpgroup_two_ctas(case, tiles, monkeypatch):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", tiles)
+    d = max(ONE_WG_CASES[case][7], ONE_WG_CASES[case][8])
+    spec = cuda.fwd_spec("bf16", d, d, 90)
+    assert spec.macro("NWG") == 1 and spec.macro("BLOCK_M") == 64 and spec.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT_2
+    monkeypatch.setitem(A.CASES, case, ONE_WG_CASES[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+@pytest.mark.parametrize("tiles", ONE_WG[:2])
+@pytest.mark.parametrize("case", [c for c in V.CASES if max(V.CASES[c][5], V.CASES[c][6]) <= 128])
+def test_one_warpgroup_two_ctas_group_mode(case, tiles, monkeypatch):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", tiles)
+    V.test_varlen_matches_reference(case)
+
+
+@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
+def test_one_warpgroup_two_ctas_dark_rows(monkeypatch, shape):
+    """Rows that see no key (O zero, LSE -inf) and row blocks with keys after ones without, at one
+    and at four row blocks per CTA."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    import numpy as np
+    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    for d in (64, 128):
+        rng = cp.random.default_rng(seed_for("fwd-one-wg", d, shape))
+        q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+        k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+        for persist in (0, 4):
+            o0, lse0, o, lse = _variant_pair(monkeypatch, "NWG=1,BLOCK_N=64,PINGPONG=0", q, k, v, kw, persist)
+            np.testing.assert_allclose(cp.asnumpy(o).astype(np.float32), cp.asnumpy(o0).astype(np.float32),
+                                       atol=2e-3, rtol=2e-3)
+            lit = cp.ones(sq, dtype=bool)
+            lit[dark] = False
+            np.testing.assert_allclose(cp.asnumpy(lse[:, :, lit]), cp.asnumpy(lse0[:, :, lit]), atol=1e-4, rtol=1e-5)
+            assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())

@@ -32,6 +32,8 @@ WARP_SIZE = 32
 #: bytes of dynamic shared memory one block may use (sm_80: 163 KiB, sm_90: 227 KiB; the kernels
 #: are sized for the larger, and the launcher raises the per-function limit above 48 KiB)
 SMEM_LIMIT = 227 * 1024
+#: ... per CTA where two share an SM (228 KiB per SM, less 1 KiB reserved per CTA, halved)
+SMEM_LIMIT_2 = 113 * 1024
 #: targets the offline compile check builds every instance for (CI, no GPU)
 OFFLINE_ARCHS = ("sm_80", "sm_90a")
 
@@ -67,9 +69,15 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
         # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
+        # NWG=1 runs two CTAs per SM (kernels/arch/sm90/tma.cuh ws_ctas_per_sm): each within SMEM_LIMIT_2
+        limit = SMEM_LIMIT_2 if m["NWG"] == 1 else SMEM_LIMIT
         staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
-        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
-        return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
+        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= limit else 0
+        total = (staged if out["O_STAGE"] else smem) + align
+        if total > limit:
+            raise ValueError(f"fmha_fwd_sm90_ws NWG={m['NWG']} BLOCK_N={bn} STAGES={st} at hdim {dq}/{dv}: {total} bytes of "
+                             f"shared memory, more than the {limit} a CTA may have here")
+        return dict(out, SMEM_BYTES=total)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -769,6 +777,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
                                                      **(FWD_WS_SHORT_BY_HDIM.get(hdim, {}) if short else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
+    if tiles.get("PINGPONG") and tiles.get("NWG") == 1:
+        raise ValueError("CUPY_FMHA_FWD_WS_TILES: NWG=1 (one MMA warpgroup, two CTAs per SM) needs PINGPONG=0")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
     if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):

@@ -28,9 +28,11 @@ inline constexpr int WS_PRODUCER_REGS = 24, WS_MMA_REGS = 240;
 // the CTA's pool, the registers it was launched with (a multiple of 8 per thread: 168 for 384
 // threads, 128 for 512; setmaxnreg.inc waits for registers the pool lacks). A pool of 65536 would
 // overstate it for two MMA warpgroups (bench/NOTES.md step 99: a 56-register producer leaves them 224, not 232).
-template <int nwg> inline constexpr int ws_launch_regs = 65536 / (128 * (nwg + 1)) / 8 * 8;
+// One MMA warpgroup (nwg = 1, the ws forward's NWG=1 variant) runs two CTAs per SM, each with half the pool.
+template <int nwg> inline constexpr int ws_ctas_per_sm = nwg == 1 ? 2 : 1;
+template <int nwg> inline constexpr int ws_launch_regs = 65536 / ws_ctas_per_sm<nwg> / (128 * (nwg + 1)) / 8 * 8;
 template <int nwg> inline constexpr int ws_mma_regs = ((nwg + 1) * ws_launch_regs<nwg> - WS_PRODUCER_REGS) / nwg / 8 * 8;
-static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160, "ws_mma_regs");
+static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160 && ws_mma_regs<1> == 232, "ws_mma_regs");
 
 // An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
 struct __align__(64) TmaMap {
