@@ -9,10 +9,7 @@
 //   S = Q K^T     wgmma A = Q (smem, K-major),   B = K (smem, K-major)
 //   O += P V      wgmma A = P (registers),       B = V (smem, MN-major)
 // and hand a stage back through its `empty` mbarrier once their P V has completed. Registers move
-// from the producer to the MMA warpgroups with setmaxnreg. NWG=1 (a variant): one MMA warpgroup of 64
-// rows per CTA and two CTAs per SM (ws_ctas_per_sm; shared memory at most half the SM's: 64-key
-// blocks at hdim 128), so one CTA's row-block start and O epilogue run beside the other's key-block
-// loop, as two warpgroups taking turns do inside one CTA (PINGPONG off).
+// from the producer to the MMA warpgroups with setmaxnreg.
 //
 // Compile-time variants (config.cuh; the library's default is the first of each):
 //   SWIZZLE=0   tiles column-blocked ([D/8][R][8], desc_cb_* in arch/sm90/tile.cuh): one TMA box per
@@ -80,9 +77,8 @@ using namespace fmha;
 
 static_assert(!BIAS_ACC || (BIAS && PV_OVERLAP && !DROPOUT && !ALIBI),
               "fmha_fwd_sm90_ws: BIAS_ACC is a variant of the bias build's overlapped pipeline");
-static_assert((NWG >= 1 && NWG <= 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
-              "fmha_fwd_sm90_ws: a producer and one to three MMA warpgroups of 64 query rows (spec.py)");
-static_assert(!PINGPONG || NWG >= 2, "fmha_fwd_sm90_ws: PINGPONG takes turns between MMA warpgroups of one CTA");
+static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
+              "fmha_fwd_sm90_ws: a producer and two or three MMA warpgroups of 64 query rows (spec.py)");
 static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
@@ -341,7 +337,7 @@ enum : int { TL_ROWS = 4, TL_EVENTS = 6, TL_AT = 8 + TL_ROWS, TL_PHASES = 7, TL_
              TL_WORDS = TL_PH_AT + 3 * (TL_PHASES + 1), TL_CTAS = 1 << 14 };
 __device__ unsigned long long fmha_fwd_timeline[TL_CTAS][TL_WORDS];
 #endif
-extern "C" __global__ void __launch_bounds__(NTHREADS, ws_ctas_per_sm<NWG>)
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                  const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_bias,
                  const __grid_constant__ FwdParams p) {
