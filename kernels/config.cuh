@@ -40,6 +40,9 @@
 //                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
 //                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
 //                thread 0
+//   DESC_ADDR    fmha_bwd_dq_dk_dv_sm90_ws (no bias or dropout; a variant, bench/NOTES.md step 102): the main
+//                loop's wgmma descriptors formed from one 32-bit shared-memory address plus each tile's
+//                constant offset, instead of from the tile pointers
 //   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
 //                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S
 //   SMAX_TREE    the forward softmax (attention.cuh, softmax_p): each row slot's maximum by a pairwise
@@ -167,6 +170,9 @@
 #ifndef BIAS_ACC
 #define BIAS_ACC 0
 #endif
+#ifndef DESC_ADDR
+#define DESC_ADDR 0
+#endif
 #ifndef O_IN_Q
 #define O_IN_Q 0
 #endif
@@ -200,7 +206,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
                      split_pds = SPLIT_PDS, heads_x = HEADS_X;
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
-enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
+enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
              lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
@@ -239,6 +245,7 @@ enum : int { o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_row
 #undef O_STAGE
 #undef DQ_WRITER
 #undef BIAS_ACC
+#undef DESC_ADDR
 #undef O_IN_Q
 #undef SMAX_TREE
 #undef EXP_EMU
@@ -281,7 +288,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
+enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

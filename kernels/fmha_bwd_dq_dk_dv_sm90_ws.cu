@@ -154,6 +154,12 @@ static_assert(sizeof(SmemAll) + (DQ_WRITER ? sizeof(WriterSmem) : 0) + (SWIZZLE 
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
+// `a` with A, else `b` (the main loop's descriptor operands: a shared-memory address or a tile pointer)
+template <bool A, class T, class U>
+__device__ __forceinline__ auto pick(T a, U b) {
+    if constexpr (A) return a;
+    else return b;
+}
 #if defined(TIMING) && TIMING
 __device__ unsigned long long fmha_timeline[1 << 15][16];
 #endif
@@ -255,6 +261,24 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     const AccFrag frag(tid);
     const int key_row0 = wg * 64, warp_key0 = key_row0 + wi * 16;
     float* sdQ = sm.dq;
+    // DESC_ADDR (a variant, bench/NOTES.md step 102; not in the dropout and bias builds): the main loop's
+    // wgmma descriptors start from one 32-bit address, desc_base, plus each tile's constant offset in
+    // the layout (the stage's and dS buffer's as a multiple of the uniform index): uniform arithmetic
+    // only, and the same descriptors. Formed from the tile pointers (the default), the Q, dO and dS^T
+    // descriptors of the dQ-writer builds are built in vector registers (ptxas keeps the layout
+    // pointer in one there) and moved over with 2 R2UR per HGMMA (60-67 per query block), and the
+    // 80-row build spills 4 bytes. The mask (the descriptor keeps
+    // only these address bits anyway) makes desc_base a value of its own, not the pointer's copy
+    // (without it: 112 R2UR); the empty asm at the top of each block hides that the value does not
+    // change, so the K/V descriptors are formed per block from it with an add each instead of 24
+    // of them held in uniform registers across the loop (with them held: 4 bytes of spill at 80
+    // rows). The dropout and bias builds keep the pointers (there the addresses spilled 4-68 bytes
+    // more).
+    constexpr bool FROM_ADDR = DESC_ADDR && !BIAS && !DROPOUT;
+    unsigned desc_base = smem_u32(smem_base) & 0x3FFFFu;
+    auto layout_off = [&](const void* t) {  // (a constant: the layout's member against its start)
+        return (unsigned)(reinterpret_cast<const unsigned char*>(t) - smem_base);
+    };
 
     float acc_dk[NDQ * 4], acc_dv[NDV * 4];
 #pragma unroll
@@ -328,27 +352,36 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
         // and dS^T tiles then live in uniform registers)
         const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
+        if constexpr (FROM_ADDR) asm volatile("" : "+r"(desc_base));
         const unsigned phase = (i / STAGES) & 1;
         const int q0 = qb * BLOCK_M;
-        uint16_t* sdS = sm.ds[__shfl_sync(0xffffffffu, i & 1, 0)];
+        const int dsb = __shfl_sync(0xffffffffu, i & 1, 0);
+        uint16_t* sdS = sm.ds[dsb];
         mbarrier_wait(smem_u32(&sm.full[s]), phase);
         if (packed && q0 + BLOCK_M > blk.seqlen_q)  // the next sequence's query rows: zeros
             bwd_ws_zero_tails<SWIZZLE, BLOCK_M, HDIM_Q, HDIM_V, MMA_THREADS>(sm.q[s], sm.dout[s], blk.seqlen_q - q0, tid, 3);
         const uint16_t* sQb = sm.q[s];
         const uint16_t* sdOb = sm.dout[s];
+        // the wgmma operands' tiles: shared-memory addresses (FROM_ADDR) or pointers
+        const auto t_k = pick<FROM_ADDR>(desc_base + layout_off(sm.k), sm.k);
+        const auto t_v = pick<FROM_ADDR>(desc_base + layout_off(sm.v), sm.v);
+        const auto t_q = pick<FROM_ADDR>(desc_base + layout_off(sm.q) + s * (unsigned)sizeof(sm.q[0]), sQb);
+        const auto t_do = pick<FROM_ADDR>(desc_base + layout_off(sm.dout) + s * (unsigned)sizeof(sm.dout[0]), sdOb);
+        const auto t_ds = pick<FROM_ADDR>(desc_base + layout_off(sm.ds) + dsb * (unsigned)sizeof(sm.ds[0]),
+                                          static_cast<const uint16_t*>(sdS));
 
         // GEMM0 and GEMM2, issued together (SPLIT: committed apart, so that P is formed while GEMM2 runs)
         float sacc[NQ * 4], dp[NQ * 4];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HDIM_Q / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.k, key_row0, kk * 16),
-                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_N>(t_k, key_row0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(t_q, 0, kk * 16), kk > 0);
         if constexpr (SPLIT || SPLIT_P) wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < HDIM_V / 16; ++kk)
-            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(sm.v, key_row0, kk * 16),
-                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(sdOb, 0, kk * 16), kk > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(dp, desc_tile_kmajor<SWIZZLE, BLOCK_N>(t_v, key_row0, kk * 16),
+                                    desc_tile_kmajor<SWIZZLE, BLOCK_M>(t_do, 0, kk * 16), kk > 0);
         wgmma_commit();
         if constexpr (DROPOUT && !KEEP_AHEAD) {  // (the buffer's last reads, the previous block's, are before its barrier 1)
             fill_keep_words<BLOCK_M, BLOCK_N, MMA_THREADS>(sm.keep_words(0), blk.drop, q0, k0, tid);
@@ -394,7 +427,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_M / 16; ++kk)
-                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
+                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(t_do, kk * 16, 0), 1);
             wgmma_commit();
             wgmma_wait<1>();  // GEMM2 (the groups complete in order)
             fence_operand<NQ * 4>(dp);
@@ -403,7 +436,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_M / 16; ++kk)
-                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
+                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(t_q, kk * 16, 0), 1);
             wgmma_commit();
         } else {
             if constexpr (DS_KMAJOR)
@@ -415,8 +448,8 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sdOb, kk * 16, 0), 1);
-                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(sQb, kk * 16, 0), 1);
+                wgmma_rs<HDIM_V, 1>(acc_dv, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(t_do, kk * 16, 0), 1);
+                wgmma_rs<HDIM_Q, 1>(acc_dk, dsa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_M>(t_q, kk * 16, 0), 1);
             }
             wgmma_commit();
         }
@@ -444,13 +477,13 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
             if constexpr (DQ_T)
-                wgmma_ss<BLOCK_M, 1, 1>(acc_dq, desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, wg * DQ_HALF),
-                                        desc_mnmajor<BLOCK_M>(sdS, kk * 16, 0), kk > 0);
+                wgmma_ss<BLOCK_M, 1, 1>(acc_dq, desc_tile_mnmajor<SWIZZLE, BLOCK_N>(t_k, kk * 16, wg * DQ_HALF),
+                                        desc_mnmajor<BLOCK_M>(t_ds, kk * 16, 0), kk > 0);
             else
                 wgmma_ss<DQ_COLS, DS_KMAJOR ? 0 : 1, 1>(
-                    acc_dq, DS_KMAJOR ? desc_sw_kmajor<BLOCK_M>(sdS, DQ_BY_ROWS ? wg * 64 : 0, kk * 16)
-                                      : desc_mnmajor<BLOCK_M>(sdS, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
-                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sm.k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF), kk > 0);
+                    acc_dq, DS_KMAJOR ? desc_sw_kmajor<BLOCK_M>(t_ds, DQ_BY_ROWS ? wg * 64 : 0, kk * 16)
+                                      : desc_mnmajor<BLOCK_M>(t_ds, kk * 16, DQ_BY_ROWS ? wg * 64 : 0),
+                    desc_tile_mnmajor<SWIZZLE, BLOCK_N>(t_k, kk * 16, DQ_BY_ROWS ? 0 : wg * DQ_HALF), kk > 0);
         wgmma_commit();
         wgmma_wait0();  // GEMM1/3 too: the buffer's Q and dO are read
         fence_operand<DQ_ACC>(acc_dq);

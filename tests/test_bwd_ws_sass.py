@@ -45,3 +45,19 @@ def test_descriptors_uniform_and_mask_unswitched(dtype, d, diagonal):
     assert r2ur <= limit, f"{spec.name}: {r2ur} R2UR among {hgmma} HGMMA: descriptors left the uniform registers"
     # 23 after the fix (26 with the step-60 epilogue), 53 before it (one per element of S^T: NQ * 4 = 32)
     assert bssy < 32, f"{spec.name}: {bssy} BSSY: the mask test is back to a branch per element"
+
+
+@pytest.mark.parametrize("d,diagonal,deterministic", [(128, False, False), (128, True, False), (64, False, True)])
+def test_desc_addr_descriptors_uniform_without_spill(d, diagonal, deterministic, monkeypatch):
+    """DESC_ADDR=1 (bench/NOTES.md step 102): every descriptor of the loop from one 32-bit address, so the
+    dQ-writer builds (the hdim-128 80-row default, deterministic mode at 64) lose their 60-67 R2UR and the
+    80-row build its 4 bytes of spill; not serialized."""
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DESC_ADDR=1")
+    spec = cuda.bwd_ws_spec("bf16", d, d, diagonal=diagonal, deterministic=deterministic)
+    assert spec.macro("DESC_ADDR") == 1
+    res = C.offline_compile(spec)
+    assert res.spill_stores == 0 and not res.wgmma_serialized, (spec.name, res.spill_stores, res.wgmma_serialized)
+    ops = _ops(C.sass_instructions(spec))
+    first = ops.index("HGMMA")
+    last = len(ops) - 1 - ops[::-1].index("HGMMA")
+    assert ops[first:last + 1].count("R2UR") <= 2, spec.name

@@ -325,3 +325,43 @@ def test_bm80_deterministic(case, _bm80):
 def test_bm80_twenty_runs(writer, monkeypatch, _bm80):
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", f"BLOCK_M=80,SPLIT_PDS=2,DQ_WRITER={writer}")
     D.test_deterministic_twenty_runs("bf16-d128-causal-253x1000-gqa4")
+
+
+# DESC_ADDR=1 (a variant, bench/NOTES.md step 102): the loop's wgmma descriptors from one 32-bit address
+# plus constant offsets instead of the tile pointers. The descriptors are the same values, so dQ, dK and
+# dV must be bit-identical to the default build's, at the 80-row default, the 64-row diagonal entries,
+# hdim 64 and in deterministic mode (the writer builds this removes 60-67 R2UR from).
+DESC_ADDR_BITS = ["bf16-d128-none-1000", "f16-d128-b-1000x253-gqa4-empty-rows", "bf16-d128-causal-253x1000-gqa4",
+                  "f16-d128-window100,0-1000", "f16-d64-none-253", "f16-d64-causal-1000-gqa4",
+                  "f16-d120-none-65x129-gqa2", "bf16-d64-causal-1100-gqa4", "bf16-d128-none-1537x257"]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", [c for c in DESC_ADDR_BITS if c in D.CASES])
+def test_desc_addr_bits_equal_default(case, deterministic, monkeypatch):
+    dtype, layout, b, sq, sk, hq, hk, d, mkw = D.CASES[case]
+    c = D.Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
+    monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
+    default = [D._bits(x) for x in c.backward(deterministic)]
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DESC_ADDR=1")
+    if conftest.is_sm90():
+        assert cuda.bwd_specs("bf16", d, d, 90).dq_dk_dv.macro("DESC_ADDR") == 1
+    for name, want, x in zip(("dq", "dk", "dv"), default, c.backward(deterministic)):
+        same = want == D._bits(x)
+        assert same.all(), f"{name} differs from the default build at {int((~same).sum())} elements"
+
+
+@pytest.mark.parametrize("case", [c for c in DESC_ADDR_BITS if c in EXTRA])
+def test_desc_addr_batch(case, monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DESC_ADDR=1")
+    monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+def test_desc_addr_group_mode(monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DESC_ADDR=1")
+    for case in ("bf16-d120-b-ends-mid-block", "bf16-d128-t-many-blocks", "bf16-d104-b-mid-block"):
+        test_group_mode_extra(case)
+    for case in V.DETERMINISTIC:
+        if V.DETERMINISTIC[case][5] in (64, 96, 128):
+            V.test_varlen_deterministic_is_bit_identical_and_correct(case)

@@ -32,8 +32,6 @@ WARP_SIZE = 32
 #: bytes of dynamic shared memory one block may use (sm_80: 163 KiB, sm_90: 227 KiB; the kernels
 #: are sized for the larger, and the launcher raises the per-function limit above 48 KiB)
 SMEM_LIMIT = 227 * 1024
-#: ... per CTA where two share an SM (228 KiB per SM, less 1 KiB reserved per CTA, halved)
-SMEM_LIMIT_2 = 113 * 1024
 #: targets the offline compile check builds every instance for (CI, no GPU)
 OFFLINE_ARCHS = ("sm_80", "sm_90a")
 
@@ -69,15 +67,9 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
         # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
-        # NWG=1 runs two CTAs per SM (kernels/arch/sm90/tma.cuh ws_ctas_per_sm): each within SMEM_LIMIT_2
-        limit = SMEM_LIMIT_2 if m["NWG"] == 1 else SMEM_LIMIT
         staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
-        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= limit else 0
-        total = (staged if out["O_STAGE"] else smem) + align
-        if total > limit:
-            raise ValueError(f"fmha_fwd_sm90_ws NWG={m['NWG']} BLOCK_N={bn} STAGES={st} at hdim {dq}/{dv}: {total} bytes of "
-                             f"shared memory, more than the {limit} a CTA may have here")
-        return dict(out, SMEM_BYTES=total)
+        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
+        return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
         pq, pv, ps = smem_pitch(m["HDIM_Q"]), smem_pitch(m["HDIM_V"]), smem_pitch(bm)
@@ -546,7 +538,7 @@ def bwd_ws_tiles(hdim: int, dropout: bool = False, deterministic: bool = False,
                        **(BWD_WS_DIAGONAL_BY_HDIM.get(hdim, {}) if diagonal else {}),
                        **(BWD_WS_DROPOUT_BY_HDIM.get(hdim, {}) if dropout else {}), **BWD_WS_VARIANTS,
                        **_dq_writer_default(hdim, deterministic)})
-    switches = {"LSE2", "SPLIT_PDS", "DQ_WRITER", *BWD_WS_VARIANTS}
+    switches = {"LSE2", "SPLIT_PDS", "DQ_WRITER", "DESC_ADDR", *BWD_WS_VARIANTS}
     unknown = set(tiles) - {"NWG", "BLOCK_N", "BLOCK_M", "STAGES", "TIMING", "HEADS_X", *switches}
     if unknown:
         raise ValueError(f"CUPY_FMHA_BWD_WS_TILES: unknown entries {sorted(unknown)}")
@@ -591,6 +583,7 @@ def bwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if bias_tma or dropout:
         tiles.pop("SPLIT_PDS", None)  # (those builds form P and dS together: the same code, one name)
         tiles.pop("DQ_WRITER", None)  # (built without the bias or dropout)
+        tiles.pop("DESC_ADDR", None)  # (the pointer-formed descriptors there: the same code, one name)
     if tiles.get("BLOCK_M", 64) not in (64, 80, 128):
         raise ValueError(f"fmha_bwd_dq_dk_dv_sm90_ws: BLOCK_M must be 64, 80 or 128, got {tiles['BLOCK_M']}")
     if not tiles.get("SWIZZLE"):
@@ -777,8 +770,10 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
                                                      **(FWD_WS_SHORT_BY_HDIM.get(hdim, {}) if short else {})})
     if tiles.get("PINGPONG") and not tiles.get("PV_OVERLAP"):
         raise ValueError("CUPY_FMHA_FWD_WS_TILES: PINGPONG=1 needs PV_OVERLAP=1")
-    if tiles.get("PINGPONG") and tiles.get("NWG") == 1:
-        raise ValueError("CUPY_FMHA_FWD_WS_TILES: NWG=1 (one MMA warpgroup, two CTAs per SM) needs PINGPONG=0")
+    if tiles.get("NWG") not in (2, 3):
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: NWG must be 2 or 3, got {tiles.get('NWG')} (one MMA warpgroup "
+                         "per CTA, two CTAs per SM, measured 1.08-1.32x the time at hdim 128 and was removed: "
+                         "bench/NOTES.md step 101)")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
     if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):
@@ -846,6 +841,12 @@ def experimental_table() -> list[KernelSpec]:
     # so these stay for the atomic builds), on each head dim's table entries
     out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d), "DQ_WRITER": 1}, heads_x=hx)
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for hx in (0, 1, 2)]
+    # the ws backward's descriptors from one 32-bit address (DESC_ADDR, bench/NOTES.md step 102: no R2UR,
+    # no spill), on each head dim's table entries with and without a short diagonal, both dQ modes
+    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d, deterministic=det, diagonal=diag),
+                                                          "DESC_ADDR": 1})
+            for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for det in (False, True)
+            for diag in ((False, True) if d == 128 else (False,))]
     # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
     for variant in BWD_WS_WIDE_BUILDS:
         out += [bwd_ws_wide_spec(dtype, hq, hv, alibi=alibi, heads_x=hx, variant=variant)

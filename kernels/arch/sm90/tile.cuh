@@ -48,6 +48,11 @@ template <int C>
 __device__ __forceinline__ unsigned long long desc_mnmajor(const uint16_t* tile, int k0, int col0) {
     return desc_advance(wgmma_desc(smem_u32(tile), (C / 8) * 128, 128), 2u * blk_offset(k0, col0, C));
 }
+// (each descriptor helper also takes the tile's shared-memory address in place of its pointer)
+template <int C>
+__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int k0, int col0) {
+    return desc_advance(wgmma_desc(tile, (C / 8) * 128, 128), 2u * blk_offset(k0, col0, C));
+}
 
 // Column-blocked tiles: [C/8][R][8] (column block by column block, each a stack of 8x8 core
 // matrices of 128 contiguous bytes), what one TMA box of backends/tma.py's column_blocked_view
@@ -58,10 +63,18 @@ template <int R>
 __device__ __forceinline__ unsigned long long desc_cb_kmajor(const uint16_t* tile, int row0, int k0) {
     return desc_advance(wgmma_desc(smem_u32(tile), (R / 8) * 128, 128), 128u * ((k0 >> 3) * (R >> 3) + (row0 >> 3)));
 }
+template <int R>
+__device__ __forceinline__ unsigned long long desc_cb_kmajor(unsigned tile, int row0, int k0) {
+    return desc_advance(wgmma_desc(tile, (R / 8) * 128, 128), 128u * ((k0 >> 3) * (R >> 3) + (row0 >> 3)));
+}
 // MN-major (R rows = K, columns = M or N): the 16-deep K slice at (k0, col0).
 template <int R>
 __device__ __forceinline__ unsigned long long desc_cb_mnmajor(const uint16_t* tile, int k0, int col0) {
     return desc_advance(wgmma_desc(smem_u32(tile), 128, (R / 8) * 128), 128u * ((col0 >> 3) * (R >> 3) + (k0 >> 3)));
+}
+template <int R>
+__device__ __forceinline__ unsigned long long desc_cb_mnmajor(unsigned tile, int k0, int col0) {
+    return desc_advance(wgmma_desc(tile, 128, (R / 8) * 128), 128u * ((col0 >> 3) * (R >> 3) + (k0 >> 3)));
 }
 
 // Rows [r0, R) of a column-blocked tile of C columns set to zero by THREADS threads (16-byte

@@ -28,11 +28,9 @@ inline constexpr int WS_PRODUCER_REGS = 24, WS_MMA_REGS = 240;
 // the CTA's pool, the registers it was launched with (a multiple of 8 per thread: 168 for 384
 // threads, 128 for 512; setmaxnreg.inc waits for registers the pool lacks). A pool of 65536 would
 // overstate it for two MMA warpgroups (bench/NOTES.md step 99: a 56-register producer leaves them 224, not 232).
-// One MMA warpgroup (nwg = 1, the ws forward's NWG=1 variant) runs two CTAs per SM, each with half the pool.
-template <int nwg> inline constexpr int ws_ctas_per_sm = nwg == 1 ? 2 : 1;
-template <int nwg> inline constexpr int ws_launch_regs = 65536 / ws_ctas_per_sm<nwg> / (128 * (nwg + 1)) / 8 * 8;
+template <int nwg> inline constexpr int ws_launch_regs = 65536 / (128 * (nwg + 1)) / 8 * 8;
 template <int nwg> inline constexpr int ws_mma_regs = ((nwg + 1) * ws_launch_regs<nwg> - WS_PRODUCER_REGS) / nwg / 8 * 8;
-static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160 && ws_mma_regs<1> == 232, "ws_mma_regs");
+static_assert(ws_mma_regs<2> == WS_MMA_REGS && ws_mma_regs<3> == 160, "ws_mma_regs");
 
 // An encoded CUtensorMap (opaque, 128 bytes, 64-byte aligned).
 struct __align__(64) TmaMap {
@@ -145,6 +143,11 @@ template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* tile, int row0, int k0) {
     return desc_advance(wgmma_desc_sw128(smem_u32(tile), 16, 1024), (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2);
 }
+// (this and desc_sw_mnmajor also take the tile's shared-memory address in place of its pointer)
+template <int R>
+__device__ __forceinline__ unsigned long long desc_sw_kmajor(unsigned tile, int row0, int k0) {
+    return desc_advance(wgmma_desc_sw128(tile, 16, 1024), (k0 >> 6) * (R * 128) + row0 * 128 + (k0 & 63) * 2);
+}
 // MN-major operand (R rows = K, columns = M or N, C of them): the 16-deep K slice at (k0, col0), k0 a
 // multiple of 16. The PTX ISA's canonical MN-major swizzled layout: LBO = the byte offset between
 // swizzle atoms along M/N (here the slab stride, R * 128: the next 64 columns), SBO = the byte offset
@@ -161,6 +164,10 @@ __device__ __forceinline__ unsigned long long desc_sw_kmajor(const uint16_t* til
 template <int R>
 __device__ __forceinline__ unsigned long long desc_sw_mnmajor(const uint16_t* tile, int k0, int col0) {
     return desc_advance(wgmma_desc_sw128(smem_u32(tile), R * 128, 1024), (col0 >> 6) * (R * 128) + k0 * 128 + (col0 & 63) * 2);
+}
+template <int R>
+__device__ __forceinline__ unsigned long long desc_sw_mnmajor(unsigned tile, int k0, int col0) {
+    return desc_advance(wgmma_desc_sw128(tile, R * 128, 1024), (col0 >> 6) * (R * 128) + k0 * 128 + (col0 & 63) * 2);
 }
 // Rows [r0, R) of a swizzled tile of C columns set to zero by THREADS threads (rows a TMA box brought
 // from beyond a sequence's end, group mode): the swizzle only permutes chunks inside a row, so

@@ -34,6 +34,17 @@ __device__ __forceinline__ unsigned long long desc_tile_mnmajor(const uint16_t* 
     if constexpr (SW) return desc_sw_mnmajor<R>(tile, k0, col0);
     else return desc_cb_mnmajor<R>(tile, k0, col0);
 }
+// (both also take the tile's shared-memory address in place of its pointer)
+template <bool SW, int R>
+__device__ __forceinline__ unsigned long long desc_tile_kmajor(unsigned tile, int row0, int k0) {
+    if constexpr (SW) return desc_sw_kmajor<R>(tile, row0, k0);
+    else return desc_cb_kmajor<R>(tile, row0, k0);
+}
+template <bool SW, int R>
+__device__ __forceinline__ unsigned long long desc_tile_mnmajor(unsigned tile, int k0, int col0) {
+    if constexpr (SW) return desc_sw_mnmajor<R>(tile, k0, col0);
+    else return desc_cb_mnmajor<R>(tile, k0, col0);
+}
 // Rows [r0, R) of a tile of C columns set to zero by THREADS threads (rows a box brought from the
 // next sequence, group mode).
 template <bool SW, int R, int C, int THREADS>
