@@ -154,12 +154,6 @@ static_assert(sizeof(SmemAll) + (DQ_WRITER ? sizeof(WriterSmem) : 0) + (SWIZZLE 
 static_assert(sizeof(uint16_t) * BLOCK_N * HDIM_Q % 1024 == 0 && sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 &&
               sizeof(uint16_t) * BLOCK_M * HDIM_V % 1024 == 0, "TMA destinations must stay 1024-byte aligned");
 
-// `a` with A, else `b` (the main loop's descriptor operands: a shared-memory address or a tile pointer)
-template <bool A, class T, class U>
-__device__ __forceinline__ auto pick(T a, U b) {
-    if constexpr (A) return a;
-    else return b;
-}
 #if defined(TIMING) && TIMING
 __device__ unsigned long long fmha_timeline[1 << 15][16];
 #endif
@@ -269,7 +263,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     // pointer in one there) and moved over with 2 R2UR per HGMMA (60-67 per query block), and the
     // 80-row build spills 4 bytes. The mask (the descriptor keeps
     // only these address bits anyway) makes desc_base a value of its own, not the pointer's copy
-    // (without it: 112 R2UR); the empty asm at the top of each block hides that the value does not
+    // (without it: 112 R2UR); opaque_u32 at the top of each block hides that the value does not
     // change, so the K/V descriptors are formed per block from it with an add each instead of 24
     // of them held in uniform registers across the loop (with them held: 4 bytes of spill at 80
     // rows). The dropout and bias builds keep the pointers (there the addresses spilled 4-68 bytes
@@ -352,7 +346,7 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
         // (the stage and dS buffer broadcast from lane 0, as wg above: the descriptors of the Q, dO
         // and dS^T tiles then live in uniform registers)
         const int s = __shfl_sync(0xffffffffu, i % STAGES, 0);
-        if constexpr (FROM_ADDR) asm volatile("" : "+r"(desc_base));
+        if constexpr (FROM_ADDR) opaque_u32(desc_base);
         const unsigned phase = (i / STAGES) & 1;
         const int q0 = qb * BLOCK_M;
         const int dsb = __shfl_sync(0xffffffffu, i & 1, 0);

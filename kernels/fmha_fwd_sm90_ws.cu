@@ -139,8 +139,9 @@ static_assert(sizeof(uint16_t) * BLOCK_M * HDIM_Q % 1024 == 0 && sizeof(uint16_t
 
 // S = Q K^T of this warpgroup's 64 rows (one commit group).
 // ACC: S added to what sacc holds (BIAS_ACC: the bias), else S alone.
-template <bool ACC = false>
-__device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const uint16_t* sK, int wg) {
+// (the tiles as pointers or, DESC_ADDR, shared-memory addresses: the descriptor helpers take either)
+template <bool ACC = false, class TQ, class TK>
+__device__ __forceinline__ void gemm_s(float* sacc, TQ sQ, TK sK, int wg) {
 #pragma unroll
     for (int kk = 0; kk < HDIM_Q / 16; ++kk)
         wgmma_ss<BLOCK_N, 0, 0>(sacc, desc_tile_kmajor<SWIZZLE, BLOCK_M>(sQ, wg * 64, kk * 16),
@@ -148,7 +149,8 @@ __device__ __forceinline__ void gemm_s(float* sacc, const uint16_t* sQ, const ui
     wgmma_commit();
 }
 // O += P V (one commit group); P as register A fragments, one per 16 keys.
-__device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], const uint16_t* sV) {
+template <class TV>
+__device__ __forceinline__ void gemm_pv(float* acc_o, uint32_t (*pa)[4], TV sV) {
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HDIM_V, 1>(acc_o, pa[kk], desc_tile_mnmajor<SWIZZLE, BLOCK_N>(sV, kk * 16, 0), 1);
     wgmma_commit();
@@ -441,6 +443,27 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     const bool packed = p.seq.cu_seqlens_q != nullptr;  // group mode
     // the ring stage of block i, broadcast from lane 0 (its tiles' descriptors in uniform registers)
     auto uniform_stage = [](int i) { return __shfl_sync(0xffffffffu, i % STAGES, 0); };
+    // The GEMMs' tiles (DESC_ADDR, a variant, bench/NOTES.md step 103): as shared-memory addresses formed from
+    // one 32-bit value, desc_base, plus the tile's constant offset in the layout (and the stage's as a
+    // multiple of the uniform index), so ptxas forms every descriptor with uniform arithmetic; the
+    // opaque_u32 on desc_base at each key block keeps it from holding all of them in registers across
+    // the loop. From the pointers (the default), the hdim-192 and 256 builds form their Q and K
+    // descriptors in vector registers and move them over with R2UR (34-112 in the loop), as the ws
+    // backward's dQ-writer builds did (step 102). The same descriptor values either way.
+    unsigned desc_base = smem_u32(smem_base) & 0x3FFFFu;
+    auto layout_off = [&](const void* t) {  // (a constant: the layout's member against its start)
+        return (unsigned)(reinterpret_cast<const unsigned char*>(t) - smem_base);
+    };
+    auto opaque_base = [&]() {
+        if constexpr (DESC_ADDR) opaque_u32(desc_base);
+    };
+    auto q_tile = [&]() { return pick<DESC_ADDR>(desc_base + layout_off(sm.q), static_cast<const uint16_t*>(sm.q)); };
+    auto k_tile = [&](int s) {
+        return pick<DESC_ADDR>(desc_base + layout_off(sm.k) + s * (unsigned)sizeof(sm.k[0]), static_cast<const uint16_t*>(sm.k[s]));
+    };
+    auto v_tile = [&](int s) {
+        return pick<DESC_ADDR>(desc_base + layout_off(sm.v) + s * (unsigned)sizeof(sm.v[0]), static_cast<const uint16_t*>(sm.v[s]));
+    };
     // BIAS: the bias tile of key block i (ring count) once it has landed, and its hand-back after the
     // softmax has added it
     using BiasTile = SwBiasTile<BLOCK_M, BLOCK_N, BIAS ? BIAS_TMA : 2>;
@@ -522,7 +545,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
                 float sacc[NS * 4];
                 wgmma_fence();
-                gemm_s(sacc, sq, sm.k[s], wg);
+                opaque_base();
+                gemm_s(sacc, q_tile(), k_tile(s), wg);
                 const FwdKeep keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
@@ -541,7 +565,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
                 mbarrier_wait(smem_u32(&sm.v_full[s]), phase);
                 wgmma_fence();
-                gemm_pv(acc_o, pa, sm.v[s]);
+                gemm_pv(acc_o, pa, v_tile(s));
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
@@ -640,7 +664,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 bias_into_s(0);
                 turn_begin();
                 wgmma_fence();
-                gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it)], wg);
+                opaque_base();
+                gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it)), wg);
                 turn_end(false);
                 keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
                 wgmma_wait0();
@@ -658,8 +683,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     turn_begin();
                     phase(3);
                     wgmma_fence();
-                    gemm_s<BIAS_ACC>(sacc, sq, sm.k[uniform_stage(it + i)], wg);
-                    gemm_pv(acc_o, pa, sm.v[uniform_stage(it + i - 1)]);
+                    opaque_base();
+                    gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + i)), wg);
+                    gemm_pv(acc_o, pa, v_tile(uniform_stage(it + i - 1)));
                     turn_end(false);
                     keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);  // (block i - 1's are used)
                     phase(4);
@@ -677,7 +703,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 next_pv_operands(n);
                 turn_begin();
                 wgmma_fence();
-                gemm_pv(acc_o, pa, sm.v[uniform_stage(it + n - 1)]);
+                gemm_pv(acc_o, pa, v_tile(uniform_stage(it + n - 1)));
                 turn_end(true);
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);

@@ -41,7 +41,9 @@ def _runs_of_gemms(sass: list[str]) -> list[list[str]]:
                                      dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1),
                                      # the softmax variants of step 87 too (EXP_EMU's exponentials partly FADD.RM-led)
                                      dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, SMAX_TREE=1, MASK_ROWS=2),
-                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, EXP_EMU=2, LAZY_RESCALE=8)],
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, EXP_EMU=2, LAZY_RESCALE=8),
+                                     # the descriptors from one 32-bit address (step 103)
+                                     dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1, DESC_ADDR=1)],
                          ids=lambda v: ",".join(v))
 def test_softmax_runs_between_the_two_waits(d, variant):
     spec = cuda.fwd_ws_spec("bf16", d, d, tiles=dict(NWG=2, BLOCK_N=128, **variant))
@@ -59,3 +61,26 @@ def test_softmax_runs_between_the_two_waits(d, variant):
     both = [r for r in _runs_of_gemms(sass) if len(r) == d // 16 + 128 // 16]
     assert len(both) == 1, (spec.name, [len(r) for r in _runs_of_gemms(sass)])
     assert all("tnspB" not in g for g in both[0][:d // 16]) and all("tnspB" in g for g in both[0][d // 16:]), spec.name
+
+
+def _loop_r2ur(spec) -> int:
+    ops = [(x.split()[1] if x.startswith("@") else x.split()[0]).split(".")[0] for x in C.sass_instructions(spec)]
+    first = ops.index("HGMMA")
+    last = len(ops) - 1 - ops[::-1].index("HGMMA")
+    return ops[first:last + 1].count("R2UR")
+
+
+@pytest.mark.parametrize("d", [192, 256])
+def test_desc_addr_descriptors_uniform(d, monkeypatch):
+    """DESC_ADDR=1 (bench/NOTES.md step 103): at hdim 192 and 256, whose default builds form their Q and K
+    descriptors in vector registers (R2UR in the loop, counted here so the comparison stays honest), every
+    loop descriptor comes from uniform arithmetic: no R2UR, no spill, no serialization."""
+    default = cuda.fwd_ws_spec("bf16", d, d)
+    assert _loop_r2ur(default) >= 20, default.name  # (if this fails, the default lost the symptom: re-measure)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "DESC_ADDR=1")
+    for kw in (dict(), dict(alibi=True), dict(dropout=True)):
+        spec = cuda.fwd_ws_spec("bf16", d, d, **kw)
+        assert spec.macro("DESC_ADDR") == 1
+        res = C.offline_compile(spec)
+        assert res.spill_stores == 0 and not res.wgmma_serialized, (spec.name, res.spill_stores)
+        assert _loop_r2ur(spec) <= 1, spec.name

@@ -786,7 +786,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
                          f"measurements, bench/NOTES.md steps 88, 91 and 99)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+                *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
@@ -875,6 +876,12 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
             for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
+    # the loop descriptors from one 32-bit address (DESC_ADDR, bench/NOTES.md step 103: no R2UR at hdim 192 and 256,
+    # where the pointer-formed ones take 34-112), on each head dim's entries: plain, ALiBi, dropout, the 16-bit bias
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), "DESC_ADDR": 1})
+            for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
+    out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias_tma=2), "DESC_ADDR": 1})
+            for dtype in DTYPES for d in (64, 128)]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16

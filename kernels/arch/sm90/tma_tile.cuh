@@ -34,7 +34,8 @@ __device__ __forceinline__ unsigned long long desc_tile_mnmajor(const uint16_t* 
     if constexpr (SW) return desc_sw_mnmajor<R>(tile, k0, col0);
     else return desc_cb_mnmajor<R>(tile, k0, col0);
 }
-// (both also take the tile's shared-memory address in place of its pointer)
+// (both also take the tile's shared-memory address in place of its pointer: the kernels' DESC_ADDR
+// builds form every loop descriptor from one 32-bit address plus constant offsets, pick below)
 template <bool SW, int R>
 __device__ __forceinline__ unsigned long long desc_tile_kmajor(unsigned tile, int row0, int k0) {
     if constexpr (SW) return desc_sw_kmajor<R>(tile, row0, k0);
@@ -45,6 +46,16 @@ __device__ __forceinline__ unsigned long long desc_tile_mnmajor(unsigned tile, i
     if constexpr (SW) return desc_sw_mnmajor<R>(tile, k0, col0);
     else return desc_cb_mnmajor<R>(tile, k0, col0);
 }
+// `a` with A, else `b`: a descriptor operand, the tile's shared-memory address (DESC_ADDR) or its pointer
+template <bool A, class T, class U>
+__device__ __forceinline__ auto pick(T a, U b) {
+    if constexpr (A) return a;
+    else return b;
+}
+// `x` made opaque to the compiler where this stands (an empty asm that may have changed it): values
+// formed from it after this point are formed again there, not hoisted or kept from before (the
+// DESC_ADDR loops: the descriptors per block, not all of them held in registers across the loop)
+__device__ __forceinline__ void opaque_u32(unsigned& x) { asm volatile("" : "+r"(x)); }
 // Rows [r0, R) of a tile of C columns set to zero by THREADS threads (rows a box brought from the
 // next sequence, group mode).
 template <bool SW, int R, int C, int THREADS>
