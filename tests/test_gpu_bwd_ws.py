@@ -328,9 +328,11 @@ def test_bm80_twenty_runs(writer, monkeypatch, _bm80):
 
 
 # DESC_ADDR=1 (a variant, bench/NOTES.md step 102): the loop's wgmma descriptors from one 32-bit address
-# plus constant offsets instead of the tile pointers. The descriptors are the same values, so dQ, dK and
-# dV must be bit-identical to the default build's, at the 80-row default, the 64-row diagonal entries,
-# hdim 64 and in deterministic mode (the writer builds this removes 60-67 R2UR from).
+# plus constant offsets instead of the tile pointers. The descriptors are the same values, so dK and dV
+# must be bit-identical to the default build's, at the 80-row default, the 64-row diagonal entries and
+# hdim 64, and so must dQ in deterministic mode (the writer builds this removes 60-67 R2UR from); in
+# atomic mode dQ's fp32 adds from several key blocks land in no fixed order, so there dQ is compared as
+# test_gpu_deterministic compares the two modes (a few output ulps).
 DESC_ADDR_BITS = ["bf16-d128-none-1000", "f16-d128-b-1000x253-gqa4-empty-rows", "bf16-d128-causal-253x1000-gqa4",
                   "f16-d128-window100,0-1000", "f16-d64-none-253", "f16-d64-causal-1000-gqa4",
                   "f16-d120-none-65x129-gqa2", "bf16-d64-causal-1100-gqa4", "bf16-d128-none-1537x257"]
@@ -342,11 +344,19 @@ def test_desc_addr_bits_equal_default(case, deterministic, monkeypatch):
     dtype, layout, b, sq, sk, hq, hk, d, mkw = D.CASES[case]
     c = D.Case(case, dtype, layout, b, sq, sk, hq, hk, d, mkw)
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
-    default = [D._bits(x) for x in c.backward(deterministic)]
+    base = c.backward(deterministic)
+    default = [D._bits(x) for x in base]
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "DESC_ADDR=1")
     if conftest.is_sm90():
         assert cuda.bwd_specs("bf16", d, d, 90).dq_dk_dv.macro("DESC_ADDR") == 1
-    for name, want, x in zip(("dq", "dk", "dv"), default, c.backward(deterministic)):
+    got = c.backward(deterministic)
+    for name, want, x in zip(("dq", "dk", "dv"), default, got):
+        if name == "dq" and not deterministic:  # (the fp32 adds' order: a few output ulps)
+            import numpy as np
+            x_f, w_f = c.to_float(x), c.to_float(base.dq)
+            ulp = 2.0**-10 if dtype == F16 else 2.0**-7
+            assert np.max(np.abs(x_f - w_f)) <= 4 * ulp * np.max(np.abs(w_f)), "dq beyond the fp32 adds' order"
+            continue
         same = want == D._bits(x)
         assert same.all(), f"{name} differs from the default build at {int((~same).sum())} elements"
 

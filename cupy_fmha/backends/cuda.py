@@ -649,7 +649,7 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
-BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64))
+BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64), dict(DESC_ADDR=1))  # (the last: DESC_ADDR on column-blocked tiles)
 
 #: the wide ws backward's variant builds compiled offline besides the default (experimental_table):
 #: without the dQ writer warp (MMA thread 0 adds dQ, the build before bench/NOTES.md step 75; the writer is
@@ -821,7 +821,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
 
 
 #: the ws forward's variant builds compiled offline besides the default (experimental_table)
-FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1))
+FWD_WS_BUILDS = (dict(), dict(SWIZZLE=1), dict(PV_OVERLAP=1), dict(SWIZZLE=1, PV_OVERLAP=1),
+                 dict(DESC_ADDR=1))  # (the last: DESC_ADDR on column-blocked tiles, the serial pipeline)
 
 
 def experimental_table() -> list[KernelSpec]:
