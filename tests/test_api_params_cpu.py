@@ -673,7 +673,8 @@ def test_ws_backward_variant_switch(monkeypatch):
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES")
     names = {s.name for s in cuda.experimental_table()}
     assert plain_name in names and sw.name not in names
-    assert sum("sm90_ws" in n and "bwd" in n and "SWIZZLE" not in n for n in names) == 8
+    blocked = [n for n in names if "sm90_ws" in n and "bwd" in n and "SWIZZLE" not in n]
+    assert sum("DESC_ADDR" not in n for n in blocked) == 8 and sum("DESC_ADDR" in n for n in blocked) == 8
     # 128 query rows per step at hdim 64 by default (BWD_WS_BY_HDIM, step 35), 64 at hdim 128 even
     # when asked for 128 (320 KB of shared memory) and in the column-blocked build; the swizzled
     # 64-row builds of hdim 64 (the default before step 35) stay in the experimental table
