@@ -40,8 +40,9 @@
 //                where dQ is staged): a thread of the producer warpgroup's second warp adds the staged
 //                dQ tiles (bulk reduce-adds, the ordered wait in deterministic mode) instead of MMA
 //                thread 0
-//   DESC_ADDR    fmha_bwd_dq_dk_dv_sm90_ws (no bias or dropout) and fmha_fwd_sm90_ws (variants, bench/NOTES.md
-//                steps 102-103): the main loop's wgmma descriptors formed from one 32-bit shared-memory
+//   DESC_ADDR    fmha_bwd_dq_dk_dv_sm90_ws (no bias or dropout) and fmha_fwd_sm90_ws (the table's default in the
+//                backward and the forward at hdim 192/256, bench/NOTES.md steps 102-104): the main loop's wgmma
+//                descriptors formed from one 32-bit shared-memory
 //                address plus each tile's constant offset, instead of from the tile pointers (the same values)
 //   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
 //                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S

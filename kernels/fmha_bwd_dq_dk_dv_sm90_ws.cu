@@ -255,10 +255,10 @@ fmha_bwd_dq_dk_dv_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_cons
     const AccFrag frag(tid);
     const int key_row0 = wg * 64, warp_key0 = key_row0 + wi * 16;
     float* sdQ = sm.dq;
-    // DESC_ADDR (a variant, bench/NOTES.md step 102; not in the dropout and bias builds): the main loop's
-    // wgmma descriptors start from one 32-bit address, desc_base, plus each tile's constant offset in
-    // the layout (the stage's and dS buffer's as a multiple of the uniform index): uniform arithmetic
-    // only, and the same descriptors. Formed from the tile pointers (the default), the Q, dO and dS^T
+    // DESC_ADDR (the default since bench/NOTES.md step 104, step 102; not in the dropout and bias builds): the
+    // main loop's wgmma descriptors start from one 32-bit address, desc_base, plus each tile's constant offset
+    // in the layout (the stage's and dS buffer's as a multiple of the uniform index): uniform arithmetic
+    // only, and the same descriptors. Formed from the tile pointers (DESC_ADDR=0), the Q, dO and dS^T
     // descriptors of the dQ-writer builds are built in vector registers (ptxas keeps the layout
     // pointer in one there) and moved over with 2 R2UR per HGMMA (60-67 per query block), and the
     // 80-row build spills 4 bytes. The mask (the descriptor keeps

@@ -639,19 +639,21 @@ def test_ws_backward_variant_switch(monkeypatch):
 
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
     sw = cuda.bwd_ws_spec("bf16", 128, 128)
-    assert sw.macro("SWIZZLE") == 1 and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=1)
+    # (and DESC_ADDR, the descriptors from one 32-bit address, since step 104; DESC_ADDR=0 the pointer-formed build)
+    assert sw.macro("SWIZZLE") == 1 and cuda.BWD_WS_VARIANTS == dict(SWIZZLE=1, DESC_ADDR=1)
     plain_name = "fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M64_BLOCK_N128_HDIM_Q128_HDIM_V128_NWG2"
     # (80 rows, SPLIT_PDS=2 and the dQ writer at hdim 128: BWD_WS_BY_HDIM, step 100; under a short
     # diagonal mask the 64-row build with SPLIT_PDS=1, step 57)
-    assert sw.name == ("fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M80_BLOCK_N128_DQ_WRITER1_HDIM_Q128_HDIM_V128_NWG2"
-                       "_SPLIT_PDS2_SWIZZLE1")
-    assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == plain_name + "_SPLIT_PDS1_SWIZZLE1"
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SPLIT_PDS=0")
+    assert sw.name == ("fmha_bwd_dq_dk_dv_sm90_ws_bf16_BLOCK_M80_BLOCK_N128_DESC_ADDR1_DQ_WRITER1_HDIM_Q128_HDIM_V128"
+                       "_NWG2_SPLIT_PDS2_SWIZZLE1")
+    assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == (
+        plain_name.replace("_BLOCK_N128_", "_BLOCK_N128_DESC_ADDR1_") + "_SPLIT_PDS1_SWIZZLE1")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SPLIT_PDS=0,DESC_ADDR=0")
     assert cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name == plain_name + "_SWIZZLE1"
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=1")
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == sw.name
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == sw.name
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0,DESC_ADDR=0")
     base = cuda.bwd_ws_spec("bf16", 128, 128)
     assert base.macro("SWIZZLE") is None and base.name == plain_name + "_SPLIT_PDS1"
     assert cuda.bwd_specs("bf16", 120, 120, 90).dq_dk_dv.name == base.name
@@ -693,7 +695,7 @@ def test_ws_backward_variant_switch(monkeypatch):
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 128
     # (128 rows do not fit at hdim 128: the 64-row entries, as under a short diagonal)
     assert cuda.bwd_ws_spec("bf16", 128, 128).name == cuda.bwd_ws_spec("bf16", 128, 128, diagonal=True).name
-    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64,LSE2=0")
+    monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "BLOCK_M=64,LSE2=0,DESC_ADDR=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).name == bm64[0].name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "SWIZZLE=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("BLOCK_M") == 64

@@ -72,12 +72,15 @@ def _loop_r2ur(spec) -> int:
 
 @pytest.mark.parametrize("d", [192, 256])
 def test_desc_addr_descriptors_uniform(d, monkeypatch):
-    """DESC_ADDR=1 (bench/NOTES.md step 103): at hdim 192 and 256, whose default builds form their Q and K
-    descriptors in vector registers (R2UR in the loop, counted here so the comparison stays honest), every
-    loop descriptor comes from uniform arithmetic: no R2UR, no spill, no serialization."""
-    default = cuda.fwd_ws_spec("bf16", d, d)
-    assert _loop_r2ur(default) >= 20, default.name  # (if this fails, the default lost the symptom: re-measure)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "DESC_ADDR=1")
+    """DESC_ADDR (bench/NOTES.md steps 103-104, the table's default at hdim 192 and 256): there the
+    pointer-formed builds (DESC_ADDR=0) form their Q and K descriptors in vector registers (R2UR in the
+    loop, counted here so the comparison stays honest); the default's loop descriptors all come from
+    uniform arithmetic: no R2UR, no spill, no serialization, plain, ALiBi and dropout."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "DESC_ADDR=0")
+    pointers = cuda.fwd_ws_spec("bf16", d, d)
+    assert pointers.macro("DESC_ADDR") is None
+    assert _loop_r2ur(pointers) >= 20, pointers.name  # (if this fails, the pointer form lost the symptom)
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
     for kw in (dict(), dict(alibi=True), dict(dropout=True)):
         spec = cuda.fwd_ws_spec("bf16", d, d, **kw)
         assert spec.macro("DESC_ADDR") == 1

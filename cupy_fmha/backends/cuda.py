@@ -458,8 +458,14 @@ FEATURE_SETS = ({}, {"alibi": True}, {"bias": True},
 #: column-blocked tiles of 16-byte rows, as the forward's SWIZZLE). On by default: 1.02-1.06x the
 #: column-blocked build at every point measured on the H200 (bench/NOTES.md step 30);
 #: ``CUPY_FMHA_BWD_WS_TILES`` (e.g. ``SWIZZLE=0``) switches it for comparisons
-#: (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=0``).
-BWD_WS_VARIANTS = dict(SWIZZLE=1)
+#: (``bench/ab.py --env-b CUPY_FMHA_BWD_WS_TILES=SWIZZLE=0``). DESC_ADDR (the loop's wgmma descriptors
+#: from one 32-bit shared-memory address plus constant offsets instead of the tile pointers; the same
+#: descriptor values; bench/NOTES.md steps 102 and 104): no R2UR in the loop where the pointer-formed
+#: dQ-writer builds took 60-67, and no spill where the 80-row build spilled 4 bytes; 0.95-1.02x the time
+#: of the pointer-formed build at hdim 128 (0.97-0.99 at most points), 0.98-1.01 at 64 and 256, bf16 and
+#: fp16, on an H100 (``bench/ab.py``, 3-5 rounds). bwd_ws_spec leaves it out of the bias and dropout
+#: builds, which keep the pointers (the addresses spilled more there); ``DESC_ADDR=0`` for comparisons.
+BWD_WS_VARIANTS = dict(SWIZZLE=1, DESC_ADDR=1)
 
 #: The ws backward's entries by padded head dim, each chosen by measurement on the H200:
 #: BLOCK_M (query rows per step) 128 at hdim 64, where GEMM4 then splits dQ by rows and stays at
@@ -648,6 +654,14 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
                HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
 
+def other_desc_form(tiles: dict[str, int]) -> dict[str, int]:
+    """``tiles`` with the ws kernels' DESC_ADDR switch flipped (wgmma descriptors from one 32-bit
+    address, or from the tile pointers; the same values, bench/NOTES.md steps 102-104): the comparison
+    build of a table entry. Off, the switch is left out, as the tile functions leave it."""
+    out = {k: v for k, v in tiles.items() if k != "DESC_ADDR"}
+    return out if tiles.get("DESC_ADDR") else {**out, "DESC_ADDR": 1}
+
+
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
 BWD_WS_BUILDS = (dict(), dict(SWIZZLE=1, BLOCK_M=64), dict(DESC_ADDR=1))  # (the last: DESC_ADDR on column-blocked tiles)
 
@@ -684,8 +698,13 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
 #: 128 keys at 128: 144-192 measured 2-13% slower (step 62). O_IN_Q at 256 (O staged in the
 #: warpgroup's rows of Q's buffer, then 16-byte stores of whole rows): 0.95-1.00x the time (step 86);
-#: at 64 1.00-1.07x, so not there.
-FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112), 256: dict(BLOCK_N=80, O_IN_Q=1)}
+#: at 64 1.00-1.07x, so not there. DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
+#: constant offsets, the same values; bench/NOTES.md steps 103-104) at 192 and 256, whose pointer-formed
+#: builds move their Q and K descriptors over with 34-112 R2UR in the loop: 0.95-1.00x the time there
+#: (bf16, s1024-16384, causal and not, an H100, 3 rounds); at 64 and 128, where the pointer-formed
+#: descriptors are uniform already, 0.95-1.08 (within the tool's spread), so not there.
+FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112, DESC_ADDR=1),
+                  256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
@@ -843,10 +862,10 @@ def experimental_table() -> list[KernelSpec]:
     # so these stay for the atomic builds), on each head dim's table entries
     out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d), "DQ_WRITER": 1}, heads_x=hx)
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for hx in (0, 1, 2)]
-    # the ws backward's descriptors from one 32-bit address (DESC_ADDR, bench/NOTES.md step 102: no R2UR,
-    # no spill), on each head dim's table entries with and without a short diagonal, both dQ modes
-    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**bwd_ws_tiles(d, deterministic=det, diagonal=diag),
-                                                          "DESC_ADDR": 1})
+    # the ws backward's descriptors from the tile pointers (DESC_ADDR off; the default forms them from one
+    # 32-bit address since bench/NOTES.md step 104), on each head dim's table entries with and without a
+    # short diagonal, both dQ modes, for comparisons
+    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles=other_desc_form(bwd_ws_tiles(d, deterministic=det, diagonal=diag)))
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for det in (False, True)
             for diag in ((False, True) if d == 128 else (False,))]
     # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
@@ -877,11 +896,12 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
             for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
-    # the loop descriptors from one 32-bit address (DESC_ADDR, bench/NOTES.md step 103: no R2UR at hdim 192 and 256,
-    # where the pointer-formed ones take 34-112), on each head dim's entries: plain, ALiBi, dropout, the 16-bit bias
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), "DESC_ADDR": 1})
+    # the loop descriptors in the other form than the table's (DESC_ADDR, bench/NOTES.md steps 103-104: from one
+    # 32-bit address at 64 and 128, from the tile pointers at 192 and 256), on each head dim's entries: plain,
+    # ALiBi, dropout, the 16-bit bias
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles=other_desc_form(fwd_ws_tiles(d, alibi, drop)))
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
-    out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias_tma=2), "DESC_ADDR": 1})
+    out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
