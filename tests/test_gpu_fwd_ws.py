@@ -328,7 +328,12 @@ def test_o_in_q_group_mode(monkeypatch):
 # at 192 and 256 since step 104) forms the same descriptors, so the other form than the table's must be
 # bit-identical as well, at every head dim (DESC_ADDR=1 at 64 and 128, DESC_ADDR=0, the pointers, at 192 and
 # 256) and on the bias builds.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=2", "DESC_ADDR=1", "DESC_ADDR=0"]
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=2", "DESC_ADDR=other"]
+
+
+def _concrete(variant: str, d: int) -> str:
+    """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``."""
+    return variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - cuda.fwd_ws_tiles(d).get('DESC_ADDR', 0)}")
 EXACT_EXTRA = {
     "alibi": dict(causal=True),
     "dropout": dict(dropout_p=0.2, seed=7, offset=3),
@@ -345,8 +350,7 @@ def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
         pytest.skip("sm_90 only")
     if variant == "MASK_ROWS=2" and d > 128:
         pytest.skip("MASK_ROWS=2 is built at 64 and 128 (it spills at 256)")
-    if variant.startswith("DESC_ADDR=") and cuda.fwd_ws_tiles(d).get("DESC_ADDR", 0) == int(variant[-1]):
-        pytest.skip("the table's own descriptor form at this head dim (the other one is the comparison)")
+    variant = _concrete(variant, d)
     if shape in EXACT_EXTRA:
         b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(EXACT_EXTRA[shape]), slice(0)
         if shape == "alibi":
@@ -378,6 +382,7 @@ def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
         pytest.skip("sm_90 only")
     import numpy as np
 
+    variant = _concrete(variant, d)
     g = np.random.default_rng(seed_for("fwd-exact-group", d, mask))
     lq = g.integers(0, 700, size=30)
     lk = lq if mask == "causal" else g.integers(0, 900, size=30)
@@ -401,6 +406,7 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
     here as a one-ulp difference, as step 80's Q_EARLY did: bench/NOTES.md step 83.)"""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
+    variant = _concrete(variant, d)
     o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
     for item in variant.split(","):
         key, _, val = item.partition("=")
