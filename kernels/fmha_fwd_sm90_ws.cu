@@ -86,6 +86,7 @@ static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns o
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
+static_assert(!O_WRITER || O_STAGE, "fmha_fwd_sm90_ws: the O writer sends the rows of O's stage");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
@@ -128,9 +129,11 @@ template <> struct SmemOf<true> { using type = SmemBias; };
 using SmemAll = SmemOf<BIAS>::type;
 // O_STAGE: O's stage after the layout, from the next 16-byte boundary: BLOCK_M rows of HDIM_V + 8
 // elements (a warp's 4-byte stores of 8 rows x 4 column pairs fall on 32 different banks), MMA
-// warpgroup w's 64 rows from row 64 w (fwd_ws_store_o)
-enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16 };
-static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + SMEM_ALIGN == SMEM_BYTES,
+// warpgroup w's 64 rows from row 64 w (fwd_ws_store_o); O_WRITER: after it, the writer's two mbarriers
+// (o_full: the row block's O staged, MMA_THREADS arrivals; o_empty: the writer's copies have read it, 1)
+enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16,
+             O_WRITER_AT = O_STAGE_AT + 2 * BLOCK_M * O_PITCH };
+static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + (O_WRITER ? 16 : 0) + SMEM_ALIGN == SMEM_BYTES,
               "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
@@ -246,10 +249,13 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 // only its own rows, so a __syncwarp orders them, and lane 0 read-waits its copies of the previous
 // row block (PERSIST) before the warp writes the stage again. The backward's dK/dV epilogue does the
 // same per key row (bwd_ws_store_dk_dv; bench/NOTES.md steps 60 and 63).
+// O_WRITER (a variant, step 105): the rows are not sent here; every MMA thread arrives on o_full (at
+// `o_bars`) once its rows are staged, and before staging row block j waits on o_empty (o_bars + 8) for
+// the writer's copies of row block j - 1 to have read the stage (fwd_ws_write_o).
 template <int NO>
 __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
-                                               const AccFrag& f, uint16_t* stage) {
+                                               const AccFrag& f, uint16_t* stage, unsigned o_bars, int j) {
     uint16_t* og = fwd_out_rows(p, b, h);
     if (!o_rows_aligned(p, og)) {
         fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
@@ -261,8 +267,12 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
     stage += wi * 16 * O_PITCH;
     row0 += wi * 16;
-    if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
-    __syncwarp();
+    if constexpr (O_WRITER) {
+        if (j > 0) mbarrier_wait(o_bars + 8, (j - 1) & 1);  // the writer's copies of row block j - 1 have read the stage
+    } else {
+        if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
+        __syncwarp();
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
@@ -274,11 +284,41 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     }
     const int rows = min(16, blk.seqlen_q - row0);
     fence_proxy_async();
-    __syncwarp();
-    if (lead) {
+    if constexpr (O_WRITER) {
+        mbarrier_arrive(o_bars);
+    } else {
+        __syncwarp();
+        if (lead) {
+            for (int r = 0; r < rows; ++r)
+                bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
+            bulk_commit();
+        }
+    }
+}
+
+// O_WRITER: the producer warpgroup's thread 32 sends the staged O rows of the CTA's row blocks (those the
+// MMA warpgroups store, in their order: row0_of(x), x from blockIdx.x by gridDim.x, as fwd_block_state
+// leaves them), one bulk copy per row inside the sequence, once every MMA thread has staged its rows
+// (o_full), and hands the stage back once the copies have read it (o_empty), so the MMA warps go on to the
+// next row block after staging instead of after their lane 0 has issued 16 copies. Nothing where the
+// MMA threads store O themselves (rows not 16-byte aligned: uniform over the CTA).
+__device__ __forceinline__ void fwd_ws_write_o(const FwdParams& p, int b, int h, int nqb, const uint16_t* stage,
+                                               unsigned o_bars) {
+    uint16_t* og = fwd_out_rows(p, b, h);
+    if (!o_rows_aligned(p, og)) return;
+    int j = 0;
+    for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
+        const int q0 = (nqb - 1 - x) * BLOCK_M;
+        FwdBlock blk;
+        if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as the MMA threads)
+        const int rows = min(BLOCK_M, blk.seqlen_q - q0);
+        mbarrier_wait(o_bars, j & 1);
         for (int r = 0; r < rows; ++r)
-            bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
+            bulk_store(og + (index_t)(q0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
         bulk_commit();
+        bulk_wait_read<0>();
+        mbarrier_arrive(o_bars + 8);
+        ++j;
     }
 }
 
@@ -389,12 +429,26 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
                 mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
             }
+        if constexpr (O_WRITER) {
+            mbarrier_init(smem_u32(smem_base + O_WRITER_AT), MMA_THREADS);  // o_full
+            mbarrier_init(smem_u32(smem_base + O_WRITER_AT + 8), 1);        // o_empty
+        }
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if constexpr (O_WRITER) {
+            // (the warp index broadcast from lane 0, as the ws backward's dQ writer: with a per-thread test
+            // the producer's block state left the uniform registers and spilled 16 bytes)
+            if (__shfl_sync(0xffffffffu, threadIdx.x >> 5, 0) == 1) {
+                if (threadIdx.x == 32)
+                    fwd_ws_write_o(p, b, h, nqb, reinterpret_cast<const uint16_t*>(smem_base + O_STAGE_AT),
+                                   smem_u32(smem_base + O_WRITER_AT));
+                return;
+            }
+        }
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
@@ -718,7 +772,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
         if constexpr (O_STAGE)
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
-                               reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
+                               reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH,
+                               smem_u32(smem_base + O_WRITER_AT), j);
         else if constexpr (O_IN_Q)
             fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
         else
@@ -728,7 +783,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         it += n;
         ++j;
     }
-    if constexpr (O_STAGE)
+    if constexpr (O_STAGE && !O_WRITER)
         if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
 #if defined(TIMING) && TIMING
     if ((tid & 127) == 0)

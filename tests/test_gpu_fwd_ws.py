@@ -275,6 +275,18 @@ def _bias_pair(monkeypatch, tag, variant, d, persist):
     return (*pair, cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2))
 
 
+def _group_case(tag, d):
+    """q, k, v (fp16, thd) and keywords of a causal group-mode forward: 40 sequences of 0-700 rows, so
+    row blocks end inside sequences and some sequences have none."""
+    import numpy as np
+
+    lens = np.random.default_rng(seed_for(tag)).integers(0, 700, size=40)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
+    rng = cp.random.default_rng(seed_for(tag + "-x"))
+    q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    return q, k, v, dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
+
+
 @pytest.mark.parametrize("persist", [0, 4])
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
@@ -304,14 +316,53 @@ def test_o_in_q_group_mode(monkeypatch):
     never taken here): bit-identical to the default build."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    import numpy as np
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", *_group_case("fwd-o-in-q-group", 256), 2)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
-    lens = np.random.default_rng(seed_for("fwd-o-in-q-group")).integers(0, 700, size=40)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
-    rng = cp.random.default_rng(seed_for("fwd-o-in-q-group-x"))
-    q, k, v = (rng.standard_normal((int(lens.sum()), 2, 256), dtype=cp.float32).astype(cp.float16) for _ in range(3))
-    kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=700, max_seqlen_k=700, causal=True)
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, 2)
+
+@pytest.mark.parametrize("persist", [0, 2, 4])
+@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout", "hdim_q 256"])
+@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
+def test_o_writer_bit_identical(monkeypatch, shape, feature, persist):
+    """O_WRITER (step 105: a producer-warpgroup thread sends the staged O rows, the MMA warps only stage
+    them) sends the same staged values: O and LSE bit-identical to the default build at hdim 128, with
+    ALiBi, dropout and the unequal pair (256, 128) (whose O has a stage too), one row block per CTA and
+    2 or 4 (the stage handed back between row blocks through o_empty), and rows without keys (O 0, LSE
+    -inf: staged and sent like the others)."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    kw = dict(kw)
+    dq = 256 if feature == "hdim_q 256" else 128
+    if feature == "alibi":
+        kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)
+    elif feature == "dropout":
+        kw.update(dropout_p=0.2, seed=11, offset=5)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},O_WRITER=1")
+    spec = cuda.fwd_spec("fp16", dq, 128, 90, alibi=feature == "alibi", dropout=feature == "dropout")
+    assert spec.macro("O_WRITER") == 1 and spec.macro("O_STAGE") == 1, spec.name
+    rng = cp.random.default_rng(seed_for("fwd-o-writer", shape, feature))
+    q = rng.standard_normal((b, sq, h, dq), dtype=cp.float32).astype(cp.float16)
+    k = rng.standard_normal((b, sk, h, dq), dtype=cp.float32).astype(cp.float16)
+    v = rng.standard_normal((b, sk, h, 128), dtype=cp.float32).astype(cp.float16)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", q, k, v, kw, persist)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
+    lit = cp.ones(sq, dtype=bool)
+    lit[dark] = False
+    assert bool(cp.isfinite(lse[:, :, lit]).all()) and bool(cp.isfinite(o[:, lit]).all())
+
+
+@pytest.mark.parametrize("persist", [0, 3])
+def test_o_writer_group_mode(monkeypatch, persist):
+    """O_WRITER in group mode at hdim 128 (sequences of 0-700 rows: the writer skips the rows past each
+    sequence's end and the row blocks fwd_block_state drops, as the MMA warpgroups do, or its o_full
+    phases would part from theirs): bit-identical to the default build."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", *_group_case("fwd-o-writer-group", 128), persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 

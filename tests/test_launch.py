@@ -310,6 +310,32 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
         assert cuda.fwd_ws_spec("bf16", d, d, alibi=True, bias_tma=2).macro("BIAS_ACC", 0) == 0  # (no such build)
 
 
+def test_fwd_ws_o_writer_variant(monkeypatch):
+    """CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 (bench/NOTES.md step 105: a producer-warpgroup thread sends the
+    staged O rows) builds the ws forward with O's stage (hdim_v 128: plain, ALiBi, dropout, the unequal
+    pairs) and 16 bytes more shared memory (its two mbarriers after the stage); the builds without a
+    stage (O_REG at 64, 192 and 256 where none fits, the bias builds at 128) drop it; without the switch no
+    instance carries it; the experimental table compiles the builds at 128."""
+    from cupy_fmha.backends import cuda
+
+    base = fwd_spec("bf16", 128, 128, 90)
+    assert base.macro("O_WRITER", 0) == 0 and base.macro("O_STAGE") == 1
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
+    s = fwd_spec("bf16", 128, 128, 90)
+    assert s.macro("O_WRITER") == 1 and s.macro("SMEM_BYTES") == base.macro("SMEM_BYTES") + 16 <= cuda.SMEM_LIMIT
+    for kw in (dict(alibi=True), dict(dropout=True), dict(dropout=True, alibi=True)):
+        assert fwd_spec("bf16", 128, 128, 90, **kw).macro("O_WRITER") == 1, kw
+    for hq, hv in ((192, 128), (256, 128)):
+        assert fwd_spec("bf16", hq, hv, 90).macro("O_WRITER") == 1, (hq, hv)
+    for d in (64, 192, 256):
+        s = fwd_spec("bf16", d, d, 90)
+        assert s.macro("O_STAGE") == 0 and s.macro("O_WRITER", 0) == 0, s.name
+    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("O_WRITER", 0) == 0
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    names = [sp.name for sp in cuda.experimental_table() if sp.macro("O_WRITER", 0)]
+    assert len(names) == 8 and all("HDIM_V128" in n for n in names), names
+
+
 def test_dq_writer_default_by_mode(monkeypatch):
     """BWD_WS_DQ_WRITER puts the dQ writer into the ws backwards' default builds per dQ mode and
     padded head dim (the measured table: atomic 256, deterministic all three); the tuning

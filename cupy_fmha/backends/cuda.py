@@ -66,8 +66,9 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         if m.get("BIAS"):
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
-        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
-        staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
+        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for;
+        # O_WRITER: the writer's two mbarriers after it (fwd_ws_spec drops the switch where no stage fits)
+        staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8) + (16 if m.get("O_WRITER") else 0)
         out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
         return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
@@ -805,7 +806,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
                          f"measurements, bench/NOTES.md steps 88, 91 and 99)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -833,6 +834,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    if tiles.get("O_WRITER") and not spec.macro("O_STAGE"):
+        tiles.pop("O_WRITER")  # (the writer sends the stage's rows: none where O has no stage)
+        spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
@@ -903,6 +907,10 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
+    # O's staged rows sent by a producer-warpgroup thread (O_WRITER, bench/NOTES.md step 105), at hdim 128: plain,
+    # ALiBi, dropout
+    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(128, alibi, drop), "O_WRITER": 1})
+            for dtype in DTYPES for alibi in (False, True) for drop in (False, True)]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
