@@ -52,12 +52,17 @@
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
+//   O_WRITER=1  (a variant where O has its stage, O_STAGE: hdim_v 128; step 105) the MMA threads only stage
+//               their rows of O and arrive on o_full; thread 32 of the producer warpgroup sends the staged rows
+//               (one bulk copy each) and hands the stage back through o_empty (fwd_ws_write_o), instead of
+//               each MMA warp's lane 0 sending its 16 rows before the warp goes on to the next row block
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
 //               seven phases of every loop iteration (PV_OVERLAP; the boundaries approximate: clock64
 //               does not fence independent arithmetic), and the CTA's entry and exit (%globaltimer
-//               too) go into the module's `fmha_fwd_timeline`, one row per CTA.
+//               too) go into the module's `fmha_fwd_timeline`, one row per CTA. (With O_WRITER the last
+//               stamp of a row block marks O staged, and the exit stamps come before the writer's last copies.)
 //
 // Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);

@@ -355,6 +355,28 @@ def test_o_writer_bit_identical(monkeypatch, shape, feature, persist):
     assert bool(cp.isfinite(lse[:, :, lit]).all()) and bool(cp.isfinite(o[:, lit]).all())
 
 
+@pytest.mark.parametrize("hdim_q,feature", [(256, "alibi"), (256, "dropout"), (192, "dropout")])
+@pytest.mark.parametrize("shape", ["causal", "no keys", "window"])
+def test_o_writer_serial_pipeline(monkeypatch, hdim_q, feature, shape):
+    """O_WRITER on the serial pipeline (PV_OVERLAP off: hdim_v 128 under hdim_q 256 with ALiBi or dropout,
+    192 with dropout), four row blocks per CTA: bit-identical to the default build."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    kw = dict(kw, **(dict(alibi_slopes=cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)) if feature == "alibi"
+                     else dict(dropout_p=0.25, seed=3, offset=9)))
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
+    spec = cuda.fwd_spec("fp16", hdim_q, 128, 90, alibi=feature == "alibi", dropout=feature == "dropout")
+    assert spec.macro("O_WRITER") == 1 and not spec.macro("PV_OVERLAP"), spec.name
+    rng = cp.random.default_rng(seed_for("fwd-o-writer-serial", hdim_q, feature, shape))
+    q = rng.standard_normal((b, sq, h, hdim_q), dtype=cp.float32).astype(cp.float16)
+    k = rng.standard_normal((b, sk, h, hdim_q), dtype=cp.float32).astype(cp.float16)
+    v = rng.standard_normal((b, sk, h, 128), dtype=cp.float32).astype(cp.float16)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", q, k, v, kw, 4)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
 @pytest.mark.parametrize("persist", [0, 3])
 def test_o_writer_group_mode(monkeypatch, persist):
     """O_WRITER in group mode at hdim 128 (sequences of 0-700 rows: the writer skips the rows past each
@@ -362,6 +384,8 @@ def test_o_writer_group_mode(monkeypatch, persist):
     phases would part from theirs): bit-identical to the default build."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
+    assert cuda.fwd_spec("fp16", 128, 128, 90).macro("O_WRITER") == 1
     o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", *_group_case("fwd-o-writer-group", 128), persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())

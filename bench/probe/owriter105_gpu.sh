@@ -6,7 +6,8 @@
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small forwards at hdim 128, PERSIST=4
 #   ab        bench/ab.py, the default (A) against O_WRITER=1 (B), forward hdim 128, bf16 and fp16, causal both
 #   timeline  bench/probe/fwd_timeline.py at hdim 128 s1024 and s2048, default and O_WRITER=1 (O's epilogue
-#             per row block: 1.56 us in step 83's timeline)
+#             per row block: 1.56 us in step 83's timeline; under the switch its "O issued" stamp marks O
+#             staged, and the CTA's exit stamp comes before the writer's last copies: the A/B is the measure)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }

@@ -908,9 +908,11 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
     # O's staged rows sent by a producer-warpgroup thread (O_WRITER, bench/NOTES.md step 105), at hdim 128: plain,
-    # ALiBi, dropout
+    # ALiBi, dropout; and the serial pipeline's builds that take it (hdim_v 128 under a wider hdim_q, ALiBi or dropout)
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(128, alibi, drop), "O_WRITER": 1})
             for dtype in DTYPES for alibi in (False, True) for drop in (False, True)]
+    out += [fwd_ws_spec("bf16", hq, 128, alibi=not drop, dropout=drop, tiles={**fwd_ws_tiles(hq, not drop, drop), "O_WRITER": 1})
+            for hq in (192, 256) for drop in (False, True)]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
