@@ -5,6 +5,9 @@
 #             without keys; group mode), then tests/test_gpu_fwd_ws.py whole under the switch
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small forwards at hdim 128, PERSIST=4
 #   ab        bench/ab.py, the default (A) against O_WRITER=1 (B), forward hdim 128, bf16 and fp16, causal both
+#   persist   from s4096 the table keeps one row block per CTA (FWD_WS_PERSIST: 2 measured 0.98-1.02x at 4096,
+#             step 39), where the writer has nothing to overlap; with it, 2 per CTA may pay: the default (A)
+#             against O_WRITER=1,PERSIST=2 (B) at s4096-16384
 #   timeline  bench/probe/fwd_timeline.py at hdim 128 s1024 and s2048, default and O_WRITER=1 (O's epilogue
 #             per row block: 1.56 us in step 83's timeline; under the switch its "O issued" stamp marks O
 #             staged, and the CTA's exit stamp comes before the writer's last copies: the A/B is the measure)
@@ -31,6 +34,8 @@ for part in "$@"; do
       done;;
     ab) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 --rounds 3 --tag ab-owriter --out /tmp/ab \
         -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16,fp16 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -22;;
+    persist) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_WRITER=1,PERSIST=2 --rounds 3 --tag ab-owriter-p2 \
+        --out /tmp/ab -- --hdim 128 --seqlen 4096,8192,16384 --dtype bf16 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -8;;
     timeline) for s in 1024 2048; do
         python3 bench/probe/fwd_timeline.py 128 $s 2>&1 | grep -E "row block 1|per key block|gap" | head -4
         python3 bench/probe/fwd_timeline.py 128 $s O_WRITER=1 2>&1 | grep -E "row block 1|per key block|gap" | head -4
