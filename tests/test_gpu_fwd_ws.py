@@ -322,31 +322,33 @@ def test_o_in_q_group_mode(monkeypatch):
 
 
 @pytest.mark.parametrize("persist", [0, 2, 4])
-@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout", "hdim_q 256"])
+@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout", "hdim_q 256", "hdim 64"])
 @pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
 def test_o_writer_bit_identical(monkeypatch, shape, feature, persist):
     """O_WRITER (step 105: a producer-warpgroup thread sends the staged O rows, the MMA warps only stage
     them) sends the same staged values: O and LSE bit-identical to the default build at hdim 128, with
-    ALiBi, dropout and the unequal pair (256, 128) (whose O has a stage too), one row block per CTA and
-    2 or 4 (the stage handed back between row blocks through o_empty), and rows without keys (O 0, LSE
-    -inf: staged and sent like the others)."""
+    ALiBi, dropout and the unequal pair (256, 128) (whose O has a stage too), and at hdim 64 with the stage
+    instead of the table's register stores (O_REG=0: three warpgroups of 192 rows, two under the short
+    causal masks), one row block per CTA and 2 or 4 (the stage handed back between row blocks through
+    o_empty), and rows without keys (O 0, LSE -inf: staged and sent like the others)."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     kw = dict(kw)
-    dq = 256 if feature == "hdim_q 256" else 128
+    dq, dv = {"hdim_q 256": (256, 128), "hdim 64": (64, 64)}.get(feature, (128, 128))
+    variant = "O_REG=0,O_WRITER=1" if dv == 64 else "O_WRITER=1"
     if feature == "alibi":
         kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)
     elif feature == "dropout":
         kw.update(dropout_p=0.2, seed=11, offset=5)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},O_WRITER=1")
-    spec = cuda.fwd_spec("fp16", dq, 128, 90, alibi=feature == "alibi", dropout=feature == "dropout")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
+    spec = cuda.fwd_spec("fp16", dq, dv, 90, alibi=feature == "alibi", dropout=feature == "dropout")
     assert spec.macro("O_WRITER") == 1 and spec.macro("O_STAGE") == 1, spec.name
     rng = cp.random.default_rng(seed_for("fwd-o-writer", shape, feature))
     q = rng.standard_normal((b, sq, h, dq), dtype=cp.float32).astype(cp.float16)
     k = rng.standard_normal((b, sk, h, dq), dtype=cp.float32).astype(cp.float16)
-    v = rng.standard_normal((b, sk, h, 128), dtype=cp.float32).astype(cp.float16)
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", q, k, v, kw, persist)
+    v = rng.standard_normal((b, sk, h, dv), dtype=cp.float32).astype(cp.float16)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, q, k, v, kw, persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())

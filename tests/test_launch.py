@@ -331,9 +331,15 @@ def test_fwd_ws_o_writer_variant(monkeypatch):
         s = fwd_spec("bf16", d, d, 90)
         assert s.macro("O_STAGE") == 0 and s.macro("O_WRITER", 0) == 0, s.name
     assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("O_WRITER", 0) == 0
+    # (at 64 with the stage, O_REG off: 16 bytes more than the stage alone)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=0")
+    staged = fwd_spec("bf16", 64, 64, 90)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=0,O_WRITER=1")
+    s = fwd_spec("bf16", 64, 64, 90)
+    assert s.macro("O_WRITER") == 1 and s.macro("SMEM_BYTES") == staged.macro("SMEM_BYTES") + 16 and "O_REG" not in s.name
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
     names = [sp.name for sp in cuda.experimental_table() if sp.macro("O_WRITER", 0)]
-    assert len(names) == 12 and all("HDIM_V128" in n for n in names), names
+    assert len(names) == 18 and all("HDIM_V128" in n or ("HDIM_V64" in n and "O_REG" not in n) for n in names), names
     # (the serial pipeline's: (256, 128) with ALiBi or dropout, (192, 128) with dropout)
     assert sum("PV_OVERLAP" not in n for n in names) == 3, names
 

@@ -3,8 +3,10 @@
 # (not dispatched). Parts, in the order given (tests and sanitizers first: adopt nothing without them):
 #   test      the bit-identity tests (hdim 128 plain / ALiBi / dropout / (256, 128), PERSIST 0, 2, 4, rows
 #             without keys; group mode), then tests/test_gpu_fwd_ws.py whole under the switch
-#   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small forwards at hdim 128, PERSIST=4
+#   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small forwards at hdim 128 and 64 (O_REG=0), PERSIST=4
 #   ab        bench/ab.py, the default (A) against O_WRITER=1 (B), forward hdim 128, bf16 and fp16, causal both
+#   ab64      the same at hdim 64, where the table stores O from the registers (O_REG): the default (A) against
+#             the stage with the writer (B: O_REG=0,O_WRITER=1; the stage alone measured 0.5-8% slower, step 63)
 #   persist   from s4096 the table keeps one row block per CTA (FWD_WS_PERSIST: 2 measured 0.98-1.02x at 4096,
 #             step 39), where the writer has nothing to overlap; with it, 2 per CTA may pay: the default (A)
 #             against O_WRITER=1,PERSIST=2 (B) at s4096-16384
@@ -31,9 +33,14 @@ for part in "$@"; do
         CUPY_FMHA_FWD_WS_TILES=O_WRITER=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no --tool $tool \
           python3 bench/probe/sanitize_fwd_ws.py 128 > /tmp/so-$tool.txt 2>&1
         echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/so-$tool.txt | tail -1)"
+        CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_WRITER=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no --tool $tool \
+          python3 bench/probe/sanitize_fwd_ws.py 64 > /tmp/so64-$tool.txt 2>&1
+        echo "$tool (64) rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/so64-$tool.txt | tail -1)"
       done;;
     ab) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 --rounds 3 --tag ab-owriter --out /tmp/ab \
         -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16,fp16 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -22;;
+    ab64) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_WRITER=1 --rounds 3 --tag ab-owriter64 --out /tmp/ab \
+        -- --hdim 64 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -12;;
     persist) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_WRITER=1,PERSIST=2 --rounds 3 --tag ab-owriter-p2 \
         --out /tmp/ab -- --hdim 128 --seqlen 4096,8192,16384 --dtype bf16 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -8;;
     timeline) for s in 1024 2048; do

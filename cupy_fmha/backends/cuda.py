@@ -913,6 +913,10 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec("bf16", hq, 128, alibi=not drop, dropout=drop, tiles={**fwd_ws_tiles(hq, not drop, drop), "O_WRITER": 1})
             for hq in (192, 256) for drop in (False, True)]
+    # ... and at hdim 64 with O's stage instead of the table's register stores (O_REG off): plain, ALiBi, dropout
+    out += [fwd_ws_spec(dtype, 64, 64, alibi=alibi, dropout=drop,
+                        tiles={**{k: v for k, v in fwd_ws_tiles(64, alibi, drop).items() if k != "O_REG"}, "O_WRITER": 1})
+            for dtype in DTYPES for alibi, drop in ((False, False), (True, False), (False, True))]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
