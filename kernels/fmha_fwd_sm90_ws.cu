@@ -257,6 +257,16 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 // O_WRITER (a variant, step 105): the rows are not sent here; every MMA thread arrives on o_full (at
 // `o_bars`) once its rows are staged, and before staging row block j waits on o_empty (o_bars + 8) for
 // the writer's copies of row block j - 1 to have read the stage (fwd_ws_write_o).
+// The staged rows [row0, row0 + rows) of the sequence, from `stage` (a row every O_PITCH elements), to
+// global memory: one bulk copy each, then their commit (one thread).
+__device__ __forceinline__ void fwd_ws_send_staged(const FwdParams& p, uint16_t* og, int row0, int rows, const uint16_t* stage) {
+    for (int r = 0; r < rows; ++r)
+        bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
+    bulk_commit();
+}
+// The first query row of row block x of a (batch, head) in the CTAs' order (the last first; the kernel's
+// comment at nqb says why), as the producer, the O writer and the MMA warpgroups walk them.
+__device__ __forceinline__ int fwd_ws_row0(int nqb, int x) { return (nqb - 1 - x) * BLOCK_M; }
 template <int NO>
 __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
@@ -293,16 +303,12 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
         mbarrier_arrive(o_bars);
     } else {
         __syncwarp();
-        if (lead) {
-            for (int r = 0; r < rows; ++r)
-                bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
-            bulk_commit();
-        }
+        if (lead) fwd_ws_send_staged(p, og, row0, rows, stage);
     }
 }
 
 // O_WRITER: the producer warpgroup's thread 32 sends the staged O rows of the CTA's row blocks (those the
-// MMA warpgroups store, in their order: row0_of(x), x from blockIdx.x by gridDim.x, as fwd_block_state
+// MMA warpgroups store, in their order: fwd_ws_row0(x), x from blockIdx.x by gridDim.x, as fwd_block_state
 // leaves them), one bulk copy per row inside the sequence, once every MMA thread has staged its rows
 // (o_full), and hands the stage back once the copies have read it (o_empty), so the MMA warps go on to the
 // next row block after staging instead of after their lane 0 has issued 16 copies. Nothing where the
@@ -313,14 +319,11 @@ __device__ __forceinline__ void fwd_ws_write_o(const FwdParams& p, int b, int h,
     if (!o_rows_aligned(p, og)) return;
     int j = 0;
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-        const int q0 = (nqb - 1 - x) * BLOCK_M;
+        const int q0 = fwd_ws_row0(nqb, x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as the MMA threads)
-        const int rows = min(BLOCK_M, blk.seqlen_q - q0);
         mbarrier_wait(o_bars, j & 1);
-        for (int r = 0; r < rows; ++r)
-            bulk_store(og + (index_t)(q0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
-        bulk_commit();
+        fwd_ws_send_staged(p, og, q0, min(BLOCK_M, blk.seqlen_q - q0), stage);
         bulk_wait_read<0>();
         mbarrier_arrive(o_bars + 8);
         ++j;
@@ -403,7 +406,6 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // to PERSIST, and the next block's Q and first K, V load while this one finishes its last
     // P V and writes O. The ring (stages, phases) runs on across the row blocks.
     const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M;
-    auto row0_of = [&](int x) { return (nqb - 1 - x) * BLOCK_M; };
 
     // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
     const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
@@ -461,7 +463,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         const unsigned bias_bytes = (p.bias.sq ? BLOCK_M : 1) * BLOCK_N * (BIAS ? BIAS_TMA : 0);
         int i = 0, j = 0;  // key blocks (ring position) and row blocks loaded so far
         for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-            const int q0 = row0_of(x);
+            const int q0 = fwd_ws_row0(nqb, x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
             if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
             // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
@@ -505,9 +507,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // The GEMMs' tiles (DESC_ADDR, bench/NOTES.md step 103; the default at hdim 192 and 256, step 104): as
     // shared-memory addresses formed from one 32-bit value, desc_base, plus the tile's constant offset in the
     // layout (and the stage's as a multiple of the uniform index), so ptxas forms every descriptor with
-    // uniform arithmetic; the
-    // opaque_u32 on desc_base at each key block keeps it from holding all of them in registers across
-    // the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
+    // uniform arithmetic; the opaque_u32 on desc_base at each key block keeps it from holding all of them in
+    // registers across the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
     // descriptors in vector registers and move them over with R2UR (34-112 in the loop), as the ws
     // backward's dQ-writer builds did (step 102). The same descriptor values either way.
     unsigned desc_base = smem_u32(smem_base) & 0x3FFFFu;
@@ -567,7 +568,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto phases = [](bool) {};
 #endif
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-        const int q0 = row0_of(x);
+        const int q0 = fwd_ws_row0(nqb, x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
         stamp(0);

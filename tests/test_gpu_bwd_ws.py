@@ -331,9 +331,9 @@ def test_bm80_twenty_runs(writer, monkeypatch, _bm80):
 # 32-bit address plus constant offsets instead of the tile pointers. The descriptors are the same values, so
 # the pointer-formed build's (DESC_ADDR=0) dK and dV must be bit-identical to the default build's, at the
 # 80-row default, the 64-row diagonal entries and hdim 64, and so must dQ in deterministic mode (the writer
-# builds the address form removes 60-67 R2UR from); in
-# atomic mode dQ's fp32 adds from several key blocks land in no fixed order, so there dQ is compared as
-# test_gpu_deterministic compares the two modes (a few output ulps).
+# builds the address form removes 60-67 R2UR from); in atomic mode dQ's fp32 adds from several key blocks
+# land in no fixed order, so there dQ is compared as test_gpu_deterministic compares the two modes (a few
+# output ulps).
 DESC_ADDR_BITS = ["bf16-d128-none-1000", "f16-d128-b-1000x253-gqa4-empty-rows", "bf16-d128-causal-253x1000-gqa4",
                   "f16-d128-window100,0-1000", "f16-d64-none-253", "f16-d64-causal-1000-gqa4",
                   "f16-d120-none-65x129-gqa2", "bf16-d64-causal-1100-gqa4", "bf16-d128-none-1537x257"]
