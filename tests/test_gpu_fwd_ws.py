@@ -288,21 +288,24 @@ def _group_case(tag, d):
 
 
 @pytest.mark.parametrize("persist", [0, 4])
-@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("d", [64, 256, 128])
 @pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
 def test_o_in_q_bit_identical(monkeypatch, d, shape, persist):
     """O_IN_Q (step 86: O staged in Q's buffer where its own stage is off, hdim 64 and 256; Q handed
-    back after the epilogue) stores the same rounded values: bit-identical to the default build, also
-    when the next row block's Q waits for that hand-back (PERSIST=4) and for rows without keys."""
+    back after the epilogue; at 128 with a third K/V stage in the room of O's own, step 107) stores the
+    same rounded values: bit-identical to the default build, also when the next row block's Q waits for
+    that hand-back (PERSIST=4) and for rows without keys."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},O_IN_Q=1")
+    variant = "STAGES=3,O_IN_Q=1" if d == 128 else "O_IN_Q=1"
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
     assert cuda.fwd_spec("fp16", d, d, 90).macro("O_IN_Q") == 1
+    assert cuda.fwd_spec("fp16", d, d, 90).macro("STAGES", 2) == (3 if d == 128 else 2)
     rng = cp.random.default_rng(seed_for("fwd-o-in-q", d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_IN_Q=1", q, k, v, kw, persist)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, q, k, v, kw, persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())

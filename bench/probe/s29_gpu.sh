@@ -9,6 +9,9 @@
 #   owab64   the same at hdim 64: the default (A) against O_REG=0,O_WRITER=1 (B), bf16
 #   sweep128 / sweep64 / sweep256 / fwd128 / fwd64 / fwd256 / fa3 / features: bench/probe/s27_gpu.sh's parts
 #   fwd128ow the hdim-128 forward sweep with peers under O_WRITER=1
+#   st3test  step 107: three K/V stages at hdim 128, O staged in Q's buffer (STAGES=3,O_IN_Q=1): the bit-identity tests
+#   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
+#   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 DEADLINE=${DEADLINE:-560}
@@ -44,6 +47,17 @@ for part in "$@"; do
     owab64) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_WRITER=1 --rounds 3 \
               --tag ab-owriter64 --out /tmp/ab -- --hdim 64 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
               --causal both 2>&1 | grep -v "^\\$" | tail -12;;
+    st3test) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "o_in_q and 128" \
+               > $OUT/test-stages3.txt 2>&1
+             echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-stages3.txt | head; tail -1 $OUT/test-stages3.txt;;
+    st3san) for tool in memcheck racecheck synccheck; do
+              CUPY_FMHA_FWD_WS_TILES=STAGES=3,O_IN_Q=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+                --tool $tool python3 bench/probe/sanitize_fwd_ws.py 128 > /tmp/s3-$tool.txt 2>&1
+              echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s3-$tool.txt | tail -1)"
+            done;;
+    st3ab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=STAGES=3,O_IN_Q=1 --rounds 3 \
+             --tag ab-stages3 --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
+             --causal both 2>&1 | grep -v "^\\$" | tail -12;;
     sweep128) sweep --hdim 128 $GRID --mode bwd --name sweep-bwd-hd128;;
     sweep64) sweep --hdim 64 $GRID --mode bwd --name sweep-bwd-hd64;;
     sweep256) sweep --hdim 256 $GRID --mode bwd --name sweep-bwd-hd256;;

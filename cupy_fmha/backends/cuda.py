@@ -885,6 +885,10 @@ def experimental_table() -> list[KernelSpec]:
     # (at 192 the build spills 68-92 bytes)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_Q": 1})
             for dtype in DTYPES for d in (64, 256) for alibi in (False, True)]  # (64: O_REG there, no stage)
+    # ... and at 128 with a third stage of K and V in the room O's own stage had (STAGES=3, bench/NOTES.md step 107:
+    # 230,512 bytes, 0 spills), plain and ALiBi
+    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "STAGES": 3, "O_IN_Q": 1})
+            for dtype in DTYPES for alibi in (False, True)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
