@@ -12,6 +12,8 @@
 #   st3test  step 107: three K/V stages at hdim 128, O staged in Q's buffer (STAGES=3,O_IN_Q=1): the bit-identity tests
 #   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
 #   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
+#   owp      O_WRITER with 16 row blocks per CTA (its exit cost paid once per CTA, row 106): PERSIST=16 (A) against
+#            O_WRITER=1,PERSIST=16 (B), then the default (A) against PERSIST=16 (B); hdim 128 s1024-2048, bf16
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 DEADLINE=${DEADLINE:-560}
@@ -58,6 +60,12 @@ for part in "$@"; do
     st3ab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=STAGES=3,O_IN_Q=1 --rounds 3 \
              --tag ab-stages3 --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
              --causal both 2>&1 | grep -v "^\\$" | tail -12;;
+    owp) for pair in "--env-a=CUPY_FMHA_FWD_WS_TILES=PERSIST=16 O_WRITER=1,PERSIST=16" "--env-a=CUPY_FMHA_FWD_WS_TILES=FOLD=0 PERSIST=16"; do
+           set -- $pair  # (FOLD=0 is the default at 128: side A is the table's build and persistence)
+           timeout -s KILL $(left) python3 bench/ab.py --a . --b . "$1" --env-b CUPY_FMHA_FWD_WS_TILES=$2 \
+             --rounds 3 --tag ab-owp-${2//[=,]/-} --out /tmp/ab -- --hdim 128 --seqlen 1024,2048 --dtype bf16 --mode fwd \
+             --causal both 2>&1 | grep -v "^\\$" | tail -6
+         done;;
     sweep128) sweep --hdim 128 $GRID --mode bwd --name sweep-bwd-hd128;;
     sweep64) sweep --hdim 64 $GRID --mode bwd --name sweep-bwd-hd64;;
     sweep256) sweep --hdim 256 $GRID --mode bwd --name sweep-bwd-hd256;;
