@@ -390,15 +390,12 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
 }
 
 // XRB: what the next row block's S'_0 and its softmax, run in this row block's tail, leave for its loop
-// (P'_0 in sacc, block 0's corr, maxima and sums, keep decisions; its O starts at zero); nothing without XRB
-template <bool X> struct XrbCarryOf { struct type {}; };
-template <> struct XrbCarryOf<true> {
-    struct type {
-        float sacc[BLOCK_N / 2], corr[2], row_max[2], row_sum[2];
-        FwdKeep keep;
-    };
+// (P'_0 in sacc, block 0's corr, maxima and sums, keep decisions; its O starts at zero); unused without XRB
+// (the kernel is no template, so the discarded `if constexpr` branches that name its members are still checked)
+struct XrbCarry {
+    float sacc[BLOCK_N / 2], corr[2], row_max[2], row_sum[2];
+    FwdKeep keep;
 };
-using XrbCarry = XrbCarryOf<XRB>::type;
 
 #if defined(TIMING) && TIMING
 // per CTA: [0] entry and [1] exit (%globaltimer, ns), [2] the SM, [3] row blocks, [4] entry and [5]
