@@ -398,19 +398,18 @@ def test_o_writer_group_mode(monkeypatch, persist):
 
 
 @pytest.mark.parametrize("persist", [0, 2, 3, 4])
-@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout", "hdim 64"])
+@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout"])
 @pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
 def test_xrb_bit_identical(monkeypatch, shape, feature, persist):
     """XRB (step 108: two Q buffers; the next row block's S_0 and its softmax under this one's last P V and O's
     epilogue, O staged in Q's buffer) does the same operations per row block: O and LSE bit-identical to the
-    default build at hdim 128 (plain, ALiBi, dropout) and 64 (three warpgroups of 192 rows, two under the short
-    causal masks), one row block per CTA and 2, 3 or 4 (the combined turns across row blocks, Q's buffers in
+    default build at hdim 128 (plain, ALiBi, dropout), one row block per CTA and 2, 3 or 4 (the combined turns across row blocks, Q's buffers in
     turn, an odd count per CTA), and rows without keys (row blocks without key blocks: the plain tail before them)."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     kw = dict(kw)
-    d = 64 if feature == "hdim 64" else 128
+    d = 128
     if feature == "alibi":
         kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)
     elif feature == "dropout":

@@ -346,10 +346,10 @@ def test_fwd_ws_o_writer_variant(monkeypatch):
 
 def test_fwd_ws_xrb_variant(monkeypatch):
     """CUPY_FMHA_FWD_WS_TILES=XRB=1 (bench/NOTES.md step 108: two Q buffers, the next row block's S_0 under this
-    one's last P V and epilogue) builds the ws forward at hdim 64 and 128 (plain, ALiBi, dropout) with O staged in
+    one's last P V and epilogue) builds the ws forward at hdim 128 (plain, ALiBi, dropout) with O staged in
     Q's buffer (O_IN_Q, no O_STAGE, no O_WRITER) and shared memory of two Q tiles, the K/V stages and the
     mbarriers (2 per Q buffer, 4 per stage) plus the 1024 bytes of alignment; dropped where it does not apply
-    (the bias builds, the serial pipeline, unequal head dims, TIMING, 192 / 256 where two Q buffers do not fit);
+    (the bias builds, the serial pipeline, unequal head dims, TIMING, 64, 192 / 256 where two Q buffers do not fit);
     without the switch no instance carries it; the experimental table compiles the builds at 128."""
     from cupy_fmha.backends import cuda
 
@@ -361,9 +361,7 @@ def test_fwd_ws_xrb_variant(monkeypatch):
         assert s.macro("O_WRITER", 0) == 0 and s.macro("PV_OVERLAP") == 1, s.name
         assert s.macro("SMEM_BYTES") == 2 * (2 * 128 * 128 + 2 * 128 * 256) + 8 * (2 * 2 + 4 * 2) + 1024 == 197728
         assert s.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT
-    s = fwd_spec("bf16", 64, 64, 90)
-    assert s.macro("XRB") == 1 and s.macro("O_IN_Q") == 1 and s.macro("NWG") == 3 and "O_REG" not in s.name
-    assert s.macro("SMEM_BYTES") == 2 * (2 * 192 * 64 + 2 * 128 * 128) + 8 * (2 * 2 + 4 * 2) + 1024
+    assert fwd_spec("bf16", 64, 64, 90).macro("XRB", 0) == 0  # (three warpgroups: ptxas serialized the wgmma)
     for d in (192, 256):  # (two Q buffers beside the two K/V stages exceed SMEM_LIMIT)
         s = fwd_spec("bf16", d, d, 90)
         assert s.macro("XRB", 0) == 0 and s.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT, s.name

@@ -836,9 +836,10 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
     if tiles.get("XRB"):  # (bench/NOTES.md step 108: the overlapped pipeline, no bias or TIMING, O in Q's buffer,
-        # two Q buffers where they fit: hdim 64 and 128, not 192 / 256)
+        # two Q buffers where they fit; at hdim 128 only: at 64 (three warpgroups) ptxas serializes the wgmma,
+        # at 192 / 256 two Q buffers do not fit)
         xrb = {**{k: v for k, v in tiles.items() if k not in ("O_WRITER", "O_REG")}, "O_IN_Q": 1}
-        if (not bias_tma and dq == dv and tiles.get("PV_OVERLAP") and tiles.get("SWIZZLE") and not tiles.get("TIMING")
+        if (not bias_tma and dq == dv == 128 and tiles.get("PV_OVERLAP") and tiles.get("SWIZZLE") and not tiles.get("TIMING")
                 and _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **xrb, **feats).macro("SMEM_BYTES") <= SMEM_LIMIT):
             tiles = xrb
         else:
