@@ -382,21 +382,6 @@ def test_o_writer_serial_pipeline(monkeypatch, hdim_q, feature, shape):
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
 
-@pytest.mark.parametrize("persist", [0, 3])
-def test_o_writer_group_mode(monkeypatch, persist):
-    """O_WRITER in group mode at hdim 128 (sequences of 0-700 rows: the writer skips the rows past each
-    sequence's end and the row blocks fwd_block_state drops, as the MMA warpgroups do, or its o_full
-    phases would part from theirs): bit-identical to the default build."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
-    assert cuda.fwd_spec("fp16", 128, 128, 90).macro("O_WRITER") == 1
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", *_group_case("fwd-o-writer-group", 128), persist)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-
-
-
 @pytest.mark.parametrize("persist", [0, 2, 3, 4])
 @pytest.mark.parametrize("feature", ["plain", "alibi", "dropout"])
 @pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
@@ -429,18 +414,24 @@ def test_xrb_bit_identical(monkeypatch, shape, feature, persist):
     assert bool(cp.isfinite(lse[:, :, lit]).all()) and bool(cp.isfinite(o[:, lit]).all())
 
 
-@pytest.mark.parametrize("persist", [0, 2, 3, 4])
-def test_xrb_group_mode(monkeypatch, persist):
-    """XRB in group mode at hdim 128 (sequences of 0-700 rows: the next row block found past the ones
-    fwd_block_state drops, K'_0's rows past its sequence zeroed before S'_0, row blocks ending inside
-    sequences): bit-identical to the default build."""
+@pytest.mark.parametrize("variant,persist", [("O_WRITER=1", 0), ("O_WRITER=1", 3),
+                                             *[("XRB=1", n) for n in (0, 2, 3, 4)]])
+def test_group_mode_variants(monkeypatch, variant, persist):
+    """O_WRITER and XRB in group mode at hdim 128 (sequences of 0-700 rows, row blocks ending inside
+    sequences): bit-identical to the default build. O_WRITER: the writer skips the rows past each sequence's
+    end and the row blocks fwd_block_state drops, as the MMA warpgroups do, or its o_full phases would part
+    from theirs. XRB: the next row block found past the ones fwd_block_state drops, K'_0's rows past its
+    sequence zeroed before S'_0."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "XRB=1")
-    assert cuda.fwd_spec("fp16", 128, 128, 90).macro("XRB") == 1
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "XRB=1", *_group_case("fwd-xrb-group", 128), persist)
+    name = variant.split("=")[0]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
+    assert cuda.fwd_spec("fp16", 128, 128, 90).macro(name) == 1
+    tag = {"O_WRITER": "fwd-o-writer-group", "XRB": "fwd-xrb-group"}[name]
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, *_group_case(tag, 128), persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
 
 # SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
 # folded softmax's sign test around the whole step) takes the maxima in another order, and MASK_ROWS
