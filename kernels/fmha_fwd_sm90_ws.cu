@@ -67,6 +67,12 @@
 //               starts at key block 1. The same operations per row block as without it (bit-identical
 //               O and LSE); the K/V ring runs on in order as before. Saves the exposed S_0 + softmax and
 //               part of the epilogue at each row-block boundary inside a CTA.
+//   LINEAR=n    (a variant, bench/NOTES.md step 110; not with O_WRITER or XRB) a persistent grid of n CTAs
+//               (the launcher's grid: (min(tiles, n), 1, 1)) walks one count over every (batch, head, row
+//               block), row blocks fastest, from blockIdx.x by gridDim.x (fwd_ws_tile), so the CTAs on
+//               the GPU at any moment share the K and V of a few heads in L2, and each CTA pays its start
+//               once. Without it the grid is (row blocks / PERSIST, nhead_q, batch) and a CTA walks the row
+//               blocks of its own (batch, head)
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
@@ -105,6 +111,8 @@ static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
 static_assert(!O_WRITER || O_STAGE, "fmha_fwd_sm90_ws: the O writer sends the rows of O's stage");
 static_assert(!XRB || (PV_OVERLAP && O_IN_Q && !O_STAGE && !O_WRITER && !BIAS && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: XRB is a variant of the overlapped pipeline with O staged in Q's buffer, no bias");
+static_assert(!LINEAR || (!O_WRITER && !XRB), "fmha_fwd_sm90_ws: LINEAR walks row blocks of several heads (not "
+              "with the O writer's or XRB's walk of one head's)");
 #if defined(TIMING) && TIMING
 static_assert(!XRB, "fmha_fwd_sm90_ws: the TIMING stamps assume one S_0 per row block inside it (not with XRB)");
 #endif
@@ -285,6 +293,21 @@ __device__ __forceinline__ void fwd_ws_send_staged(const FwdParams& p, uint16_t*
 // The first query row of row block x of a (batch, head) in the CTAs' order (the last first; the kernel's
 // comment at nqb says why), as the producer, the O writer and the MMA warpgroups walk them.
 __device__ __forceinline__ int fwd_ws_row0(int nqb, int x) { return (nqb - 1 - x) * BLOCK_M; }
+// The CTA's row blocks: t from blockIdx.x by gridDim.x, below fwd_ws_tiles; fwd_ws_tile(t) is row block x of
+// (batch b, head h). Without LINEAR, the nqb row blocks of the CTA's own (blockIdx.z, blockIdx.y); with it
+// one count over (batch, head, row block), row blocks fastest (the header says why).
+struct FwdTile {
+    int x, h, b;
+};
+__device__ __forceinline__ int fwd_ws_tiles(const FwdParams& p, int nqb) { return LINEAR ? nqb * p.nhead_q * p.batch : nqb; }
+__device__ __forceinline__ FwdTile fwd_ws_tile(const FwdParams& p, int nqb, int t) {
+    if constexpr (LINEAR) {
+        const int bh = t / nqb;
+        return {t - bh * nqb, bh % p.nhead_q, bh / p.nhead_q};
+    } else {
+        return {t, (int)blockIdx.y, (int)blockIdx.z};
+    }
+}
 template <int NO>
 __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
@@ -425,19 +448,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
-    const int h = blockIdx.y, b = blockIdx.z;
-    // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h), last row
+    // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h) (LINEAR: of all, fwd_ws_tile), last row
     // blocks first (under causal masks they see the most keys, so the tail is short). One per CTA
     // when the grid covers them all; with PERSIST (the launcher's grid.x = ceil(nqb / PERSIST)) up
     // to PERSIST, and the next block's Q and first K, V load while this one finishes its last
     // P V and writes O. The ring (stages, phases) runs on across the row blocks.
-    const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M;
-
-    // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
-    const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
-    const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
-    const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
-    const int hk = h / p.group;
+    const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M, ntiles = fwd_ws_tiles(p, nqb);
 
 #if defined(TIMING) && TIMING
     __shared__ unsigned long long tl_[TL_WORDS];
@@ -479,7 +495,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             // the producer's block state left the uniform registers and spilled 16 bytes)
             if (__shfl_sync(0xffffffffu, threadIdx.x >> 5, 0) == 1) {
                 if (threadIdx.x == 32)
-                    fwd_ws_write_o(p, b, h, nqb, reinterpret_cast<const uint16_t*>(smem_base + O_STAGE_AT),
+                    fwd_ws_write_o(p, (int)blockIdx.z, (int)blockIdx.y, nqb, reinterpret_cast<const uint16_t*>(smem_base + O_STAGE_AT),
                                    smem_u32(smem_base + O_WRITER_AT));
                 return;
             }
@@ -487,13 +503,20 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
-        const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
         const unsigned bias_bytes = (p.bias.sq ? BLOCK_M : 1) * BLOCK_N * (BIAS ? BIAS_TMA : 0);
         int i = 0, j = 0;  // key blocks (ring position) and row blocks loaded so far
-        for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-            const int q0 = fwd_ws_row0(nqb, x);
+        for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+            const FwdTile tile = fwd_ws_tile(p, nqb, t);
+            const int b = tile.b, h = tile.h, q0 = fwd_ws_row0(nqb, tile.x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
             if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
+            // the sequence's first token row in the packed tensors (group mode), as block.cuh found it; the
+            // batch coordinate of the maps; K and V's head; the bias plane's coordinates in its map (0 along a
+            // broadcast dimension)
+            const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
+            const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
+            const int bq = p.seq.cu_seqlens_q ? 0 : b, hk = h / p.group;
+            const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
             // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
             // O_IN_Q: O left through it)
             if constexpr (XRB) {
@@ -610,8 +633,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // their results); both unused without XRB
     bool xrb_s0 = false;
     XrbCarry xrb_carry;
-    for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-        const int q0 = fwd_ws_row0(nqb, x);
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        const FwdTile tile = fwd_ws_tile(p, nqb, t);
+        const int b = tile.b, h = tile.h, x = tile.x, q0 = fwd_ws_row0(nqb, x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
         stamp(0);

@@ -1,8 +1,9 @@
 """One attention call inside a CUDA profiler range, after warm-up, for Nsight Compute
-(`ncu --profile-from-start off ...`). bshd, batch 1, 16 heads.
+(`ncu --profile-from-start off ...`). bshd, batch 1 (or $B), 16 heads.
 
     python bench/probe/once.py fwd|bwd HDIM SEQLEN [causal] [dropout] [bias] [bf16|fp16]
 """
+import os
 import sys
 
 import cupy as cp
@@ -14,7 +15,7 @@ import cupy_fmha
 mode, d, s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 flags = set(sys.argv[4:])
 dt = np.float16 if "fp16" in flags else ml_dtypes.bfloat16
-b, h = 1, 16
+b, h = int(os.environ.get("B", "1")), 16  # B=16 at seqlen 1024: FlashAttention's grid
 kw = dict(causal="causal" in flags)
 if "dropout" in flags:
     kw.update(dropout_p=0.1, seed=7)

@@ -4,6 +4,7 @@ Nsight Compute: the peer's kernels profiled the way probe/once.py profiles ours 
 
     python bench/probe/once_torch.py fwd|bwd HDIM SEQLEN [causal] [cudnn|flash]
 """
+import os
 import sys
 
 import torch
@@ -13,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 mode, d, s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 flags = set(sys.argv[4:])
 backend = SDPBackend.FLASH_ATTENTION if "flash" in flags else SDPBackend.CUDNN_ATTENTION
-b, h = 1, 16
+b, h = int(os.environ.get("B", "1")), 16  # B=16 at seqlen 1024: FlashAttention's grid
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(4))
 for t in (q, k, v):

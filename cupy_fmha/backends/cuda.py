@@ -796,6 +796,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: NWG must be 2 or 3, got {tiles.get('NWG')} (one MMA warpgroup "
                          "per CTA, two CTAs per SM, measured 1.08-1.32x the time at hdim 128 and was removed: "
                          "bench/NOTES.md step 101)")
+    if tiles.get("LINEAR", 0) < 0:
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LINEAR (CTAs of the persistent grid) must be >= 0, got {tiles['LINEAR']}")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
     if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):
@@ -808,7 +810,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
                          f"measurements, bench/NOTES.md steps 88, 91 and 99)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "XRB", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "XRB", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -835,6 +837,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
+    if tiles.get("LINEAR"):  # (step 110: a walk over several heads' row blocks, not the writer's or XRB's of one head's)
+        tiles.pop("O_WRITER", None)
+        tiles.pop("XRB", None)
     if tiles.get("XRB"):  # (bench/NOTES.md step 108: the overlapped pipeline, no bias or TIMING, O in Q's buffer,
         # two Q buffers where they fit; at hdim 128 only: at 64 (three warpgroups) ptxas serializes the wgmma,
         # at 192 / 256 two Q buffers do not fit)
@@ -936,6 +941,11 @@ def experimental_table() -> list[KernelSpec]:
     # O staged in Q's buffer; 197,728 bytes, 0 spills), at hdim 128: plain, ALiBi, dropout
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(128, alibi, drop), "XRB": 1})
             for dtype in DTYPES for alibi, drop in ((False, False), (True, False), (False, True))]
+    # a persistent grid walking every (batch, head, row block) (LINEAR, bench/NOTES.md step 110): hdim 64, 128,
+    # 256, plain and dropout, and the hdim-128 bias build; the kernel is the same for any count
+    out += [fwd_ws_spec("bf16", d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "LINEAR": 132})
+            for d in (64, 128, 256) for drop in (False, True)]
+    out.append(fwd_ws_spec("bf16", 128, 128, bias_tma=2, tiles={**fwd_ws_tiles(128, bias_tma=2), "LINEAR": 132}))
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
