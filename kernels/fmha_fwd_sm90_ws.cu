@@ -56,18 +56,7 @@
 //               their rows of O and arrive on o_full; thread 32 of the producer warpgroup sends the staged rows
 //               (one bulk copy each) and hands the stage back through o_empty (fwd_ws_write_o), instead of
 //               each MMA warp's lane 0 sending its 16 rows before the warp goes on to the next row block
-//   XRB=1       ("cross row block", a variant with PV_OVERLAP, O_IN_Q, no O_STAGE, no BIAS, SWIZZLE, not TIMING;
-//               bench/NOTES.md step 108): Q has two buffers (row block j in buffer j % 2, q_full / q_empty
-//               per buffer, parity (j / 2) & 1), so the producer loads the next row block's Q while this
-//               one computes. Where the CTA has a next row block (PERSIST) with key blocks, the MMA
-//               warpgroups issue this row block's last P V and the next one's S'_0 = Q' K'_0^T in one
-//               turn (two commit groups), wait for P V only, run O's epilogue (O staged in this row
-//               block's Q buffer, then q_empty) while S'_0 is on the tensor cores, then wait for S'_0, start
-//               the next row block's O, maxima and sums and run S'_0's softmax; the next row block's loop
-//               starts at key block 1. The same operations per row block as without it (bit-identical
-//               O and LSE); the K/V ring runs on in order as before. Saves the exposed S_0 + softmax and
-//               part of the epilogue at each row-block boundary inside a CTA.
-//   LINEAR=n    (a variant, bench/NOTES.md step 110; not with O_WRITER or XRB) a persistent grid of n CTAs
+//   LINEAR=n    (a variant, bench/NOTES.md step 110; not with O_WRITER) a persistent grid of n CTAs
 //               (the launcher's grid: (min(tiles, n), 1, 1)) walks one count over every (batch, head, row
 //               block), row blocks fastest, from blockIdx.x by gridDim.x (fwd_ws_tile), so the CTAs on
 //               the GPU at any moment share the K and V of a few heads in L2, and each CTA pays its start
@@ -109,13 +98,8 @@ static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
 static_assert(!O_WRITER || O_STAGE, "fmha_fwd_sm90_ws: the O writer sends the rows of O's stage");
-static_assert(!XRB || (PV_OVERLAP && O_IN_Q && !O_STAGE && !O_WRITER && !BIAS && SWIZZLE && HDIM_Q == HDIM_V),
-              "fmha_fwd_sm90_ws: XRB is a variant of the overlapped pipeline with O staged in Q's buffer, no bias");
-static_assert(!LINEAR || (!O_WRITER && !XRB), "fmha_fwd_sm90_ws: LINEAR walks row blocks of several heads (not "
-              "with the O writer's or XRB's walk of one head's)");
-#if defined(TIMING) && TIMING
-static_assert(!XRB, "fmha_fwd_sm90_ws: the TIMING stamps assume one S_0 per row block inside it (not with XRB)");
-#endif
+static_assert(!LINEAR || !O_WRITER, "fmha_fwd_sm90_ws: LINEAR walks row blocks of several heads (not "
+              "with the O writer's walk of one head's)");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
@@ -127,17 +111,15 @@ constexpr int MMA_REGS = ws_mma_regs<NWG>;
 // swizzle pattern follows address bits 4-9); the launcher passes this much more (SMEM_BYTES)
 constexpr int SMEM_ALIGN = SWIZZLE ? 1024 : 0;
 
-// Q's buffers: one, two with XRB (row block j in buffer j % 2), each with its q_full / q_empty
-enum : int { Q_BUFS = XRB ? 2 : 1 };
 struct Smem {
-    uint16_t q[Q_BUFS][BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE)
+    uint16_t q[BLOCK_M * HDIM_Q];  // column-blocked or swizzled tiles (SWIZZLE)
     uint16_t k[STAGES][BLOCK_N * HDIM_Q];
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
     // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
     // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
     // q_empty: every MMA thread's S GEMMs of the row block are complete (O_IN_Q: and O has left
-    // through Q's buffer), so the next row block's Q may land (XRB: per buffer)
-    unsigned long long q_full[Q_BUFS], q_empty[Q_BUFS], k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
+    // through Q's buffer), so the next row block's Q may land
+    unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
     // (no bias ring: the BIAS builds' SmemBias has one; these let code common to both compile)
     __device__ __forceinline__ unsigned char* bias_tile(int) { return nullptr; }
     __device__ __forceinline__ unsigned long long* bias_full(int) { return nullptr; }
@@ -412,14 +394,6 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
     fence_proxy_async();
 }
 
-// XRB: what the next row block's S'_0 and its softmax, run in this row block's tail, leave for its loop
-// (P'_0 in sacc, block 0's corr, maxima and sums, keep decisions; its O starts at zero); unused without XRB
-// (the kernel is no template, so the discarded `if constexpr` branches that name its members are still checked)
-struct XrbCarry {
-    float sacc[BLOCK_N / 2], corr[2], row_max[2], row_sum[2];
-    FwdKeep keep;
-};
-
 #if defined(TIMING) && TIMING
 // per CTA: [0] entry and [1] exit (%globaltimer, ns), [2] the SM, [3] row blocks, [4] entry and [5]
 // exit (clock64), [6] unused, [7] NWG; [8 + r] the key blocks of row block r < TL_ROWS; then from
@@ -465,10 +439,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     }
 #endif
     if (threadIdx.x == 0) {
-        for (int qb = 0; qb < Q_BUFS; ++qb) {
-            mbarrier_init(smem_u32(&sm.q_full[qb]), 1);
-            mbarrier_init(smem_u32(&sm.q_empty[qb]), MMA_THREADS);
-        }
+        mbarrier_init(smem_u32(&sm.q_full), 1);
+        mbarrier_init(smem_u32(&sm.q_empty), MMA_THREADS);
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&sm.k_full[s]), 1);
             mbarrier_init(smem_u32(&sm.v_full[s]), 1);
@@ -519,18 +491,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
             // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
             // O_IN_Q: O left through it)
-            if constexpr (XRB) {
-                // (row block j in buffer j % 2, its (j / 2)-th use: the wait is for row block j - 2's
-                // hand-back, not j - 1's, so Q_{j+1} lands while row block j still computes)
-                const int qb = j & 1;
-                if (j >= 2) mbarrier_wait(smem_u32(&sm.q_empty[qb]), ((j >> 1) - 1) & 1);
-                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[qb]), Q_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[qb], tm_q, smem_u32(&sm.q_full[qb]), h, tq + q0, bq);
-            } else {
-                if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty[0]), (j - 1) & 1);
-                mbarrier_arrive_expect_tx(smem_u32(&sm.q_full[0]), Q_BYTES);
-                tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q[0], tm_q, smem_u32(&sm.q_full[0]), h, tq + q0, bq);
-            }
+            if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
+            mbarrier_arrive_expect_tx(smem_u32(&sm.q_full), Q_BYTES);
+            tma_load_tile<SWIZZLE, BLOCK_M, HDIM_Q>(sm.q, tm_q, smem_u32(&sm.q_full), h, tq + q0, bq);
             for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
@@ -578,9 +541,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto opaque_base = [&]() {
         if constexpr (DESC_ADDR) opaque_u32(desc_base);
     };
-    auto q_tile = [&](int qb) {  // (Q buffer qb: 0 without XRB)
-        return pick<DESC_ADDR>(desc_base + layout_off(sm.q) + qb * (unsigned)sizeof(sm.q[0]), static_cast<const uint16_t*>(sm.q[qb]));
-    };
+    auto q_tile = [&]() { return pick<DESC_ADDR>(desc_base + layout_off(sm.q), static_cast<const uint16_t*>(sm.q)); };
     auto k_tile = [&](int s) {
         return pick<DESC_ADDR>(desc_base + layout_off(sm.k) + s * (unsigned)sizeof(sm.k[0]), static_cast<const uint16_t*>(sm.k[s]));
     };
@@ -629,31 +590,20 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto phase = [](int) {};
     auto phases = [](bool) {};
 #endif
-    // XRB: xrb_s0, the next row block's S_0 and its softmax were done in this one's tail (xrb_carry holds
-    // their results); both unused without XRB
-    bool xrb_s0 = false;
-    XrbCarry xrb_carry;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         const FwdTile tile = fwd_ws_tile(p, nqb, t);
-        const int b = tile.b, h = tile.h, x = tile.x, q0 = fwd_ws_row0(nqb, x);
+        const int b = tile.b, h = tile.h, q0 = fwd_ws_row0(nqb, tile.x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
         stamp(0);
-        bool s0_done = false, o_done = false;  // (XRB: S_0 done in the previous tail; O sent in this one's)
-        int qb = 0;  // Q's buffer (XRB: j % 2, broadcast so that Q's descriptors stay uniform)
-        if constexpr (XRB) {
-            s0_done = xrb_s0;
-            xrb_s0 = false;
-            qb = __shfl_sync(0xffffffffu, j & 1, 0);
-        }
         const int wq0 = q0 + wg * 64;
         float acc_o[NO * 4];
 #pragma unroll
         for (int i = 0; i < NO * 4; ++i) acc_o[i] = 0.f;
         float row_max[2] = {-FMHA_INF, -FMHA_INF}, row_sum[2] = {0.f, 0.f};
-        const uint16_t* sq = sm.q[qb];
-        unsigned long long* q_empty = &sm.q_empty[qb];
-        mbarrier_wait(smem_u32(&sm.q_full[qb]), (XRB ? j >> 1 : j) & 1);
+        const uint16_t* sq = sm.q;
+        unsigned long long* q_empty = &sm.q_empty;
+        mbarrier_wait(smem_u32(&sm.q_full), j & 1);
         stamp(1);
         const int n = blk.kb_end - blk.kb_begin;  // key blocks of this row block (uniform over the CTA)
 #if defined(TIMING) && TIMING
@@ -681,7 +631,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 float sacc[NS * 4];
                 wgmma_fence();
                 opaque_base();
-                gemm_s(sacc, q_tile(0), k_tile(s), wg);
+                gemm_s(sacc, q_tile(), k_tile(s), wg);
                 const FwdKeep keep = keep_bits(blk, wq0 + wi * 16, k0, frag);  // (while S runs)
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
@@ -794,36 +744,19 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 phase(2);
             };
             if (n > 0) {
-                if (!XRB || !s0_done) {
-                    if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
-                    wait_k(0);  // block 0: S_0 and its softmax
-                    bias_into_s(0);
-                    turn_begin();
-                    wgmma_fence();
-                    opaque_base();
-                    gemm_s<BIAS_ACC>(sacc, q_tile(qb), k_tile(uniform_stage(it)), wg);
-                    turn_end(false);
-                    keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
-                    wgmma_wait0();
-                    fence_operand<NS * 4>(sacc);
-                    mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
-                    softmax(sacc, 0, corr, softmax_keep(keep_prev));
-                } else {
-                    if constexpr (XRB) {  // (S_0 and its softmax ran in the previous row block's tail)
-#pragma unroll
-                        for (int e = 0; e < NS * 4; ++e) sacc[e] = xrb_carry.sacc[e];
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            corr[r] = xrb_carry.corr[r];
-                            row_max[r] = xrb_carry.row_max[r];
-                            row_sum[r] = xrb_carry.row_sum[r];
-                        }
-                        keep_prev = xrb_carry.keep;
-                    }
-                }
-                // (XRB: the carry's registers free again, here rather than only where it was read, so that
-                // they are not live through the key-block loop on the way round to the next read)
-                if constexpr (XRB) xrb_carry = XrbCarry{};
+                if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
+                wait_k(0);  // block 0: S_0 and its softmax
+                bias_into_s(0);
+                turn_begin();
+                wgmma_fence();
+                opaque_base();
+                gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it)), wg);
+                turn_end(false);
+                keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                wgmma_wait0();
+                fence_operand<NS * 4>(sacc);
+                mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
+                softmax(sacc, 0, corr, softmax_keep(keep_prev));
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
                     phases(true);
@@ -836,7 +769,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     phase(3);
                     wgmma_fence();
                     opaque_base();
-                    gemm_s<BIAS_ACC>(sacc, q_tile(qb), k_tile(uniform_stage(it + i)), wg);
+                    gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + i)), wg);
                     gemm_pv(acc_o, pa, v_tile(uniform_stage(it + i - 1)));
                     turn_end(false);
                     keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);  // (block i - 1's are used)
@@ -851,103 +784,23 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 phases(false);
                 stamp(3);
                 if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
-                // XRB: the CTA's next row block (the first of x + gridDim.x, ... that fwd_block_state keeps, as
-                // the producer and the loop above walk them; tid BLOCK_M: no LSE tail rows written here) and
-                // whether it has key blocks: then its S'_0 goes with this row block's last P V
-                bool xrb_next = false;
-                FwdBlock bn;
-                int q0n = 0;
-                if constexpr (XRB) {
-                    for (int xn = x + gridDim.x; xn < nqb; xn += gridDim.x) {
-                        q0n = fwd_ws_row0(nqb, xn);
-                        if (fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0n, BLOCK_M, bn)) {
-                            xrb_next = bn.kb_end > bn.kb_begin;
-                            break;
-                        }
-                    }
-                }
                 wait_v(n - 1);  // the last block's P V
                 next_pv_operands(n);
-                if (XRB && xrb_next) {
-                    // Turns (PINGPONG): every MMA warpgroup takes the same turns, round robin, over a chain of
-                    // row blocks linked by these combined turns. A chain's first row block starts with the last
-                    // warpgroup's arrival on warpgroup 0's barrier (its S_0 turn above); each turn ends with an
-                    // arrival on the next warpgroup's barrier, except the last warpgroup's last turn of the chain
-                    // (the plain tail's turn_end(true)). This turn (P_{n-1} V_{n-1} and S'_0) is neither the
-                    // chain's first nor its last: turn_end(false), and the next row block, whose S_0 turn this
-                    // is, neither arrives first nor takes an S_0 turn of its own. So per chain of T turns each
-                    // barrier 2 + w gets T arrivals (the first's included) and T waits.
-                    const int s0 = it + n, qbn = qb ^ 1;  // K'_0: the ring's next block; Q': the other buffer
-                    const int k0n = bn.kb_begin * BLOCK_N, wq0n = q0n + wg * 64;
-                    mbarrier_wait(smem_u32(&sm.q_full[qbn]), ((j + 1) >> 1) & 1);
-                    mbarrier_wait(smem_u32(&sm.k_full[s0 % STAGES]), (s0 / STAGES) & 1);
-                    if (packed && k0n + BLOCK_N > bn.seqlen_k) {  // (as zero_tail_of, for the next row block)
-                        zero_tile_rows<SWIZZLE, BLOCK_N, HDIM_Q, MMA_THREADS>(sm.k[s0 % STAGES], bn.seqlen_k - k0n, tid);
-                        fence_proxy_async();
-                        named_barrier_sync(BAR_ZERO, MMA_THREADS);
-                    }
-                    turn_begin();
-                    wgmma_fence();
-                    opaque_base();
-                    gemm_pv(acc_o, pa, v_tile(uniform_stage(it + n - 1)));
-                    gemm_s(sacc, q_tile(qbn), k_tile(uniform_stage(s0)), wg);
-                    turn_end(false);
-                    keep_prev = keep_bits(bn, wq0n + wi * 16, k0n, frag);  // (this row block's were used)
-                    wgmma_wait<1>();  // P_{n-1} V_{n-1} done; S'_0 may still run
-                    fence_operand<NO * 4>(acc_o);
-                    fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                    mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
-                    // O's epilogue (this row block's Q buffer: its S GEMMs are complete) under S'_0
-                    fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag,
-                                            const_cast<uint16_t*>(sq));
-                    mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
-                    o_done = true;
-                    wgmma_wait0();  // S'_0
-                    fence_operand<NS * 4>(sacc);
-                    mbarrier_arrive(smem_u32(&sm.k_empty[s0 % STAGES]));  // K'_0 is read
-                    // the next row block's start (O at zero, no maxima, no sums) and S'_0's softmax
-#pragma unroll
-                    for (int e = 0; e < NO * 4; ++e) acc_o[e] = 0.f;
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        row_max[r] = -FMHA_INF;
-                        row_sum[r] = 0.f;
-                    }
-                    if constexpr (XRB) {
-                        const bool edge = bn.win.tile_needs_test(wq0n, 64, k0n, BLOCK_N, bn.seqlen_q, bn.seqlen_k);
-                        softmax_p<NS, NO, false, FOLD && !ALIBI && !DROPOUT>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2,
-                                                                 edge, bn.win, bn.alibi, bn.bias, wq0n + wi * 16, k0n,
-                                                                 frag, bn.seqlen_k, softmax_keep(keep_prev));
-#pragma unroll
-                        for (int e = 0; e < NS * 4; ++e) xrb_carry.sacc[e] = sacc[e];
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            xrb_carry.corr[r] = corr[r];
-                            xrb_carry.row_max[r] = row_max[r];
-                            xrb_carry.row_sum[r] = row_sum[r];
-                        }
-                        xrb_carry.keep = keep_prev;
-                        xrb_s0 = true;
-                    }
-                } else {
-                    turn_begin();
-                    wgmma_fence();
-                    gemm_pv(acc_o, pa, v_tile(uniform_stage(it + n - 1)));
-                    turn_end(true);
-                    wgmma_wait0();
-                    fence_operand<NO * 4>(acc_o);
-                    fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                    stamp(4);
-                    mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
-                }
+                turn_begin();
+                wgmma_fence();
+                gemm_pv(acc_o, pa, v_tile(uniform_stage(it + n - 1)));
+                turn_end(true);
+                wgmma_wait0();
+                fence_operand<NO * 4>(acc_o);
+                fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                stamp(4);
+                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
             } else {
                 if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
             }
         }
 
-        if (XRB && o_done) {
-            // (XRB: O was sent in the tail above, under the next row block's S_0)
-        } else if constexpr (O_STAGE)
+        if constexpr (O_STAGE)
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
                                reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH,
                                smem_u32(smem_base + O_WRITER_AT), j);
@@ -955,7 +808,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
         else
             fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
-        if (O_IN_Q && !(XRB && o_done)) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
+        if constexpr (O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
         stamp(5);
         it += n;
         ++j;

@@ -382,53 +382,16 @@ def test_o_writer_serial_pipeline(monkeypatch, hdim_q, feature, shape):
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
 
-@pytest.mark.parametrize("persist", [0, 2, 3, 4])
-@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout"])
-@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
-def test_xrb_bit_identical(monkeypatch, shape, feature, persist):
-    """XRB (step 108: two Q buffers; the next row block's S_0 and its softmax under this one's last P V and O's
-    epilogue, O staged in Q's buffer) does the same operations per row block: O and LSE bit-identical to the
-    default build at hdim 128 (plain, ALiBi, dropout), one row block per CTA and 2, 3 or 4 (the combined turns across row blocks, Q's buffers in
-    turn, an odd count per CTA), and rows without keys (row blocks without key blocks: the plain tail before them)."""
+@pytest.mark.parametrize("persist", [0, 3])
+def test_o_writer_group_mode(monkeypatch, persist):
+    """O_WRITER in group mode at hdim 128 (sequences of 0-700 rows, row blocks ending inside sequences):
+    bit-identical to the default build. The writer skips the rows past each sequence's end and the row
+    blocks fwd_block_state drops, as the MMA warpgroups do, or its o_full phases would part from theirs."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
-    kw = dict(kw)
-    d = 128
-    if feature == "alibi":
-        kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)
-    elif feature == "dropout":
-        kw.update(dropout_p=0.2, seed=11, offset=5)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},XRB=1")
-    spec = cuda.fwd_spec("fp16", d, d, 90, alibi=feature == "alibi", dropout=feature == "dropout")
-    assert spec.macro("XRB") == 1 and spec.macro("O_IN_Q") == 1 and spec.macro("O_STAGE") == 0, spec.name
-    rng = cp.random.default_rng(seed_for("fwd-xrb", shape, feature))
-    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "XRB=1", q, k, v, kw, persist)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
-    lit = cp.ones(sq, dtype=bool)
-    lit[dark] = False
-    assert bool(cp.isfinite(lse[:, :, lit]).all()) and bool(cp.isfinite(o[:, lit]).all())
-
-
-@pytest.mark.parametrize("variant,persist", [("O_WRITER=1", 0), ("O_WRITER=1", 3),
-                                             *[("XRB=1", n) for n in (0, 2, 3, 4)]])
-def test_group_mode_variants(monkeypatch, variant, persist):
-    """O_WRITER and XRB in group mode at hdim 128 (sequences of 0-700 rows, row blocks ending inside
-    sequences): bit-identical to the default build. O_WRITER: the writer skips the rows past each sequence's
-    end and the row blocks fwd_block_state drops, as the MMA warpgroups do, or its o_full phases would part
-    from theirs. XRB: the next row block found past the ones fwd_block_state drops, K'_0's rows past its
-    sequence zeroed before S'_0."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    name = variant.split("=")[0]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
-    assert cuda.fwd_spec("fp16", 128, 128, 90).macro(name) == 1
-    tag = {"O_WRITER": "fwd-o-writer-group", "XRB": "fwd-xrb-group"}[name]
-    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, *_group_case(tag, 128), persist)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
+    assert cuda.fwd_spec("fp16", 128, 128, 90).macro("O_WRITER") == 1
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "O_WRITER=1", *_group_case("fwd-o-writer-group", 128), persist)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 

@@ -225,13 +225,13 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
-@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING"])
+@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "XRB"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):
-    """The ws forward's variants removed in step 88, ROWSUM_MMA (step 89, no gain in step 91) and
-    KEEP_RING (step 99, slower), are refused by name, not built as the default under another name (an old A/B command would otherwise
-    time the default against itself)."""
+    """The ws forward's variants removed in step 88, ROWSUM_MMA (step 89, no gain in step 91),
+    KEEP_RING (step 99, slower) and XRB (step 109, slower), are refused by name, not built as the default under
+    another name (an old A/B command would otherwise time the default against itself)."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
-    with pytest.raises(ValueError, match=f"{name} no longer exist"):
+    with pytest.raises(ValueError, match=f"{name} no longer exist.*bench/NOTES.md steps .*109"):
         fwd_spec("bf16", 128, 128, 90)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2")
     assert name not in fwd_spec("bf16", 128, 128, 90).name
@@ -342,42 +342,6 @@ def test_fwd_ws_o_writer_variant(monkeypatch):
     assert len(names) == 18 and all("HDIM_V128" in n or ("HDIM_V64" in n and "O_REG" not in n) for n in names), names
     # (the serial pipeline's: (256, 128) with ALiBi or dropout, (192, 128) with dropout)
     assert sum("PV_OVERLAP" not in n for n in names) == 3, names
-
-
-def test_fwd_ws_xrb_variant(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES=XRB=1 (bench/NOTES.md step 108: two Q buffers, the next row block's S_0 under this
-    one's last P V and epilogue) builds the ws forward at hdim 128 (plain, ALiBi, dropout) with O staged in
-    Q's buffer (O_IN_Q, no O_STAGE, no O_WRITER) and shared memory of two Q tiles, the K/V stages and the
-    mbarriers (2 per Q buffer, 4 per stage) plus the 1024 bytes of alignment; dropped where it does not apply
-    (the bias builds, the serial pipeline, unequal head dims, TIMING, 64, 192 / 256 where two Q buffers do not fit);
-    without the switch no instance carries it; the experimental table compiles the builds at 128."""
-    from cupy_fmha.backends import cuda
-
-    assert fwd_spec("bf16", 128, 128, 90).macro("XRB", 0) == 0
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "XRB=1,O_WRITER=1")
-    for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, alibi=True)):
-        s = fwd_spec("bf16", 128, 128, 90, **kw)
-        assert s.macro("XRB") == 1 and s.macro("O_IN_Q") == 1 and s.macro("O_STAGE") == 0, (kw, s.name)
-        assert s.macro("O_WRITER", 0) == 0 and s.macro("PV_OVERLAP") == 1, s.name
-        assert s.macro("SMEM_BYTES") == 2 * (2 * 128 * 128 + 2 * 128 * 256) + 8 * (2 * 2 + 4 * 2) + 1024 == 197728
-        assert s.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT
-    assert fwd_spec("bf16", 64, 64, 90).macro("XRB", 0) == 0  # (three warpgroups: ptxas serialized the wgmma)
-    for d in (192, 256):  # (two Q buffers beside the two K/V stages exceed SMEM_LIMIT)
-        s = fwd_spec("bf16", d, d, 90)
-        assert s.macro("XRB", 0) == 0 and s.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT, s.name
-    assert fwd_spec("bf16", 256, 256, 90).macro("O_IN_Q") == 1  # (the table's own stays)
-    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("XRB", 0) == 0
-    assert fwd_spec("bf16", 256, 128, 90).macro("XRB", 0) == 0
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "XRB=1,PV_OVERLAP=0,PINGPONG=0")
-    assert fwd_spec("bf16", 128, 128, 90).macro("XRB", 0) == 0
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "XRB=1,TIMING=1")
-    assert fwd_spec("bf16", 128, 128, 90).macro("XRB", 0) == 0
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "XRB=0")
-    assert "XRB" not in fwd_spec("bf16", 128, 128, 90).name
-    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
-    assert not any(sp.macro("XRB", 0) for sp in default_dispatch_table())
-    names = [sp.name for sp in cuda.experimental_table() if sp.macro("XRB", 0)]
-    assert len(names) == 6 and all("HDIM_V128" in n and "O_IN_Q1" in n for n in names), names
 
 
 def test_dq_writer_default_by_mode(monkeypatch):

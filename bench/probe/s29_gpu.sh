@@ -12,9 +12,6 @@
 #   st3test  step 107: three K/V stages at hdim 128, O staged in Q's buffer (STAGES=3,O_IN_Q=1): the bit-identity tests
 #   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
 #   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
-#   xrbtest  step 108: XRB=1 (the next row block's S_0 under this one's last P V and O's epilogue): the bit-identity tests
-#   xrbsan   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4 (hdim 128)
-#   xrbab    bench/ab.py: the default (A) against XRB=1 (B), forward hdim 128, bf16, causal both, s1024-4096
 #   owp      O_WRITER with 16 row blocks per CTA (its exit cost paid once per CTA, row 106): PERSIST=16 (A) against
 #            O_WRITER=1,PERSIST=16 (B), then the default (A) against PERSIST=16 (B); hdim 128 s1024-2048, bf16
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
@@ -63,17 +60,6 @@ for part in "$@"; do
     st3ab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=STAGES=3,O_IN_Q=1 --rounds 3 \
              --tag ab-stages3 --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
              --causal both 2>&1 | grep -v "^\\$" | tail -12;;
-    xrbtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k xrb \
-               > $OUT/test-xrb.txt 2>&1
-             echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-xrb.txt | head; tail -1 $OUT/test-xrb.txt;;
-    xrbsan) for tool in memcheck racecheck synccheck; do
-              CUPY_FMHA_FWD_WS_TILES=XRB=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
-                --tool $tool python3 bench/probe/sanitize_fwd_ws.py 128 > /tmp/sx-$tool.txt 2>&1
-              echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sx-$tool.txt | tail -1)"
-            done;;
-    xrbab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=XRB=1 --rounds 3 \
-             --tag ab-xrb --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096 --dtype bf16 --mode fwd \
-             --causal both 2>&1 | grep -v "^\\$" | tail -8;;
     owp) for pair in "--env-a=CUPY_FMHA_FWD_WS_TILES=PERSIST=16 O_WRITER=1,PERSIST=16" "--env-a=CUPY_FMHA_FWD_WS_TILES=FOLD=0 PERSIST=16"; do
            set -- $pair  # (FOLD=0 is the default at 128: side A is the table's build and persistence)
            timeout -s KILL $(left) python3 bench/ab.py --a . --b . "$1" --env-b CUPY_FMHA_FWD_WS_TILES=$2 \

@@ -58,11 +58,9 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
     if source == "fmha_fwd_sm90_ws":  # a producer and NWG warpgroups of 64 rows; Q; K, V x STAGES;
         # mbarriers (q_full, q_empty; k_full, v_full, empty, k_empty per stage); SWIZZLE: 1024
         # bytes to align the tiles. BIAS: from the next 1024-byte boundary BIAS_STAGES bias tiles of
-        # BIAS_TMA-byte elements and their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one.
-        # XRB: two Q buffers, each with q_full / q_empty, and no O stage (O in Q's buffer: fwd_ws_spec sets O_IN_Q)
+        # BIAS_TMA-byte elements and their mbarriers (full, empty); two stages where they fit in SMEM_LIMIT, else one
         bm, bn, dq, dv, st = 64 * m["NWG"], m["BLOCK_N"], m["HDIM_Q"], m["HDIM_V"], m.get("STAGES", 2)
-        qbufs = 2 if m.get("XRB") else 1
-        smem = 2 * (qbufs * bm * dq + st * bn * (dq + dv)) + 8 * (2 * qbufs + 4 * st)
+        smem = 2 * (bm * dq + st * bn * (dq + dv)) + 8 * (2 + 4 * st)
         align = 1024 if m.get("SWIZZLE") else 0
         out = dict(BLOCK_M=bm, NTHREADS=128 * (m["NWG"] + 1))
         if m.get("BIAS"):
@@ -71,7 +69,7 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for;
         # O_WRITER: the writer's two mbarriers after it (fwd_ws_spec drops the switch where no stage fits)
         staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8) + (16 if m.get("O_WRITER") else 0)
-        out["O_STAGE"] = 1 if not m.get("O_REG") and not m.get("XRB") and staged + align <= SMEM_LIMIT else 0
+        out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
         return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
         bn, bm = 16 * m["NWARPS"], m["BLOCK_M"]
@@ -768,9 +766,10 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 #: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88;
 #: ROWSUM_MMA, the row sums by a 72-wide P V GEMM at hdim_v 64: step 89, no gain on an H100 in step 91;
 #: KEEP_RING, dropout keep decisions made by the producer warpgroup's idle warps: step 99, slower at every
-#: share of the calls, on an H100 and the H200; the build is commit d6d5747):
+#: share of the calls, on an H100 and the H200; the build is commit d6d5747; XRB, the next row block's S_0
+#: under this one's last P V with two Q buffers: step 109, 1-2% slower on an H100; the build is commit c61a27c):
 #: asking for one is an error rather than a build that quietly is the default
-FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING")
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "XRB")
 
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
@@ -809,8 +808,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md steps 88, 91 and 99)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "XRB", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+                         f"measurements, bench/NOTES.md steps 88, 91, 99 and 109)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -837,18 +836,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
-    if tiles.get("LINEAR"):  # (step 110: a walk over several heads' row blocks, not the writer's or XRB's of one head's)
+    if tiles.get("LINEAR"):  # (step 110: a walk over several heads' row blocks, not the writer's of one head's)
         tiles.pop("O_WRITER", None)
-        tiles.pop("XRB", None)
-    if tiles.get("XRB"):  # (bench/NOTES.md step 108: the overlapped pipeline, no bias or TIMING, O in Q's buffer,
-        # two Q buffers where they fit; at hdim 128 only: at 64 (three warpgroups) ptxas serializes the wgmma,
-        # at 192 / 256 two Q buffers do not fit)
-        xrb = {**{k: v for k, v in tiles.items() if k not in ("O_WRITER", "O_REG")}, "O_IN_Q": 1}
-        if (not bias_tma and dq == dv == 128 and tiles.get("PV_OVERLAP") and tiles.get("SWIZZLE") and not tiles.get("TIMING")
-                and _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **xrb, **feats).macro("SMEM_BYTES") <= SMEM_LIMIT):
-            tiles = xrb
-        else:
-            tiles.pop("XRB")
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_WRITER") and not spec.macro("O_STAGE"):
         tiles.pop("O_WRITER")  # (the writer sends the stage's rows: none where O has no stage)
@@ -936,10 +925,6 @@ def experimental_table() -> list[KernelSpec]:
     # ... and at hdim 64 with O's stage instead of the table's register stores (O_REG off): plain, ALiBi, dropout
     out += [fwd_ws_spec(dtype, 64, 64, alibi=alibi, dropout=drop,
                         tiles={**{k: v for k, v in fwd_ws_tiles(64, alibi, drop).items() if k != "O_REG"}, "O_WRITER": 1})
-            for dtype in DTYPES for alibi, drop in ((False, False), (True, False), (False, True))]
-    # the next row block's S_0 under this one's last P V and O's epilogue (XRB, bench/NOTES.md step 108: two Q buffers,
-    # O staged in Q's buffer; 197,728 bytes, 0 spills), at hdim 128: plain, ALiBi, dropout
-    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(128, alibi, drop), "XRB": 1})
             for dtype in DTYPES for alibi, drop in ((False, False), (True, False), (False, True))]
     # a persistent grid walking every (batch, head, row block) (LINEAR, bench/NOTES.md step 110): hdim 64, 128,
     # 256, plain and dropout, and the hdim-128 bias build; the kernel is the same for any count
