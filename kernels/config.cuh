@@ -58,9 +58,6 @@
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
-//   O_WRITER     fmha_fwd_sm90_ws with O_STAGE (a variant, bench/NOTES.md step 105): a thread of the producer
-//                warpgroup's second warp sends the staged O rows (the bulk row copies) instead of each MMA
-//                warp's lane 0, so the MMA warps go on to the next row block once their rows are staged
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
@@ -195,9 +192,6 @@
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 0
 #endif
-#ifndef O_WRITER
-#define O_WRITER 0
-#endif
 #ifndef LINEAR
 #define LINEAR 0
 #endif
@@ -220,7 +214,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE, o_writer = O_WRITER, linear = LINEAR };
+             lazy_rescale = LAZY_RESCALE, linear = LINEAR };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -264,7 +258,6 @@ enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
-#undef O_WRITER
 #undef LINEAR
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
@@ -304,7 +297,7 @@ inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
 enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
-              O_WRITER = config_detail::o_writer != 0, LINEAR = config_detail::linear != 0 };
+              LINEAR = config_detail::linear != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

@@ -52,11 +52,7 @@
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
-//   O_WRITER=1  (a variant where O has its stage, O_STAGE: hdim_v 128; step 105) the MMA threads only stage
-//               their rows of O and arrive on o_full; thread 32 of the producer warpgroup sends the staged rows
-//               (one bulk copy each) and hands the stage back through o_empty (fwd_ws_write_o), instead of
-//               each MMA warp's lane 0 sending its 16 rows before the warp goes on to the next row block
-//   LINEAR=n    (a variant, bench/NOTES.md step 110; not with O_WRITER) a persistent grid of n CTAs
+//   LINEAR=n    (a variant, bench/NOTES.md step 110) a persistent grid of n CTAs
 //               (the launcher's grid: (min(tiles, n), 1, 1)) walks one count over every (batch, head, row
 //               block), row blocks fastest, from blockIdx.x by gridDim.x (fwd_ws_tile), so the CTAs on
 //               the GPU at any moment share the K and V of a few heads in L2, and each CTA pays its start
@@ -67,8 +63,7 @@
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
 //               seven phases of every loop iteration (PV_OVERLAP; the boundaries approximate: clock64
 //               does not fence independent arithmetic), and the CTA's entry and exit (%globaltimer
-//               too) go into the module's `fmha_fwd_timeline`, one row per CTA. (With O_WRITER the last
-//               stamp of a row block marks O staged, and the exit stamps come before the writer's last copies.)
+//               too) go into the module's `fmha_fwd_timeline`, one row per CTA.
 //
 // Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
@@ -97,9 +92,6 @@ static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns o
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
-static_assert(!O_WRITER || O_STAGE, "fmha_fwd_sm90_ws: the O writer sends the rows of O's stage");
-static_assert(!LINEAR || !O_WRITER, "fmha_fwd_sm90_ws: LINEAR walks row blocks of several heads (not "
-              "with the O writer's walk of one head's)");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
@@ -142,11 +134,9 @@ template <> struct SmemOf<true> { using type = SmemBias; };
 using SmemAll = SmemOf<BIAS>::type;
 // O_STAGE: O's stage after the layout, from the next 16-byte boundary: BLOCK_M rows of HDIM_V + 8
 // elements (a warp's 4-byte stores of 8 rows x 4 column pairs fall on 32 different banks), MMA
-// warpgroup w's 64 rows from row 64 w (fwd_ws_store_o); O_WRITER: after it, the writer's two mbarriers
-// (o_full: the row block's O staged, MMA_THREADS arrivals; o_empty: the writer's copies have read it, 1)
-enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16,
-             O_WRITER_AT = O_STAGE_AT + 2 * BLOCK_M * O_PITCH };
-static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + (O_WRITER ? 16 : 0) + SMEM_ALIGN == SMEM_BYTES,
+// warpgroup w's 64 rows from row 64 w (fwd_ws_store_o)
+enum : int { O_PITCH = HDIM_V + 8, O_STAGE_AT = (sizeof(SmemAll) + 15) / 16 * 16 };
+static_assert((O_STAGE ? O_STAGE_AT + 2 * BLOCK_M * O_PITCH : sizeof(SmemAll)) + SMEM_ALIGN == SMEM_BYTES,
               "fmha_fwd_sm90_ws: shared-memory layout and spec.py's SMEM_BYTES disagree");
 static_assert(sizeof(SmemBias) == sizeof(Smem) + (1024 - sizeof(Smem) % 1024) + BIAS_STAGES * (BIAS_TILE_BYTES + 16),
               "SmemBias: no padding, so the bias tiles start on a 1024-byte boundary");
@@ -262,18 +252,8 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 // only its own rows, so a __syncwarp orders them, and lane 0 read-waits its copies of the previous
 // row block (PERSIST) before the warp writes the stage again. The backward's dK/dV epilogue does the
 // same per key row (bwd_ws_store_dk_dv; bench/NOTES.md steps 60 and 63).
-// O_WRITER (a variant, step 105): the rows are not sent here; every MMA thread arrives on o_full (at
-// `o_bars`) once its rows are staged, and before staging row block j waits on o_empty (o_bars + 8) for
-// the writer's copies of row block j - 1 to have read the stage (fwd_ws_write_o).
-// The staged rows [row0, row0 + rows) of the sequence, from `stage` (a row every O_PITCH elements), to
-// global memory: one bulk copy each, then their commit (one thread).
-__device__ __forceinline__ void fwd_ws_send_staged(const FwdParams& p, uint16_t* og, int row0, int rows, const uint16_t* stage) {
-    for (int r = 0; r < rows; ++r)
-        bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
-    bulk_commit();
-}
 // The first query row of row block x of a (batch, head) in the CTAs' order (the last first; the kernel's
-// comment at nqb says why), as the producer, the O writer and the MMA warpgroups walk them.
+// comment at nqb says why), as the producer and the MMA warpgroups walk them.
 __device__ __forceinline__ int fwd_ws_row0(int nqb, int x) { return (nqb - 1 - x) * BLOCK_M; }
 // The CTA's row blocks: t from blockIdx.x by gridDim.x, below fwd_ws_tiles; fwd_ws_tile(t) is row block x of
 // (batch b, head h). Without LINEAR, the nqb row blocks of the CTA's own (blockIdx.z, blockIdx.y); with it
@@ -293,7 +273,7 @@ __device__ __forceinline__ FwdTile fwd_ws_tile(const FwdParams& p, int nqb, int 
 template <int NO>
 __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
-                                               const AccFrag& f, uint16_t* stage, unsigned o_bars, int j) {
+                                               const AccFrag& f, uint16_t* stage) {
     uint16_t* og = fwd_out_rows(p, b, h);
     if (!o_rows_aligned(p, og)) {
         fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
@@ -305,12 +285,8 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
     stage += wi * 16 * O_PITCH;
     row0 += wi * 16;
-    if constexpr (O_WRITER) {
-        if (j > 0) mbarrier_wait(o_bars + 8, (j - 1) & 1);  // the writer's copies of row block j - 1 have read the stage
-    } else {
-        if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
-        __syncwarp();
-    }
+    if (lead) bulk_wait_read<0>();  // the warp's row copies of the previous row block have read the stage
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
@@ -322,34 +298,11 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     }
     const int rows = min(16, blk.seqlen_q - row0);
     fence_proxy_async();
-    if constexpr (O_WRITER) {
-        mbarrier_arrive(o_bars);
-    } else {
-        __syncwarp();
-        if (lead) fwd_ws_send_staged(p, og, row0, rows, stage);
-    }
-}
-
-// O_WRITER: the producer warpgroup's thread 32 sends the staged O rows of the CTA's row blocks (those the
-// MMA warpgroups store, in their order: fwd_ws_row0(x), x from blockIdx.x by gridDim.x, as fwd_block_state
-// leaves them), one bulk copy per row inside the sequence, once every MMA thread has staged its rows
-// (o_full), and hands the stage back once the copies have read it (o_empty), so the MMA warps go on to the
-// next row block after staging instead of after their lane 0 has issued 16 copies. Nothing where the
-// MMA threads store O themselves (rows not 16-byte aligned: uniform over the CTA).
-__device__ __forceinline__ void fwd_ws_write_o(const FwdParams& p, int b, int h, int nqb, const uint16_t* stage,
-                                               unsigned o_bars) {
-    uint16_t* og = fwd_out_rows(p, b, h);
-    if (!o_rows_aligned(p, og)) return;
-    int j = 0;
-    for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
-        const int q0 = fwd_ws_row0(nqb, x);
-        FwdBlock blk;
-        if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as the MMA threads)
-        mbarrier_wait(o_bars, j & 1);
-        fwd_ws_send_staged(p, og, q0, min(BLOCK_M, blk.seqlen_q - q0), stage);
-        bulk_wait_read<0>();
-        mbarrier_arrive(o_bars + 8);
-        ++j;
+    __syncwarp();
+    if (lead) {
+        for (int r = 0; r < rows; ++r)
+            bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
+        bulk_commit();
     }
 }
 
@@ -452,26 +405,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_init(smem_u32(sm.bias_full(s)), 1);
                 mbarrier_init(smem_u32(sm.bias_empty(s)), MMA_THREADS);
             }
-        if constexpr (O_WRITER) {
-            mbarrier_init(smem_u32(smem_base + O_WRITER_AT), MMA_THREADS);  // o_full
-            mbarrier_init(smem_u32(smem_base + O_WRITER_AT + 8), 1);        // o_empty
-        }
         mbarrier_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // ------------------------------------------------------ producer
         setmaxnreg_dec<WS_PRODUCER_REGS>();
-        if constexpr (O_WRITER) {
-            // (the warp index broadcast from lane 0, as the ws backward's dQ writer: with a per-thread test
-            // the producer's block state left the uniform registers and spilled 16 bytes)
-            if (__shfl_sync(0xffffffffu, threadIdx.x >> 5, 0) == 1) {
-                if (threadIdx.x == 32)
-                    fwd_ws_write_o(p, (int)blockIdx.z, (int)blockIdx.y, nqb, reinterpret_cast<const uint16_t*>(smem_base + O_STAGE_AT),
-                                   smem_u32(smem_base + O_WRITER_AT));
-                return;
-            }
-        }
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
@@ -802,8 +741,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
 
         if constexpr (O_STAGE)
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
-                               reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH,
-                               smem_u32(smem_base + O_WRITER_AT), j);
+                               reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
         else if constexpr (O_IN_Q)
             fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
         else
@@ -813,7 +751,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         it += n;
         ++j;
     }
-    if constexpr (O_STAGE && !O_WRITER)
+    if constexpr (O_STAGE)
         if (lane_of(tid) == 0) bulk_wait_read<0>();  // the last row copies have read the stage before the CTA exits
 #if defined(TIMING) && TIMING
     if ((tid & 127) == 0)

@@ -225,13 +225,15 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
-@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "XRB"])
+@pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING",
+                                  "O_WRITER", "XRB"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):
     """The ws forward's variants removed in step 88, ROWSUM_MMA (step 89, no gain in step 91),
-    KEEP_RING (step 99, slower) and XRB (step 109, slower), are refused by name, not built as the default under
-    another name (an old A/B command would otherwise time the default against itself)."""
+    KEEP_RING (step 99, slower), O_WRITER (step 106, no gain; none at 16 row blocks per CTA in step 109) and
+    XRB (step 109, slower), are refused by name, not built as the default under another name (an old A/B
+    command would otherwise time the default against itself); the message names the steps, 106 and 109 among them."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
-    with pytest.raises(ValueError, match=f"{name} no longer exist.*bench/NOTES.md steps .*109"):
+    with pytest.raises(ValueError, match=f"{name} no longer exist.*bench/NOTES.md steps .*106 and 109"):
         fwd_spec("bf16", 128, 128, 90)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2")
     assert name not in fwd_spec("bf16", 128, 128, 90).name
@@ -308,40 +310,6 @@ def test_fwd_ws_bias_acc_variant(monkeypatch):
         for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(dropout=True, bias=True, bias_tma=2)):
             assert fwd_spec("bf16", d, d, 90, **kw).macro("BIAS_ACC", 0) == 0, kw
         assert cuda.fwd_ws_spec("bf16", d, d, alibi=True, bias_tma=2).macro("BIAS_ACC", 0) == 0  # (no such build)
-
-
-def test_fwd_ws_o_writer_variant(monkeypatch):
-    """CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 (bench/NOTES.md step 105: a producer-warpgroup thread sends the
-    staged O rows) builds the ws forward with O's stage (hdim_v 128: plain, ALiBi, dropout, the unequal
-    pairs) and 16 bytes more shared memory (its two mbarriers after the stage); the builds without a
-    stage (O_REG at 64, 192 and 256 where none fits, the bias builds at 128) drop it; without the switch no
-    instance carries it; the experimental table compiles the builds at 128."""
-    from cupy_fmha.backends import cuda
-
-    base = fwd_spec("bf16", 128, 128, 90)
-    assert base.macro("O_WRITER", 0) == 0 and base.macro("O_STAGE") == 1
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_WRITER=1")
-    s = fwd_spec("bf16", 128, 128, 90)
-    assert s.macro("O_WRITER") == 1 and s.macro("SMEM_BYTES") == base.macro("SMEM_BYTES") + 16 <= cuda.SMEM_LIMIT
-    for kw in (dict(alibi=True), dict(dropout=True), dict(dropout=True, alibi=True)):
-        assert fwd_spec("bf16", 128, 128, 90, **kw).macro("O_WRITER") == 1, kw
-    for hq, hv in ((192, 128), (256, 128)):
-        assert fwd_spec("bf16", hq, hv, 90).macro("O_WRITER") == 1, (hq, hv)
-    for d in (64, 192, 256):
-        s = fwd_spec("bf16", d, d, 90)
-        assert s.macro("O_STAGE") == 0 and s.macro("O_WRITER", 0) == 0, s.name
-    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("O_WRITER", 0) == 0
-    # (at 64 with the stage, O_REG off: 16 bytes more than the stage alone)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=0")
-    staged = fwd_spec("bf16", 64, 64, 90)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_REG=0,O_WRITER=1")
-    s = fwd_spec("bf16", 64, 64, 90)
-    assert s.macro("O_WRITER") == 1 and s.macro("SMEM_BYTES") == staged.macro("SMEM_BYTES") + 16 and "O_REG" not in s.name
-    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
-    names = [sp.name for sp in cuda.experimental_table() if sp.macro("O_WRITER", 0)]
-    assert len(names) == 18 and all("HDIM_V128" in n or ("HDIM_V64" in n and "O_REG" not in n) for n in names), names
-    # (the serial pipeline's: (256, 128) with ALiBi or dropout, (192, 128) with dropout)
-    assert sum("PV_OVERLAP" not in n for n in names) == 3, names
 
 
 def test_dq_writer_default_by_mode(monkeypatch):

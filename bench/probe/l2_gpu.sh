@@ -1,6 +1,6 @@
 #!/bin/bash
 # Thirtieth session (issue 11): is the forward at seqlen 1024 paying for K / V re-read from HBM?
-# owp (row 109) measured PERSIST=16 (one CTA per (batch, head): 256 CTAs of 8 row blocks at s1024,
+# Row 109 measured PERSIST=16 (one CTA per (batch, head): 256 CTAs of 8 row blocks at s1024,
 # 132 heads' K / V live at once, 66 MB) 1.51x slower than PERSIST=4 (66 heads, 33 MB), with the same
 # row blocks per SM. cuDNN's forward runs a grid of 132 CTAs (step 84). DRAM bytes read and the L2
 # hit rate, ours under PERSIST 0 / 4 / 16 and LINEAR=132 (step 110) and cuDNN's, bf16 hdim 128 b16 h16 s1024 (and causal).

@@ -2,18 +2,10 @@
 # Twenty-ninth session: one device call runs the parts given, in order, each under what is left of a
 # deadline (DEADLINE seconds from the start, default 560: a call may run 600 s), and copies its results
 # to $OUT as soon as it ends, so a call cut short still brings back what finished. Parts:
-#   owtest   the O_WRITER bit-identity tests (step 105; tests/test_gpu_fwd_ws.py -k o_writer)
-#   owall    tests/test_gpu_fwd_ws.py and test_gpu_attention.py whole under CUPY_FMHA_FWD_WS_TILES=O_WRITER=1
-#   owsan    compute-sanitizer memcheck / racecheck / synccheck, O_WRITER=1,PERSIST=4, hdim 128 and 64 (O_REG=0)
-#   owab     bench/ab.py: the default (A) against O_WRITER=1 (B), forward hdim 128, bf16 and fp16, causal both
-#   owab64   the same at hdim 64: the default (A) against O_REG=0,O_WRITER=1 (B), bf16
 #   sweep128 / sweep64 / sweep256 / fwd128 / fwd64 / fwd256 / fa3 / features: bench/probe/s27_gpu.sh's parts
-#   fwd128ow the hdim-128 forward sweep with peers under O_WRITER=1
 #   st3test  step 107: three K/V stages at hdim 128, O staged in Q's buffer (STAGES=3,O_IN_Q=1): the bit-identity tests
 #   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
 #   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
-#   owp      O_WRITER with 16 row blocks per CTA (its exit cost paid once per CTA, row 106): PERSIST=16 (A) against
-#            O_WRITER=1,PERSIST=16 (B), then the default (A) against PERSIST=16 (B); hdim 128 s1024-2048, bf16
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 DEADLINE=${DEADLINE:-560}
@@ -28,27 +20,6 @@ for part in "$@"; do
   if [ "$(left)" -lt 20 ]; then t "$part: skipped, deadline"; continue; fi
   t "$part (left $(left) s)"
   case $part in
-    owtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k o_writer \
-              > $OUT/test-owriter.txt 2>&1
-            echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-owriter.txt | head; tail -1 $OUT/test-owriter.txt;;
-    owall) CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 \
-             tests/test_gpu_fwd_ws.py tests/test_gpu_attention.py -k "not o_writer and not variants and not o_in_q" \
-             > $OUT/test-owriter-all.txt 2>&1
-           echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-owriter-all.txt | head; tail -1 $OUT/test-owriter-all.txt;;
-    owsan) for tool in memcheck racecheck synccheck; do
-             CUPY_FMHA_FWD_WS_TILES=O_WRITER=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no --tool $tool \
-               python3 bench/probe/sanitize_fwd_ws.py 128 > /tmp/so-$tool.txt 2>&1
-             echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/so-$tool.txt | tail -1)"
-             CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_WRITER=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
-               --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64 > /tmp/so64-$tool.txt 2>&1
-             echo "$tool (64) rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/so64-$tool.txt | tail -1)"
-           done;;
-    owab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 --rounds 3 \
-            --tag ab-owriter --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16,fp16 --mode fwd \
-            --causal both 2>&1 | grep -v "^\\$" | tail -22;;
-    owab64) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=O_REG=0,O_WRITER=1 --rounds 3 \
-              --tag ab-owriter64 --out /tmp/ab -- --hdim 64 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
-              --causal both 2>&1 | grep -v "^\\$" | tail -12;;
     st3test) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k "o_in_q and 128" \
                > $OUT/test-stages3.txt 2>&1
              echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-stages3.txt | head; tail -1 $OUT/test-stages3.txt;;
@@ -60,17 +31,10 @@ for part in "$@"; do
     st3ab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=STAGES=3,O_IN_Q=1 --rounds 3 \
              --tag ab-stages3 --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
              --causal both 2>&1 | grep -v "^\\$" | tail -12;;
-    owp) for pair in "--env-a=CUPY_FMHA_FWD_WS_TILES=PERSIST=16 O_WRITER=1,PERSIST=16" "--env-a=CUPY_FMHA_FWD_WS_TILES=FOLD=0 PERSIST=16"; do
-           set -- $pair  # (FOLD=0 is the default at 128: side A is the table's build and persistence)
-           timeout -s KILL $(left) python3 bench/ab.py --a . --b . "$1" --env-b CUPY_FMHA_FWD_WS_TILES=$2 \
-             --rounds 3 --tag ab-owp-${2//[=,]/-} --out /tmp/ab -- --hdim 128 --seqlen 1024,2048 --dtype bf16 --mode fwd \
-             --causal both 2>&1 | grep -v "^\\$" | tail -6
-         done;;
     sweep128) sweep --hdim 128 $GRID --mode bwd --name sweep-bwd-hd128;;
     sweep64) sweep --hdim 64 $GRID --mode bwd --name sweep-bwd-hd64;;
     sweep256) sweep --hdim 256 $GRID --mode bwd --name sweep-bwd-hd256;;
     fwd128) sweep --hdim 128 $GRID --mode fwd --name sweep-fwd-hd128;;
-    fwd128ow) CUPY_FMHA_FWD_WS_TILES=O_WRITER=1 sweep --hdim 128 $GRID --mode fwd --name sweep-fwd-hd128-owriter;;
     fwd64) sweep --hdim 64 $GRID --mode fwd --name sweep-fwd-hd64;;
     fwd256) sweep --hdim 256 $GRID --mode fwd --name sweep-fwd-hd256;;
     fa3) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -66,9 +66,8 @@ def derived_macros(source: str, m: dict[str, int]) -> dict[str, int]:
         if m.get("BIAS"):
             out["BIAS_STAGES"], smem = _bias_ring(smem, bm * bn * m.get("BIAS_TMA", 2), align)
         # O_STAGE: from the next 16-byte boundary, O's stage (BLOCK_M rows of HDIM_V + 8 16-bit
-        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for;
-        # O_WRITER: the writer's two mbarriers after it (fwd_ws_spec drops the switch where no stage fits)
-        staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8) + (16 if m.get("O_WRITER") else 0)
+        # elements) where it fits and O_REG (the register stores, for comparisons) is not asked for
+        staged = -(-smem // 16) * 16 + 2 * bm * (dv + 8)
         out["O_STAGE"] = 1 if not m.get("O_REG") and staged + align <= SMEM_LIMIT else 0
         return dict(out, SMEM_BYTES=(staged if out["O_STAGE"] else smem) + align)
     if source == "fmha_bwd_dq_dk_dv":  # K, V, Q x 2, dO x 2, dS^T, LSE x 2, D x 2 (+ keep bits x 2)
@@ -766,10 +765,12 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 #: variants of the ws forward removed after their measurements (bench/NOTES.md steps 80-81, 84-85, 88;
 #: ROWSUM_MMA, the row sums by a 72-wide P V GEMM at hdim_v 64: step 89, no gain on an H100 in step 91;
 #: KEEP_RING, dropout keep decisions made by the producer warpgroup's idle warps: step 99, slower at every
-#: share of the calls, on an H100 and the H200; the build is commit d6d5747; XRB, the next row block's S_0
-#: under this one's last P V with two Q buffers: step 109, 1-2% slower on an H100; the build is commit c61a27c):
+#: share of the calls, on an H100 and the H200; the build is commit d6d5747; O_WRITER, O's staged rows sent
+#: by a producer-warpgroup thread: step 106, 0.99-1.02x the time at hdim 128 and 1.03-1.08x at 64 on an H100,
+#: no gain at 16 row blocks per CTA either (step 109); XRB, the next row block's S_0 under this one's last
+#: P V with two Q buffers: step 109, 1-2% slower on an H100; both builds are commit c61a27c):
 #: asking for one is an error rather than a build that quietly is the default
-FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "XRB")
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "O_WRITER", "XRB")
 
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
@@ -808,8 +809,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md steps 88, 91, 99 and 109)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "O_WRITER", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+                         f"measurements, bench/NOTES.md steps 88, 91, 99, 106 and 109)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -836,12 +837,7 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
-    if tiles.get("LINEAR"):  # (step 110: a walk over several heads' row blocks, not the writer's of one head's)
-        tiles.pop("O_WRITER", None)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
-    if tiles.get("O_WRITER") and not spec.macro("O_STAGE"):
-        tiles.pop("O_WRITER")  # (the writer sends the stage's rows: none where O has no stage)
-        spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
@@ -916,16 +912,6 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
-    # O's staged rows sent by a producer-warpgroup thread (O_WRITER, bench/NOTES.md step 105), at hdim 128: plain,
-    # ALiBi, dropout; and the serial pipeline's builds that take it (hdim_v 128 under a wider hdim_q, ALiBi or dropout)
-    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(128, alibi, drop), "O_WRITER": 1})
-            for dtype in DTYPES for alibi in (False, True) for drop in (False, True)]
-    out += [fwd_ws_spec("bf16", hq, 128, alibi=not drop, dropout=drop, tiles={**fwd_ws_tiles(hq, not drop, drop), "O_WRITER": 1})
-            for hq in (192, 256) for drop in (False, True)]
-    # ... and at hdim 64 with O's stage instead of the table's register stores (O_REG off): plain, ALiBi, dropout
-    out += [fwd_ws_spec(dtype, 64, 64, alibi=alibi, dropout=drop,
-                        tiles={**{k: v for k, v in fwd_ws_tiles(64, alibi, drop).items() if k != "O_REG"}, "O_WRITER": 1})
-            for dtype in DTYPES for alibi, drop in ((False, False), (True, False), (False, True))]
     # a persistent grid walking every (batch, head, row block) (LINEAR, bench/NOTES.md step 110): hdim 64, 128,
     # 256, plain and dropout, and the hdim-128 bias build; the kernel is the same for any count
     out += [fwd_ws_spec("bf16", d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "LINEAR": 132})
