@@ -654,7 +654,7 @@ def _launch_forward(cp, plan: FwdPlan, tensors, lse: int, seq, alibi, bias_arg, 
     buffers."""
     p = plan.problem
     values = (*tensors, lse, seq, p.hdim_q, p.hdim_v, p.group, p.softmax_scale * LOG2E, _mask(plan), alibi,
-              bias_arg, dropout, p.batch, p.nhead_q)
+              bias_arg, dropout)
     if not plan.maps or L.empty_grid(plan.launch):
         maps = ()
     else:

@@ -116,13 +116,8 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
     """fmha_fwd / fmha_fwd_sm90 / fmha_fwd_sm90_ws: one block of BLOCK_M query rows per CTA; the ws
     forward up to n of them (grid x ``ceil(row blocks / n)``; the kernel strides over its row
     blocks by grid x), n from the instance's PERSIST macro (``CUPY_FMHA_FWD_WS_TILES=PERSIST=n``,
-    comparisons) or else by :func:`backends.cuda.fwd_ws_persist`; sizes from the spec's macros. With the
-    ``LINEAR`` macro n (a variant, bench/NOTES.md step 110) the grid is (min(row blocks of every (batch,
-    head), n), 1, 1) and the kernel walks them all, row blocks fastest."""
+    comparisons) or else by :func:`backends.cuda.fwd_ws_persist`; sizes from the spec's macros."""
     nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST")
-    if spec.macro("LINEAR", 0):
-        return Launch((min(nqb * nhead_q * batch, spec.macro("LINEAR")), 1, 1), (spec.macro("NTHREADS"), 1, 1),
-                      spec.macro("SMEM_BYTES"))
     if per is None:
         per = fwd_ws_persist(nqb, batch * nhead_q) if spec.source == "fmha_fwd_sm90_ws" else 0
     return Launch((cdiv(nqb, per) if per else nqb, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1),

@@ -44,7 +44,7 @@ DROPOUT = _struct(("seed", np.uint64), ("offset", np.uint64), ("keep_threshold",
 
 FWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("o", TENSOR), ("lse", _P), ("seq", SEQ),
               ("hdim_q", _I32), ("hdim_v", _I32), ("group", _I32), ("scale_log2", _F32), ("mask", MASK),
-              ("alibi", ALIBI), ("bias", BIAS), ("dropout", DROPOUT), ("batch", _I32), ("nhead_q", _I32))
+              ("alibi", ALIBI), ("bias", BIAS), ("dropout", DROPOUT))
 DOT_DO_O = _struct(("dout", TENSOR), ("o", TENSOR), ("delta", _P), ("dq_acc", _P), ("seq", SEQ),
                    ("hdim_q", _I32), ("hdim_v", _I32), ("dq_pitch", _I32), ("dq_cols", _I32))
 BWD = _struct(("q", TENSOR), ("k", TENSOR), ("v", TENSOR), ("dout", TENSOR), ("dk", TENSOR), ("dv", TENSOR),

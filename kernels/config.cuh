@@ -61,9 +61,6 @@
 //   O_STAGE      fmha_fwd_sm90_ws: O leaves through a shared-memory stage and bulk row copies (set by
 //                the launcher where the stage fits, never by hand; O_REG=1 in CUPY_FMHA_FWD_WS_TILES
 //                keeps the register stores, for comparisons)
-//   LINEAR       fmha_fwd_sm90_ws (a variant, bench/NOTES.md step 110): a persistent grid of LINEAR CTAs (the
-//                launcher's) walks every (batch, head, row block), row blocks fastest, instead of one
-//                (batch, head) per grid row
 //   (PERSIST, fmha_fwd_sm90_ws's row blocks per CTA, is the launcher's alone: launch.fwd_launch sets
 //   the grid from it and the kernel strides over whatever grid it gets; not read here)
 // Plain C++: it also compiles on the host (tests/test_philox_cuh.py, through philox.cuh).
@@ -192,9 +189,6 @@
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 0
 #endif
-#ifndef LINEAR
-#define LINEAR 0
-#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -214,7 +208,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE, linear = LINEAR };
+             lazy_rescale = LAZY_RESCALE };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -258,7 +252,6 @@ enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
-#undef LINEAR
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -296,8 +289,7 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
-              LINEAR = config_detail::linear != 0 };
+enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
 }  // namespace fmha

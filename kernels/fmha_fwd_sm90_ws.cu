@@ -52,12 +52,6 @@
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
-//   LINEAR=n    (a variant, bench/NOTES.md step 110) a persistent grid of n CTAs
-//               (the launcher's grid: (min(tiles, n), 1, 1)) walks one count over every (batch, head, row
-//               block), row blocks fastest, from blockIdx.x by gridDim.x (fwd_ws_tile), so the CTAs on
-//               the GPU at any moment share the K and V of a few heads in L2, and each CTA pays its start
-//               once. Without it the grid is (row blocks / PERSIST, nhead_q, batch) and a CTA walks the row
-//               blocks of its own (batch, head)
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
@@ -252,24 +246,6 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 // only its own rows, so a __syncwarp orders them, and lane 0 read-waits its copies of the previous
 // row block (PERSIST) before the warp writes the stage again. The backward's dK/dV epilogue does the
 // same per key row (bwd_ws_store_dk_dv; bench/NOTES.md steps 60 and 63).
-// The first query row of row block x of a (batch, head) in the CTAs' order (the last first; the kernel's
-// comment at nqb says why), as the producer and the MMA warpgroups walk them.
-__device__ __forceinline__ int fwd_ws_row0(int nqb, int x) { return (nqb - 1 - x) * BLOCK_M; }
-// The CTA's row blocks: t from blockIdx.x by gridDim.x, below fwd_ws_tiles; fwd_ws_tile(t) is row block x of
-// (batch b, head h). Without LINEAR, the nqb row blocks of the CTA's own (blockIdx.z, blockIdx.y); with it
-// one count over (batch, head, row block), row blocks fastest (the header says why).
-struct FwdTile {
-    int x, h, b;
-};
-__device__ __forceinline__ int fwd_ws_tiles(const FwdParams& p, int nqb) { return LINEAR ? nqb * p.nhead_q * p.batch : nqb; }
-__device__ __forceinline__ FwdTile fwd_ws_tile(const FwdParams& p, int nqb, int t) {
-    if constexpr (LINEAR) {
-        const int bh = t / nqb;
-        return {t - bh * nqb, bh % p.nhead_q, bh / p.nhead_q};
-    } else {
-        return {t, (int)blockIdx.y, (int)blockIdx.z};
-    }
-}
 template <int NO>
 __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
@@ -375,12 +351,20 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     unsigned char* smem_base = smem_raw;
     if constexpr (SWIZZLE) smem_base += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     SmemAll& sm = *reinterpret_cast<SmemAll*>(smem_base);
-    // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h) (LINEAR: of all, fwd_ws_tile), last row
+    const int h = blockIdx.y, b = blockIdx.z;
+    // Row blocks of this CTA: blockIdx.x, + gridDim.x, ... of the nqb blocks of (b, h), last row
     // blocks first (under causal masks they see the most keys, so the tail is short). One per CTA
     // when the grid covers them all; with PERSIST (the launcher's grid.x = ceil(nqb / PERSIST)) up
     // to PERSIST, and the next block's Q and first K, V load while this one finishes its last
     // P V and writes O. The ring (stages, phases) runs on across the row blocks.
-    const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M, ntiles = fwd_ws_tiles(p, nqb);
+    const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+    auto row0_of = [&](int x) { return (nqb - 1 - x) * BLOCK_M; };
+
+    // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
+    const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
+    const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
+    const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
+    const int hk = h / p.group;
 
 #if defined(TIMING) && TIMING
     __shared__ unsigned long long tl_[TL_WORDS];
@@ -414,20 +398,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         if (threadIdx.x != 0) return;
         // the bias plane's coordinates in its map (0 along a broadcast dimension, the rows' too) and
         // a tile's bytes (boxes of one row for a bias broadcast along the rows)
+        const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
         const unsigned bias_bytes = (p.bias.sq ? BLOCK_M : 1) * BLOCK_N * (BIAS ? BIAS_TMA : 0);
         int i = 0, j = 0;  // key blocks (ring position) and row blocks loaded so far
-        for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-            const FwdTile tile = fwd_ws_tile(p, nqb, t);
-            const int b = tile.b, h = tile.h, q0 = fwd_ws_row0(nqb, tile.x);
+        for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
+            const int q0 = row0_of(x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
             if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
-            // the sequence's first token row in the packed tensors (group mode), as block.cuh found it; the
-            // batch coordinate of the maps; K and V's head; the bias plane's coordinates in its map (0 along a
-            // broadcast dimension)
-            const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
-            const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
-            const int bq = p.seq.cu_seqlens_q ? 0 : b, hk = h / p.group;
-            const int bias_h = p.bias.sh ? h : 0, bias_b = p.bias.sb ? b : 0;
             // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
             // O_IN_Q: O left through it)
             if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
@@ -469,8 +446,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // The GEMMs' tiles (DESC_ADDR, bench/NOTES.md step 103; the default at hdim 192 and 256, step 104): as
     // shared-memory addresses formed from one 32-bit value, desc_base, plus the tile's constant offset in the
     // layout (and the stage's as a multiple of the uniform index), so ptxas forms every descriptor with
-    // uniform arithmetic; the opaque_u32 on desc_base at each key block keeps it from holding all of them in
-    // registers across the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
+    // uniform arithmetic; the
+    // opaque_u32 on desc_base at each key block keeps it from holding all of them in registers across
+    // the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
     // descriptors in vector registers and move them over with R2UR (34-112 in the loop), as the ws
     // backward's dQ-writer builds did (step 102). The same descriptor values either way.
     unsigned desc_base = smem_u32(smem_base) & 0x3FFFFu;
@@ -529,9 +507,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     auto phase = [](int) {};
     auto phases = [](bool) {};
 #endif
-    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        const FwdTile tile = fwd_ws_tile(p, nqb, t);
-        const int b = tile.b, h = tile.h, q0 = fwd_ws_row0(nqb, tile.x);
+    for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
+        const int q0 = row0_of(x);
         FwdBlock blk;
         if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
         stamp(0);

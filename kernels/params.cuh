@@ -75,7 +75,6 @@ struct FwdParams {
     AlibiArg alibi;
     BiasArg bias;
     DropoutArg dropout;
-    int batch, nhead_q;  // the grid's extent (read only by fmha_fwd_sm90_ws's LINEAR builds: one count over all row blocks)
 };
 
 // fmha_bwd_dot_do_o: D = rowsum(dO * O); also zero-fills the atomic-mode dQ workspace.

@@ -324,65 +324,6 @@ def test_o_in_q_group_mode(monkeypatch):
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
 
-@pytest.mark.parametrize("ctas", [7, 132])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("feature", ["plain", "alibi", "dropout", "gqa"])
-@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
-def test_linear_bit_identical(monkeypatch, shape, feature, d, ctas):
-    """LINEAR=n (step 110: a persistent grid of n CTAs walking every (batch, head, row block), row blocks
-    fastest) computes each row block as the default grid does: O and LSE bit-identical, with a grid of 7 CTAs
-    (each walks row blocks of several heads and batches) and of 132, at hdim 64 (three warpgroups), 128 and 256
-    (the serial pipeline with dropout and ALiBi), GQA (K and V's head from the walk), rows without keys."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
-    kw = dict(kw)
-    if feature == "alibi":
-        kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125][:h], dtype=cp.float32)
-    elif feature == "dropout":
-        kw.update(dropout_p=0.2, seed=11, offset=5)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"LINEAR={ctas}")
-    spec = cuda.fwd_spec("fp16", d, d, 90, alibi=feature == "alibi", dropout=feature == "dropout")
-    assert spec.macro("LINEAR") == ctas, spec.name
-    rng = cp.random.default_rng(seed_for("fwd-linear", shape, feature, d))
-    hk = 1 if feature == "gqa" else h
-    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((b, sk, hk, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _variant_pair(monkeypatch, f"LINEAR={ctas}", q, k, v, kw, 0)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
-    lit = cp.ones(sq, dtype=bool)
-    lit[dark] = False
-    assert bool(cp.isfinite(lse[:, :, lit]).all()) and bool(cp.isfinite(o[:, lit]).all())
-
-
-@pytest.mark.parametrize("ctas", [5, 132])
-@pytest.mark.parametrize("d", [64, 128])
-def test_linear_group_mode(monkeypatch, d, ctas):
-    """LINEAR in group mode (40 sequences of 0-700 rows: the walk's row blocks past a sequence's end dropped by
-    fwd_block_state, each sequence's packed rows from its own cu_seqlens entry): bit-identical to the default."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"LINEAR={ctas}")
-    assert cuda.fwd_spec("fp16", d, d, 90).macro("LINEAR") == ctas
-    o0, lse0, o, lse = _variant_pair(monkeypatch, f"LINEAR={ctas}", *_group_case("fwd-linear-group", d), 0)
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-
-
-@pytest.mark.parametrize("ctas", [3, 132])
-def test_linear_bias(monkeypatch, ctas):
-    """LINEAR on the TMA bias build (the bias plane's coordinates from the walk's batch and head)."""
-    if not conftest.is_sm90():
-        pytest.skip("sm_90 only")
-    o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-linear-bias", f"LINEAR={ctas}", 128, 0)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"LINEAR={ctas}")
-    assert cuda.fwd_spec("fp16", 128, 128, 90, bias=True, bias_tma=2).macro("LINEAR") == ctas
-    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
-    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-
-
 # SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
 # folded softmax's sign test around the whole step) takes the maxima in another order, and MASK_ROWS
 # (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)

@@ -226,14 +226,15 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
 
 
 @pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING",
-                                  "O_WRITER", "XRB"])
+                                  "O_WRITER", "XRB", "LINEAR"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):
     """The ws forward's variants removed in step 88, ROWSUM_MMA (step 89, no gain in step 91),
-    KEEP_RING (step 99, slower), O_WRITER (step 106, no gain; none at 16 row blocks per CTA in step 109) and
-    XRB (step 109, slower), are refused by name, not built as the default under another name (an old A/B
-    command would otherwise time the default against itself); the message names the steps, 106 and 109 among them."""
+    KEEP_RING (step 99, slower), O_WRITER (step 106, no gain; none at 16 row blocks per CTA in step 109),
+    XRB (step 109, slower) and LINEAR (step 110, no gain; slower under causal masks) are refused by name, not
+    built as the default under another name (an old A/B command would otherwise time the default against
+    itself); the message names the steps, 106, 109 and 110 among them."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=2,{name}=1")
-    with pytest.raises(ValueError, match=f"{name} no longer exist.*bench/NOTES.md steps .*106 and 109"):
+    with pytest.raises(ValueError, match=f"{name} no longer exist.*bench/NOTES.md steps .*106, 109 and 110"):
         fwd_spec("bf16", 128, 128, 90)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2")
     assert name not in fwd_spec("bf16", 128, 128, 90).name

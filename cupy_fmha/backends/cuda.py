@@ -768,9 +768,11 @@ def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
 #: share of the calls, on an H100 and the H200; the build is commit d6d5747; O_WRITER, O's staged rows sent
 #: by a producer-warpgroup thread: step 106, 0.99-1.02x the time at hdim 128 and 1.03-1.08x at 64 on an H100,
 #: no gain at 16 row blocks per CTA either (step 109); XRB, the next row block's S_0 under this one's last
-#: P V with two Q buffers: step 109, 1-2% slower on an H100; both builds are commit c61a27c):
+#: P V with two Q buffers: step 109, 1-2% slower on an H100; both builds are commit c61a27c; LINEAR, a persistent
+#: grid of n CTAs walking every (batch, head, row block): step 110, 0.998-1.07x the time without a mask and
+#: 1.04-1.58x causal at hdim 128 on the H200, the same DRAM bytes as one row block per CTA; its build is commit 97f2a53):
 #: asking for one is an error rather than a build that quietly is the default
-FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "O_WRITER", "XRB")
+FWD_WS_REMOVED = ("Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING", "O_WRITER", "XRB", "LINEAR")
 
 
 def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma: int = 0,
@@ -796,8 +798,6 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: NWG must be 2 or 3, got {tiles.get('NWG')} (one MMA warpgroup "
                          "per CTA, two CTAs per SM, measured 1.08-1.32x the time at hdim 128 and was removed: "
                          "bench/NOTES.md step 101)")
-    if tiles.get("LINEAR", 0) < 0:
-        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LINEAR (CTAs of the persistent grid) must be >= 0, got {tiles['LINEAR']}")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
     if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):
@@ -809,8 +809,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md steps 88, 91, 99, 106 and 109)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "LINEAR", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+                         f"measurements, bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     return {k: v for k, v in tiles.items() if v or k not in switches}
@@ -912,11 +912,6 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
-    # a persistent grid walking every (batch, head, row block) (LINEAR, bench/NOTES.md step 110): hdim 64, 128,
-    # 256, plain and dropout, and the hdim-128 bias build; the kernel is the same for any count
-    out += [fwd_ws_spec("bf16", d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "LINEAR": 132})
-            for d in (64, 128, 256) for drop in (False, True)]
-    out.append(fwd_ws_spec("bf16", 128, 128, bias_tma=2, tiles={**fwd_ws_tiles(128, bias_tma=2), "LINEAR": 132}))
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
