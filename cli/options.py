@@ -154,8 +154,9 @@ DeterministicOpt = Annotated[
     bool,
     typer.Option(
         "--deterministic",
-        help="Bit-reproducible dQ (per-key-block dQ slabs summed in a fixed order instead of "
-        "float atomics; more memory). The numpy backend is deterministic anyway: accepted, no-op.",
+        help="Bit-reproducible dQ: dQ tiles added in a fixed key-block order instead of float atomics "
+        "(on the Hopper warp-specialized backward behind per-tile semaphores, no extra memory; elsewhere "
+        "per-key-block dQ slabs, more memory). The numpy backend is deterministic anyway: accepted, no-op.",
     ),
 ]
 PDropOpt = Annotated[

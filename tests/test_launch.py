@@ -225,6 +225,20 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
+@pytest.mark.parametrize("text,message", [("SMAXTREE=1", r"unknown entries \['SMAXTREE'\]"),
+                                          ("PERSIST=2,FOO=1", r"unknown entries \['FOO'\]"),
+                                          ("PERSIST=abc", "PERSIST expects an integer"),
+                                          ("BLOCK_N=", "BLOCK_N expects an integer")])
+def test_fwd_ws_tiles_bad_entries(monkeypatch, text, message):
+    """CUPY_FMHA_FWD_WS_TILES refuses a name no build reads (a typo would otherwise become a -D macro that
+    changes nothing, timed as if it were a variant) and a value that is not an integer, naming the variable."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", text)
+    with pytest.raises(ValueError, match=f"CUPY_FMHA_FWD_WS_TILES: .*{message}"):
+        fwd_spec("bf16", 128, 128, 90)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=2,")  # (a trailing comma is no entry)
+    assert fwd_spec("bf16", 128, 128, 90).macro("PERSIST") == 2
+
+
 @pytest.mark.parametrize("name", ["Q_EARLY", "TURN_CARRY", "Q_STAGES", "O_VEC", "CLUSTER", "ROWSUM_MMA", "KEEP_RING",
                                   "O_WRITER", "XRB", "LINEAR"])
 def test_fwd_ws_removed_variants_refused(monkeypatch, name):

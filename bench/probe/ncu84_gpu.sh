@@ -23,11 +23,11 @@ if [ "$what" = ncu ]; then
   run cudnn-128 . python3 bench/probe/once_torch.py fwd 128 8192 cudnn
   run ours-64 fmha_fwd python3 bench/probe/once.py fwd 64 8192
 fi
-if [ "$what" = source ]; then  # (s1024: 16 heads of 8 row blocks, the epilogue's share is 8x s8192's)
+if [ "$what" = source ]; then  # (FlashAttention's grid, batch 16384 / s: at s1024 the epilogue's share is 8x s8192's)
 for s in 8192 1024; do
   t "source counters, ours hdim 128 s$s"
   timeout -s KILL 150 ncu --profile-from-start off --section SourceCounters --section WarpStateStats -k regex:fmha_fwd \
-     -o /tmp/fwd128_$s python3 bench/probe/once.py fwd 128 $s > /tmp/ncu.log 2>&1; echo "rc=$?"
+     -o /tmp/fwd128_$s env B=$((16384 / s)) python3 bench/probe/once.py fwd 128 $s > /tmp/ncu.log 2>&1; echo "rc=$?"
   timeout -s KILL 60 ncu -i /tmp/fwd128_$s.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2> /tmp/src.err
   echo "rc=$?"; python3 bench/probe/ncu_inst.py /tmp/src.csv 0.4 || tail -5 /tmp/src.err
   gzip -c /tmp/src.csv > $OUT/fwd128_s${s}_src.csv.gz

@@ -172,8 +172,13 @@ def _override(var: str, tiles: dict[str, int]) -> dict[str, int]:
     text = os.environ.get(var, "").strip()
     if text:
         for item in text.split(","):
+            if not item.strip():
+                continue
             key, _, val = item.partition("=")
-            tiles[key.strip()] = int(val)
+            try:
+                tiles[key.strip()] = int(val)
+            except ValueError:
+                raise ValueError(f"{var}: {key.strip()} expects an integer (NAME=n), got {val.strip()!r}") from None
     return tiles
 
 
@@ -808,11 +813,15 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: LAZY_RESCALE must be 0..15, got {tiles['LAZY_RESCALE']}")
     removed = sorted(set(tiles) & set(FWD_WS_REMOVED))
     if removed:
-        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer exist (removed after their "
-                         f"measurements, bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer "
+                         f"{'exists' if len(removed) == 1 else 'exist'} (removed after the measurements of "
+                         f"bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
     switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
+    unknown = set(tiles) - {"NWG", "BLOCK_N", "STAGES", "TIMING", "PERSIST", *switches}
+    if unknown:  # (else a typo would become a -D macro no kernel reads, timed as if it were a variant)
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: unknown entries {sorted(unknown)}")
     return {k: v for k, v in tiles.items() if v or k not in switches}
 
 

@@ -112,8 +112,8 @@ def launch(fn, nproc: int, args=(), *, devices=None, timeout: float | None = Non
         have = _visible_gpus()
         if max(devices) >= have:
             raise ValueError(f"nproc: {nproc} ranks on GPUs {devices} need {max(devices) + 1} visible GPUs, found "
-                             f"{have} (NCCL refuses two ranks on one GPU; emulate a ring on one GPU with LocalRing "
-                             "or --local)")
+                             f"{have} (NCCL refuses two ranks on one GPU; emulate a ring on one GPU with LocalRing, "
+                             "or bench/context_parallel.py --local N)")
     os.environ[NVLS_ENV[0]] = NVLS_ENV[1]  # inherited by the children too
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
