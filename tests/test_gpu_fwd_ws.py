@@ -324,6 +324,37 @@ def test_o_in_q_group_mode(monkeypatch):
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
 
+# Step 111: longer key blocks at hdim 128 (FlashAttention-3 takes 176 keys there without a mask), O staged in
+# Q's buffer (O's own stage does not fit beside two stages of 176- or 192-key K and V). A different block length
+# sums the online softmax in another order, so these are checked against the reference, not bit for bit:
+# batch mode (masks, GQA, rows without keys, bhsd) and group mode. With dropout fwd_ws_spec keeps 128 keys
+# (tests/test_launch.py).
+KEY_BLOCK_VARIANTS = ["BLOCK_N=176,O_IN_Q=1", "BLOCK_N=192,O_IN_Q=1"]
+_HD128 = ("-d96-", "-d120-", "-d128-")
+
+
+def _key_block_on(monkeypatch, variant):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
+    spec = cuda.fwd_spec("fp16", 128, 128, 90)
+    assert spec.macro("BLOCK_N") == int(variant.split(",")[0].split("=")[1]) and spec.macro("O_IN_Q") == 1, spec.name
+
+
+@pytest.mark.parametrize("variant", KEY_BLOCK_VARIANTS)
+@pytest.mark.parametrize("case", [c for c in A.CASES if any(t in c for t in _HD128)])
+def test_key_block_variants_batch_mode(monkeypatch, variant, case):
+    _key_block_on(monkeypatch, variant)
+    A.test_forward_backward_matches_reference(case)
+
+
+@pytest.mark.parametrize("variant", KEY_BLOCK_VARIANTS)
+@pytest.mark.parametrize("case", [c for c in V.CASES if any(t in c for t in _HD128)])
+def test_key_block_variants_group_mode(monkeypatch, variant, case):
+    _key_block_on(monkeypatch, variant)
+    V.test_varlen_matches_reference(case)
+
+
 # SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
 # folded softmax's sign test around the whole step) takes the maxima in another order, and MASK_ROWS
 # (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)

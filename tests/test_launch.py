@@ -225,6 +225,23 @@ def test_fwd_ws_persist_grid(monkeypatch, per, grid_x):
         fwd_spec("bf16", 128, 128, 90)
 
 
+def test_fwd_ws_key_block_variants(monkeypatch):
+    """Step 111's 176- and 192-key blocks at hdim 128 (O staged in Q's buffer): plain and ALiBi builds; the dropout
+    build keeps 128 keys (176 overflow its keep words, 192 spill), and O then has its own stage again."""
+    from cupy_fmha.backends import cuda
+
+    for n in (176, 192):
+        monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"BLOCK_N={n},O_IN_Q=1")
+        for alibi in (False, True):
+            s = fwd_spec("bf16", 128, 128, 90, alibi=alibi)
+            assert s.macro("BLOCK_N") == n and s.macro("O_IN_Q") == 1 and s.macro("O_STAGE") == 0, s.name
+            assert s.macro("SMEM_BYTES") <= cuda.SMEM_LIMIT
+        s = fwd_spec("bf16", 128, 128, 90, dropout=True)
+        assert s.macro("BLOCK_N") == 128 and s.macro("O_IN_Q", 0) == 0 and s.macro("O_STAGE") == 1, s.name
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    assert fwd_spec("bf16", 128, 128, 90).macro("BLOCK_N") == 128  # (the table's without the variable)
+
+
 @pytest.mark.parametrize("text,message", [("SMAXTREE=1", r"unknown entries \['SMAXTREE'\]"),
                                           ("PERSIST=2,FOO=1", r"unknown entries \['FOO'\]"),
                                           ("PERSIST=abc", "PERSIST expects an integer"),

@@ -13,7 +13,7 @@ Run: python tools/gen_arch_sm90.py [--out PATH]   (default: the file in the tree
 import argparse
 from pathlib import Path
 
-NS = (32, 64, 80, 96, 112, 128, 192, 256)
+NS = (32, 64, 80, 96, 112, 128, 176, 192, 256)
 
 TARGET = Path(__file__).resolve().parent.parent / "kernels" / "arch" / "sm90" / "wgmma.cuh"
 

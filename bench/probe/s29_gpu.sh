@@ -6,6 +6,8 @@
 #   st3test  step 107: three K/V stages at hdim 128, O staged in Q's buffer (STAGES=3,O_IN_Q=1): the bit-identity tests
 #   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
 #   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
+#   kbtest   step 111: 176- and 192-key blocks at hdim 128 (O in Q's buffer) against the reference (-k key_block)
+#   kbab     bench/ab.py: the default (A) against BLOCK_N=176,O_IN_Q=1, BLOCK_N=192,O_IN_Q=1 and O_REG=1,O_IN_Q=1 (O in Q's buffer alone), hdim 128 bf16
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 DEADLINE=${DEADLINE:-560}
@@ -42,6 +44,14 @@ for part in "$@"; do
               --mode both --name sweep-hd128-fa3 2>&1 | grep -v "^\[" | tail -44;;
     features) for h in 128 64; do timeout -s KILL $(left) python3 bench/features.py --hdim $h --name features-d$h 2>&1 | tail -14
                 cp bench/results/features-d$h.json /tmp/s/; done;;
+    kbtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k key_block \
+              > $OUT/test-key-block.txt 2>&1
+            echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-key-block.txt | head; tail -1 $OUT/test-key-block.txt;;
+    kbab) for b in BLOCK_N=176,O_IN_Q=1 BLOCK_N=192,O_IN_Q=1 O_REG=1,O_IN_Q=1; do
+            timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$b --rounds 3 \
+              --tag ab-kb-${b//[=,]/-} --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
+              --causal both 2>&1 | grep -v "^\\$" | tail -12
+          done;;
     suite) DIST="--dist worksteal"
            timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 $DIST --durations=15 tests > $OUT/suite-all.txt 2>&1
            echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt;;

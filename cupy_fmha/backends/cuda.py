@@ -841,6 +841,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
     dq, dv = pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)
     tiles = dict(fwd_ws_tiles(max(dq, dv), alibi, dropout, bias_tma, short) if tiles is None else tiles)
+    if dropout and dq == dv == 128 and tiles.get("BLOCK_N", 128) > 128:
+        tiles["BLOCK_N"] = 128  # (step 111's longer key blocks are plain / ALiBi builds: with dropout 176 keys
+        # overflow the keep words and 192 spill 256 bytes)
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
     if bias_tma or dropout:
         tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
@@ -899,6 +902,11 @@ def experimental_table() -> list[KernelSpec]:
     # 230,512 bytes, 0 spills), plain and ALiBi
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "STAGES": 3, "O_IN_Q": 1})
             for dtype in DTYPES for alibi in (False, True)]
+    # ... and with 176- or 192-key blocks (step 111: FlashAttention-3's 176 at hdim 128 without a mask; O staged in
+    # Q's buffer, since O's own stage does not fit beside them): plain and ALiBi (fwd_ws_spec keeps 128 keys with dropout)
+    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=drop,
+                        tiles={**fwd_ws_tiles(128, alibi, drop), "BLOCK_N": n, "O_IN_Q": 1})
+            for dtype in DTYPES for n in (176, 192) for alibi, drop in ((False, False), (True, False))]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
