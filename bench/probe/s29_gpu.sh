@@ -7,6 +7,7 @@
 #   st3san   compute-sanitizer memcheck / racecheck / synccheck on it, PERSIST=4
 #   st3ab    bench/ab.py: the default (A) against STAGES=3,O_IN_Q=1 (B), forward hdim 128, bf16, causal both
 #   kbtest   step 111: 176- and 192-key blocks at hdim 128 (O in Q's buffer) against the reference (-k key_block)
+#   kbsan    compute-sanitizer memcheck / racecheck / synccheck under BLOCK_N=176,O_IN_Q=1,PERSIST=4 (hdim 128)
 #   kbab     bench/ab.py: the default (A) against BLOCK_N=176,O_IN_Q=1, BLOCK_N=192,O_IN_Q=1 and O_REG=1,O_IN_Q=1 (O in Q's buffer alone), hdim 128 bf16
 #   suite    the whole GPU suite in one pytest run (bench/probe/suite_all_gpu.sh; needs a call of its own)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -47,6 +48,11 @@ for part in "$@"; do
     kbtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k key_block \
               > $OUT/test-key-block.txt 2>&1
             echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-key-block.txt | head; tail -1 $OUT/test-key-block.txt;;
+    kbsan) for tool in memcheck racecheck synccheck; do
+             CUPY_FMHA_FWD_WS_TILES=BLOCK_N=176,O_IN_Q=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+               --tool $tool python3 bench/probe/sanitize_fwd_ws.py 128 > /tmp/skb-$tool.txt 2>&1
+             echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/skb-$tool.txt | tail -1)"
+           done;;
     kbab) for b in BLOCK_N=176,O_IN_Q=1 BLOCK_N=192,O_IN_Q=1 O_REG=1,O_IN_Q=1; do
             timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$b --rounds 3 \
               --tag ab-kb-${b//[=,]/-} --out /tmp/ab -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
