@@ -446,9 +446,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // The GEMMs' tiles (DESC_ADDR, bench/NOTES.md step 103; the default at hdim 192 and 256, step 104): as
     // shared-memory addresses formed from one 32-bit value, desc_base, plus the tile's constant offset in the
     // layout (and the stage's as a multiple of the uniform index), so ptxas forms every descriptor with
-    // uniform arithmetic; the
-    // opaque_u32 on desc_base at each key block keeps it from holding all of them in registers across
-    // the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
+    // uniform arithmetic; the opaque_u32 on desc_base at each key block keeps it from holding all of them in
+    // registers across the loop. From the pointers (DESC_ADDR=0), the hdim-192 and 256 builds form their Q and K
     // descriptors in vector registers and move them over with R2UR (34-112 in the loop), as the ws
     // backward's dQ-writer builds did (step 102). The same descriptor values either way.
     unsigned desc_base = smem_u32(smem_base) & 0x3FFFFu;
