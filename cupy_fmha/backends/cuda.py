@@ -701,7 +701,8 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: not timed).
 #: At 192 and 256 the key blocks are as long as shared memory allows with two stages of K and V
 #: beside Q (112 and 80 keys: 222,288 and 230,480 bytes); FlashAttention-3 takes 80 at 256 too.
-#: 128 keys at 128: 144-192 measured 2-13% slower (step 62). O_IN_Q at 256 (O staged in the
+#: 128 keys at 128: 144-192 measured 2-13% slower (step 62), 176 and 192 on today's pipeline 0.5-3% slower without a mask
+#: and 3-22% causal at s1024 (step 111, an H100). O_IN_Q at 256 (O staged in the
 #: warpgroup's rows of Q's buffer, then 16-byte stores of whole rows): 0.95-1.00x the time (step 86);
 #: at 64 1.00-1.07x, so not there. DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
 #: constant offsets, the same values; bench/NOTES.md steps 103-104) at 192 and 256, whose pointer-formed
@@ -903,7 +904,8 @@ def experimental_table() -> list[KernelSpec]:
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "STAGES": 3, "O_IN_Q": 1})
             for dtype in DTYPES for alibi in (False, True)]
     # ... and with 176- or 192-key blocks (step 111: FlashAttention-3's 176 at hdim 128 without a mask; O staged in
-    # Q's buffer, since O's own stage does not fit beside them): plain and ALiBi (fwd_ws_spec keeps 128 keys with dropout)
+    # Q's buffer, since O's own stage does not fit beside them; measured slower, kept for comparisons): plain and
+    # ALiBi (fwd_ws_spec keeps 128 keys with dropout)
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "BLOCK_N": n, "O_IN_Q": 1})
             for dtype in DTYPES for n in (176, 192) for alibi in (False, True)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
