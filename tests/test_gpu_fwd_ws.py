@@ -355,6 +355,48 @@ def test_key_block_variants_group_mode(monkeypatch, variant, case):
     V.test_varlen_matches_reference(case)
 
 
+# Step 112: the folded softmax at hdim 128 (FOLD=1: each exponent one FFMA, s * scale_log2 - max, instead of a
+# multiply per score and a subtract) with SMAX_TREE=1 (a negative scale's sign test around the whole step, so
+# neither row slot's code is split by it: what made FOLD alone slower at 128 in step 84). The scores round
+# otherwise than the default's, so against the reference: the shared batch- and group-mode cases at the head
+# dims that pad to 128 (96, 120, 128), and this file's own ones there, a negative softmax_scale included (the
+# folded form then takes each row's minimum and masks with +inf).
+FOLD_128 = "FOLD=1,SMAX_TREE=1"
+_FOLD_EXTRA = [c for c in EXTRA if any(t in c for t in ("-d96-", "-d120-", "-d128-"))]
+_FOLD_GROUP_EXTRA = [c for c in EXTRA_GROUP if any(t in c for t in ("-d120-", "-d128-"))]
+
+
+def _fold_128_on(monkeypatch):
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", FOLD_128)
+    spec = cuda.fwd_spec("fp16", 128, 128, 90)
+    assert spec.macro("FOLD", 0) == 1 and spec.macro("SMAX_TREE", 0) == 1, spec.name
+
+
+@pytest.mark.parametrize("case", [*(c for c in A.CASES if any(t in c for t in _HD128)), *_FOLD_EXTRA])
+def test_fold128_batch_mode(monkeypatch, case):
+    _fold_128_on(monkeypatch)
+    if case in EXTRA:
+        monkeypatch.setitem(A.CASES, case, EXTRA[case])
+    A.test_forward_backward_matches_reference(case)
+
+
+@pytest.mark.parametrize("case", [*(c for c in V.CASES if any(t in c for t in _HD128)), *_FOLD_GROUP_EXTRA])
+def test_fold128_group_mode(monkeypatch, case):
+    _fold_128_on(monkeypatch)
+    if case in EXTRA_GROUP:
+        test_group_mode_extra(case)
+    else:
+        V.test_varlen_matches_reference(case)
+
+
+def test_fold128_list_is_not_empty():
+    """(a filter that matched nothing would leave the variant untested while the file still passed)"""
+    assert "f16-d128-b-negscale-200x333" in _FOLD_EXTRA and _FOLD_GROUP_EXTRA
+    assert [c for c in A.CASES if any(t in c for t in _HD128)] and [c for c in V.CASES if any(t in c for t in _HD128)]
+
+
 # SMAX_TREE (step 87: each row slot's maximum by a pairwise tree, both slots before their shuffles, the
 # folded softmax's sign test around the whole step) takes the maxima in another order, and MASK_ROWS
 # (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)

@@ -242,6 +242,21 @@ def test_fwd_ws_key_block_variants(monkeypatch):
     assert fwd_spec("bf16", 128, 128, 90).macro("BLOCK_N") == 128  # (the table's without the variable)
 
 
+def test_fwd_ws_fold_128_variant(monkeypatch):
+    """Step 112's folded softmax at hdim 128 (FOLD=1,SMAX_TREE=1): the plain and ALiBi builds carry both switches
+    (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout and bias builds drop FOLD; without the
+    variable hdim 128 stays unfolded."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=1,SMAX_TREE=1")
+    for alibi in (False, True):
+        s = fwd_spec("bf16", 128, 128, 90, alibi=alibi)
+        assert s.source == "fmha_fwd_sm90_ws" and s.macro("FOLD") == 1 and s.macro("SMAX_TREE") == 1, s.name
+    assert fwd_spec("bf16", 128, 128, 90, dropout=True).macro("FOLD", 0) == 0
+    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("FOLD", 0) == 0
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    s = fwd_spec("bf16", 128, 128, 90)
+    assert s.macro("FOLD", 0) == 0 and s.macro("SMAX_TREE", 0) == 0, s.name
+
+
 @pytest.mark.parametrize("text,message", [("SMAXTREE=1", r"unknown entries \['SMAXTREE'\]"),
                                           ("PERSIST=2,FOO=1", r"unknown entries \['FOO'\]"),
                                           ("PERSIST=abc", "PERSIST expects an integer"),

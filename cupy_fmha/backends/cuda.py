@@ -908,6 +908,10 @@ def experimental_table() -> list[KernelSpec]:
     # ALiBi (fwd_ws_spec keeps 128 keys with dropout)
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "BLOCK_N": n, "O_IN_Q": 1})
             for dtype in DTYPES for n in (176, 192) for alibi in (False, True)]
+    # ... and the folded softmax at 128 with the sign test around the whole step (FOLD=1,SMAX_TREE=1, step 112:
+    # 64 multiplies per thread and key block fewer, the row slots' code not split; plain builds: ALiBi, dropout
+    # and the bias take the unfolded form)
+    out += [fwd_ws_spec(dtype, 128, 128, tiles={**fwd_ws_tiles(128), "FOLD": 1, "SMAX_TREE": 1}) for dtype in DTYPES]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
