@@ -9,6 +9,8 @@
 #   foldtest  step 112: FOLD=1,SMAX_TREE=1 at hdim 128 against the reference (tests/test_gpu_fwd_ws.py -k fold128)
 #   foldsan   compute-sanitizer memcheck / racecheck / synccheck under FOLD=1,SMAX_TREE=1,PERSIST=4 at hdim 128
 #   foldab    bench/ab.py: the default (A) against FOLD=1,SMAX_TREE=1 and FOLD=1 alone (B), hdim 128, bf16 and fp16
+#   lazyab    bench/ab.py: the default against LAZY_RESCALE=8 (step 87's conditional rescale, never timed at 128) and
+#             against it with FOLD=1,SMAX_TREE=1, hdim 128 bf16 (tests: test_lazy_rescale_moving_maxima, in the suite)
 #   bash bench/probe/s31_gpu.sh [parts]      (DEADLINE=s: the call's limit less a margin, default 560)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -43,6 +45,11 @@ for part in "$@"; do
               timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$b --rounds 3 \
                 --tag ab-fold-${b//[=,]/-} --out $OUT -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16,fp16 \
                 --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -22
+            done;;
+    lazyab) for b in LAZY_RESCALE=8 FOLD=1,SMAX_TREE=1,LAZY_RESCALE=8; do
+              timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$b --rounds 3 \
+                --tag ab-lazy-${b//[=,]/-} --out $OUT -- --hdim 128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 \
+                --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -12
             done;;
     *) echo "unknown part $part";;
   esac
