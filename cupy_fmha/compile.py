@@ -231,10 +231,10 @@ def generic_accesses(cubin: bytes) -> int | None:
     return None if sass is None else len(_GENERIC.findall(sass))
 
 
-def sass_instructions(spec: KernelSpec, arch: str = "sm_90a") -> list[str] | None:
-    """The machine instructions of ``spec`` built offline for ``arch`` (NVRTC, then nvdisasm), one
-    string per instruction without address or trailing ``;``, in code order; None without
-    nvdisasm. For checks of what the compiler scheduled (tests/test_fwd_ws_sass.py).
+def sass_text(spec: KernelSpec, arch: str = "sm_90a") -> str | None:
+    """nvdisasm's listing of ``spec`` built offline for ``arch`` (NVRTC, then nvdisasm): addresses,
+    labels and instructions, as :func:`disassemble` gives them; None without nvdisasm. For reading a
+    loop's structure (bench/probe/fa3_sass.py).
 
     Raises:
         RuntimeError: with NVRTC's log when compilation fails.
@@ -249,10 +249,21 @@ def sass_instructions(spec: KernelSpec, arch: str = "sm_90a") -> list[str] | Non
             nvrtc.compileProgram(prog, [*nvrtc_options(spec, arch), *_nvrtc_include_dirs()])
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(f"NVRTC failed for {spec.name} ({arch}): {exc}\n{nvrtc.getProgramLog(prog)}") from exc
-        sass = disassemble(nvrtc.getCUBIN(prog))
+        return disassemble(nvrtc.getCUBIN(prog))
     finally:
         nvrtc.destroyProgram(prog)
-    return [m.group(1) for m in _INSTRUCTION.finditer(sass)]
+
+
+def sass_instructions(spec: KernelSpec, arch: str = "sm_90a") -> list[str] | None:
+    """The machine instructions of ``spec`` built offline for ``arch`` (:func:`sass_text`), one
+    string per instruction without address or trailing ``;``, in code order; None without
+    nvdisasm. For checks of what the compiler scheduled (tests/test_fwd_ws_sass.py).
+
+    Raises:
+        RuntimeError: with NVRTC's log when compilation fails.
+    """
+    sass = sass_text(spec, arch)
+    return None if sass is None else [m.group(1) for m in _INSTRUCTION.finditer(sass)]
 
 
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", re.M)

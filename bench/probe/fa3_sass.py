@@ -8,8 +8,9 @@ holds at least 12 HGMMA. For facts (what the other kernel's loop issues per key 
 
     python bench/probe/fa3_sass.py WHEEL [NAME_SUBSTRING ...]     FA3's loop (default: bf16 hdim 128, 176 keys,
                                                                   no mask, the static persistent scheduler)
-    python bench/probe/fa3_sass.py --ours [KEY=V,...]             our ws forward's at hdim 128 (bf16), with
-                                                                  CUPY_FMHA_FWD_WS_TILES-style entries
+    [CUPY_FMHA_FWD_WS_TILES=KEY=V,...] python bench/probe/fa3_sass.py --ours
+                                                                  our ws forward's at hdim 128 (bf16), the
+                                                                  variable choosing a variant
 (bench/NOTES.md row 112.)
 """
 
@@ -85,20 +86,9 @@ def report(name: str, body: list[str] | None) -> None:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--ours":
-        from cupy.cuda import nvrtc
-
         from cupy_fmha.backends import cuda
-        tiles = dict(cuda.fwd_ws_tiles(128))
-        for item in filter(None, (argv[1] if len(argv) > 1 else "").split(",")):
-            key, _, val = item.partition("=")
-            tiles[key] = int(val)
-        spec = cuda.fwd_ws_spec("bf16", 128, 128, tiles={k: v for k, v in tiles.items() if v or k in ("NWG", "BLOCK_N")})
-        prog = nvrtc.createProgram(C.load_source(spec.source), f"{spec.name}.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, [*C.nvrtc_options(spec, "sm_90a"), *C._nvrtc_include_dirs()])
-            report(spec.name, loop_body(C.disassemble(nvrtc.getCUBIN(prog))))
-        finally:
-            nvrtc.destroyProgram(prog)
+        spec = cuda.fwd_ws_spec("bf16", 128, 128)  # (CUPY_FMHA_FWD_WS_TILES picks a variant, as everywhere)
+        report(spec.name, loop_body(C.sass_text(spec) or ""))
         return
     wheel, want = argv[0], tuple(argv[1:]) or FA3_DEFAULT
     seen = set()
