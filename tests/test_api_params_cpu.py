@@ -516,7 +516,7 @@ def test_forward_ws_variant_switch(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=0,PV_OVERLAP=0,PINGPONG=0")
     first = cuda.fwd_ws_spec("bf16", 128, 128)
     assert all(first.macro(k) is None for k in cuda.FWD_WS_VARIANTS)
-    assert first.name == cuda.fwd_ws_spec("bf16", 128, 128, tiles=dict(NWG=2, BLOCK_N=128)).name
+    assert first.name == cuda.fwd_ws_spec("bf16", 128, 128, tiles=dict(NWG=2, BLOCK_N=128, **cuda.FWD_WS_SOFTMAX)).name
     assert base.macro("SMEM_BYTES") == first.macro("SMEM_BYTES") + 1024
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SWIZZLE=1,PV_OVERLAP=1,PINGPONG=1")
     assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
@@ -527,14 +527,18 @@ def test_forward_ws_variant_switch(monkeypatch):
 
 def test_ws_softmax_variant_switches(monkeypatch):
     """The step-87 softmax variants (SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE): named in the instance
-    when on, left out at 0 (the default instance's name), EXP_EMU and LAZY_RESCALE bounded (tiles of 8;
-    P up to 2^LAZY_RESCALE, which float16 holds to 15)."""
+    when on, left out at 0 (the name of an instance without them), EXP_EMU and LAZY_RESCALE bounded (tiles of 8;
+    P up to 2^LAZY_RESCALE, which float16 holds to 15); since step 113 the default at 128 has FOLD, SMAX_TREE
+    and LAZY_RESCALE=8 (FWD_WS_SOFTMAX)."""
     from cupy_fmha.backends import cuda
 
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     base = cuda.fwd_ws_spec("bf16", 128, 128)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SMAX_TREE=0,MASK_ROWS=0,EXP_EMU=0,LAZY_RESCALE=0")
-    assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
+    assert [base.macro(k) for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")] == [1, 1, 8], base.name
+    plain = cuda.fwd_ws_spec("bf16", 128, 128, tiles=dict(NWG=2, BLOCK_N=128, **cuda.FWD_WS_VARIANTS))
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0,SMAX_TREE=0,MASK_ROWS=0,EXP_EMU=0,LAZY_RESCALE=0")
+    assert cuda.fwd_ws_spec("bf16", 128, 128).name == plain.name
+    assert not any(k in plain.name for k in ("FOLD", "SMAX_TREE", "MASK_ROWS", "EXP_EMU", "LAZY_RESCALE"))
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SMAX_TREE=1,MASK_ROWS=1,EXP_EMU=2,LAZY_RESCALE=8")
     spec = cuda.fwd_ws_spec("bf16", 128, 128)
     assert [spec.macro(k) for k in ("SMAX_TREE", "MASK_ROWS", "EXP_EMU", "LAZY_RESCALE")] == [1, 1, 2, 8]
@@ -545,10 +549,11 @@ def test_ws_softmax_variant_switches(monkeypatch):
 
 
 def test_ws_switches_by_head_dim(monkeypatch):
-    """The measured per-head-dim switches (bench/NOTES.md steps 36, 37): the ws backward's LSE2 and
-    the ws forward's FOLD are on at hdim 64 (also for head dims that pad to 64) and out of the
-    hdim-128 instances, whose names (and code) stay as before; the tile variables turn them off
-    for A/B runs; the ALiBi build of the forward keeps the unfolded softmax in the kernel."""
+    """The measured per-head-dim switches (bench/NOTES.md steps 36, 37, 113): the ws backward's LSE2 is
+    on at hdim 64 (also for head dims that pad to 64) and out of the hdim-128 instances, whose names (and
+    code) stay as before; the ws forward's FOLD is on at 64, 128 and 256 (step 113, with SMAX_TREE and
+    LAZY_RESCALE) and off at 192 (not timed there); the tile variables turn them off for A/B runs; the
+    ALiBi build of the forward keeps the unfolded softmax in the kernel."""
     from cupy_fmha.backends import cuda
 
     monkeypatch.delenv("CUPY_FMHA_BWD_WS_TILES", raising=False)
@@ -556,9 +561,12 @@ def test_ws_switches_by_head_dim(monkeypatch):
     for dq in (64, 56):
         assert cuda.bwd_ws_spec("bf16", dq, dq).macro("LSE2") == 1
         assert cuda.fwd_ws_spec("fp16", dq, dq).macro("FOLD") == 1
-    b128, f128 = cuda.bwd_ws_spec("bf16", 128, 128), cuda.fwd_ws_spec("bf16", 120, 120)
+    b128 = cuda.bwd_ws_spec("bf16", 128, 128)
     assert b128.macro("LSE2") is None and "LSE2" not in b128.name
-    assert f128.macro("FOLD") is None and "FOLD" not in f128.name
+    for dq in (120, 128, 256):
+        assert cuda.fwd_ws_spec("bf16", dq, dq).macro("FOLD") == 1
+    f192 = cuda.fwd_ws_spec("bf16", 192, 192)
+    assert f192.macro("FOLD") is None and "FOLD" not in f192.name
     monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", "LSE2=0")
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0")
     assert cuda.bwd_ws_spec("bf16", 64, 64).macro("LSE2") is None

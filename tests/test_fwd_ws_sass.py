@@ -86,4 +86,7 @@ def test_desc_addr_descriptors_uniform(d, monkeypatch):
         assert spec.macro("DESC_ADDR") == 1
         res = C.offline_compile(spec)
         assert res.spill_stores == 0 and not res.wgmma_serialized, (spec.name, res.spill_stores)
-        assert _loop_r2ur(spec) <= 1, spec.name
+        # (one R2UR, a loop bound's, not a descriptor; with FOLD and SMAX_TREE the step has one copy per sign of
+        # the scale, so it appears twice: bench/NOTES.md step 113)
+        copies = 2 if spec.macro("FOLD") and spec.macro("SMAX_TREE") else 1
+        assert _loop_r2ur(spec) <= copies, spec.name

@@ -355,45 +355,45 @@ def test_key_block_variants_group_mode(monkeypatch, variant, case):
     V.test_varlen_matches_reference(case)
 
 
-# Step 112: the folded softmax at hdim 128 (FOLD=1: each exponent one FFMA, s * scale_log2 - max, instead of a
-# multiply per score and a subtract) with SMAX_TREE=1 (a negative scale's sign test around the whole step, so
-# neither row slot's code is split by it: what made FOLD alone slower at 128 in step 84). The scores round
-# otherwise than the default's, so against the reference: the shared batch- and group-mode cases at the head
-# dims that pad to 128 (96, 120, 128), and this file's own ones there, a negative softmax_scale included (the
-# folded form then takes each row's minimum and masks with +inf).
-FOLD_128 = "FOLD=1,SMAX_TREE=1"
-_FOLD_EXTRA = [c for c in EXTRA if any(t in c for t in ("-d96-", "-d120-", "-d128-"))]
-_FOLD_GROUP_EXTRA = [c for c in EXTRA_GROUP if any(t in c for t in ("-d120-", "-d128-"))]
+# Step 113 made the folded softmax the default at hdim 128 (FOLD=1: each exponent one FFMA, s * scale_log2 - max,
+# with SMAX_TREE=1: a negative scale's sign test around the whole step) together with LAZY_RESCALE=8; the whole
+# suite tests that default. The softmax before it (unfolded, chain maxima, O rescaled every block) stays a build
+# for comparisons (bench/ab.py), so it keeps its check against the reference: the shared batch- and group-mode
+# cases at the head dims that pad to 128 (96, 120, 128), and this file's own ones there, a negative
+# softmax_scale included.
+PREV_SOFTMAX = "FOLD=0,SMAX_TREE=0,LAZY_RESCALE=0"
+_PREV_EXTRA = [c for c in EXTRA if any(t in c for t in ("-d96-", "-d120-", "-d128-"))]
+_PREV_GROUP_EXTRA = [c for c in EXTRA_GROUP if any(t in c for t in ("-d120-", "-d128-"))]
 
 
-def _fold_128_on(monkeypatch):
+def _prev_softmax_on(monkeypatch):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", FOLD_128)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", PREV_SOFTMAX)
     spec = cuda.fwd_spec("fp16", 128, 128, 90)
-    assert spec.macro("FOLD", 0) == 1 and spec.macro("SMAX_TREE", 0) == 1, spec.name
+    assert all(spec.macro(k, 0) == 0 for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")), spec.name
 
 
-@pytest.mark.parametrize("case", [*(c for c in A.CASES if any(t in c for t in _HD128)), *_FOLD_EXTRA])
-def test_fold128_batch_mode(monkeypatch, case):
-    _fold_128_on(monkeypatch)
+@pytest.mark.parametrize("case", [*(c for c in A.CASES if any(t in c for t in _HD128)), *_PREV_EXTRA])
+def test_prev_softmax128_batch_mode(monkeypatch, case):
+    _prev_softmax_on(monkeypatch)
     if case in EXTRA:
         monkeypatch.setitem(A.CASES, case, EXTRA[case])
     A.test_forward_backward_matches_reference(case)
 
 
-@pytest.mark.parametrize("case", [*(c for c in V.CASES if any(t in c for t in _HD128)), *_FOLD_GROUP_EXTRA])
-def test_fold128_group_mode(monkeypatch, case):
-    _fold_128_on(monkeypatch)
+@pytest.mark.parametrize("case", [*(c for c in V.CASES if any(t in c for t in _HD128)), *_PREV_GROUP_EXTRA])
+def test_prev_softmax128_group_mode(monkeypatch, case):
+    _prev_softmax_on(monkeypatch)
     if case in EXTRA_GROUP:
         test_group_mode_extra(case)
     else:
         V.test_varlen_matches_reference(case)
 
 
-def test_fold128_list_is_not_empty():
+def test_prev_softmax128_list_is_not_empty():
     """(a filter that matched nothing would leave the variant untested while the file still passed)"""
-    assert "f16-d128-b-negscale-200x333" in _FOLD_EXTRA and _FOLD_GROUP_EXTRA
+    assert "f16-d128-b-negscale-200x333" in _PREV_EXTRA and _PREV_GROUP_EXTRA
     assert [c for c in A.CASES if any(t in c for t in _HD128)] and [c for c in V.CASES if any(t in c for t in _HD128)]
 
 
@@ -499,10 +499,10 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
-    """LAZY_RESCALE=8 (step 87) where it matters: every other query row scores a ramp over the keys, so
-    its maximum rises by more than 8 (log2) per 128-key block and moves every block, while the rows
-    beside it in the same warps keep theirs (O rescaled for some rows of a warp, with corr 1 for the
-    others); against the float64 reference and within rounding of the default build."""
+    """LAZY_RESCALE=8 (step 87; the default at 64 / 128 / 256 since step 113) where it matters: every other query
+    row scores a ramp over the keys, so its maximum rises by more than 8 (log2) per 128-key block and moves every
+    block, while the rows beside it in the same warps keep theirs (O rescaled for some rows of a warp, with corr 1
+    for the others); against the float64 reference and within rounding of the build without it (LAZY_RESCALE=0)."""
     import ml_dtypes
     import numpy as np
 
@@ -522,7 +522,9 @@ def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
     hq, hk, hv = (x.astype(npdt) for x in (q, k, v))
     dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
     kw = {} if dtype == "fp16" else dict(dtype="bfloat16")
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "LAZY_RESCALE=8", dq, dk, dv, kw, 0)
+    o, lse, o0, lse0 = _variant_pair(monkeypatch, "LAZY_RESCALE=0", dq, dk, dv, kw, 0)  # (o, lse: the default's)
+    assert cuda.fwd_spec(dtype, d, d, 90).macro("LAZY_RESCALE", 0) == 0
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
     spec = cuda.fwd_spec(dtype, d, d, 90)
     assert spec.macro("LAZY_RESCALE") == 8, spec.name
     to64 = lambda x: (cp.asnumpy(x).astype(np.float64) if dtype == "fp16"  # noqa: E731

@@ -242,19 +242,27 @@ def test_fwd_ws_key_block_variants(monkeypatch):
     assert fwd_spec("bf16", 128, 128, 90).macro("BLOCK_N") == 128  # (the table's without the variable)
 
 
-def test_fwd_ws_fold_128_variant(monkeypatch):
-    """Step 112's folded softmax at hdim 128 (FOLD=1,SMAX_TREE=1): the plain and ALiBi builds carry both switches
-    (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout and bias builds drop FOLD; without the
-    variable hdim 128 stays unfolded."""
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=1,SMAX_TREE=1")
-    for alibi in (False, True):
-        s = fwd_spec("bf16", 128, 128, 90, alibi=alibi)
-        assert s.source == "fmha_fwd_sm90_ws" and s.macro("FOLD") == 1 and s.macro("SMAX_TREE") == 1, s.name
-    assert fwd_spec("bf16", 128, 128, 90, dropout=True).macro("FOLD", 0) == 0
-    assert fwd_spec("bf16", 128, 128, 90, bias=True, bias_tma=2).macro("FOLD", 0) == 0
-    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+def test_fwd_ws_softmax_defaults(monkeypatch):
+    """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128 and 256: the plain and
+    ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout and bias
+    builds drop FOLD and keep the other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain
+    maxima (the trees spill 240 bytes there); 192 has none of them (not timed); the variable turns them off."""
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    for d in (64, 128, 256):
+        for alibi in (False, True):
+            s = fwd_spec("bf16", d, d, 90, alibi=alibi)
+            assert s.source == "fmha_fwd_sm90_ws", s.name
+            assert (s.macro("FOLD"), s.macro("SMAX_TREE"), s.macro("LAZY_RESCALE")) == (1, 1, 8), s.name
+        s = fwd_spec("bf16", d, d, 90, dropout=True)
+        assert (s.macro("FOLD", 0), s.macro("SMAX_TREE"), s.macro("LAZY_RESCALE")) == (0, 1, 8), s.name
+    for d, n, tree in ((128, 2, 1), (128, 4, 1), (64, 4, 1), (64, 2, 0)):
+        s = fwd_spec("bf16", d, d, 90, bias=True, bias_tma=n)
+        assert (s.macro("FOLD", 0), s.macro("SMAX_TREE", 0), s.macro("LAZY_RESCALE")) == (0, tree, 8), s.name
+    s = fwd_spec("bf16", 192, 192, 90)
+    assert all(s.macro(k, 0) == 0 for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")), s.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0,SMAX_TREE=0,LAZY_RESCALE=0")
     s = fwd_spec("bf16", 128, 128, 90)
-    assert s.macro("FOLD", 0) == 0 and s.macro("SMAX_TREE", 0) == 0, s.name
+    assert not any(k in s.name for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")), s.name
 
 
 @pytest.mark.parametrize("text,message", [("SMAXTREE=1", r"unknown entries \['SMAXTREE'\]"),

@@ -709,8 +709,17 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: builds move their Q and K descriptors over with 34-112 R2UR in the loop: 0.95-1.00x the time there
 #: (bf16, s1024-16384, causal and not, an H100, 3 rounds); at 64 and 128, where the pointer-formed
 #: descriptors are uniform already, 0.95-1.08 (within the tool's spread), so not there.
-FWD_WS_BY_HDIM = {64: dict(NWG=3, FOLD=1, O_REG=1), 128: dict(), 192: dict(BLOCK_N=112, DESC_ADDR=1),
-                  256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1)}
+#: The softmax at 64, 128 and 256 (bench/NOTES.md step 113, an H100, bf16 / fp16, s1024-16384, causal and not):
+#: FOLD with SMAX_TREE (the folded form's sign test around the whole step, so the row slots' code is not split)
+#: and LAZY_RESCALE=8 (O rescaled only when a row's maximum moved by more than 2^8, FlashAttention-4's
+#: conditional rescale) measured 0.92-0.94x the time at 128 without a mask (0.86-1.02 causal, the slower ones
+#: at s1024-2048), 0.90-0.98x at 256; at 64 (FOLD there already) SMAX_TREE with LAZY_RESCALE 0.89-0.94x
+#: without a mask, 0.91-0.95 causal from s4096, 0.99-1.00 causal below (the short-diagonal build). Each
+#: alone measured less (FOLD+SMAX_TREE 0.95-0.99 at 128, LAZY_RESCALE 0.96-1.02); 192 not timed yet.
+FWD_WS_SOFTMAX = dict(FOLD=1, SMAX_TREE=1, LAZY_RESCALE=8)
+FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, **FWD_WS_SOFTMAX), 128: dict(FWD_WS_SOFTMAX),
+                  192: dict(BLOCK_N=112, DESC_ADDR=1),
+                  256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, **FWD_WS_SOFTMAX)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
@@ -732,8 +741,9 @@ FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(), 192: dict(BLOCK_N=96, PV
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
 #: 4: fp32): at hdim 64 the bias goes into S's accumulator (BIAS_ACC), and the 16-bit bias takes three
 #: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% and -5.4% against
-#: two on an H100, steps 91 and 92; not yet on the H200), the fp32 bias two: three spill 132 bytes there
-FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1), 4: dict(NWG=2, BIAS_ACC=1)}}
+#: two on an H100, steps 91 and 92; not yet on the H200), the fp32 bias two: three spill 132 bytes there;
+#: the 16-bit one without SMAX_TREE (FWD_WS_SOFTMAX's tree maxima spill 240 bytes there, step 113)
+FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1, SMAX_TREE=0), 4: dict(NWG=2, BIAS_ACC=1)}}
 #: ... and with both a bias and ALiBi: two MMA warpgroups at hdim 64 (three spill 380-576 bytes)
 FWD_WS_BIAS_ALIBI_BY_HDIM = {64: dict(NWG=2)}
 #: ... and under a diagonal mask over at most FWD_WS_SHORT_SEQLEN query rows (use_fwd_ws_short): two
@@ -908,22 +918,23 @@ def experimental_table() -> list[KernelSpec]:
     # ALiBi (fwd_ws_spec keeps 128 keys with dropout)
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "BLOCK_N": n, "O_IN_Q": 1})
             for dtype in DTYPES for n in (176, 192) for alibi in (False, True)]
-    # ... and the folded softmax at 128 with the sign test around the whole step (FOLD=1,SMAX_TREE=1, step 112:
-    # 64 multiplies per thread and key block fewer, the row slots' code not split; plain builds: ALiBi, dropout
-    # and the bias take the unfolded form)
-    out += [fwd_ws_spec(dtype, 128, 128, tiles={**fwd_ws_tiles(128), "FOLD": 1, "SMAX_TREE": 1}) for dtype in DTYPES]
+    # ... and the softmax before step 113 (FWD_WS_SOFTMAX off: at 128 and 256 unfolded, the chain maxima, O rescaled
+    # every block; at 64 folded as since step 37), plain builds, for comparisons
+    out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), "FOLD": int(d == 64), "SMAX_TREE": 0, "LAZY_RESCALE": 0})
+            for dtype in DTYPES for d in (64, 128, 256)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
     # where it crosses: 4 bytes of spill at 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
-    # and LAZY_RESCALE=8 (O rescaled only when a maximum moved by more than 2^8) likewise at 64 and 128; all four
-    # (EXP_EMU=2, MASK_ROWS=2), plain and dropout (above 128 dropout takes the serial pipeline: online_softmax's lazy rescale)
+    # likewise at 64 and 128 (LAZY_RESCALE=8, O rescaled only when a maximum moved by more than 2^8, was one of them
+    # until step 113 made it the default); all four (EXP_EMU=2, MASK_ROWS=2), plain and dropout
     for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 2}, (64, 128)),
-                           ({"EXP_EMU": 1}, (64, 128)), ({"LAZY_RESCALE": 8}, (64, 128))):
+                           ({"EXP_EMU": 1}, (64, 128))):
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})
                 for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)]
         out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles={**fwd_ws_tiles(d, bias_tma=2), **variant})
-                for dtype in DTYPES for d in (64, 128)]
+                for dtype in DTYPES for d in (64, 128)
+                if not (d == 64 and variant.get("SMAX_TREE"))]  # (the trees spill 240 B there beside LAZY_RESCALE)
     out += [fwd_ws_spec(dtype, d, d, dropout=drop, tiles={**fwd_ws_tiles(d, dropout=drop), "EXP_EMU": 2, "SMAX_TREE": 1, "MASK_ROWS": 2,
                                                                    "LAZY_RESCALE": 8})
             for dtype in DTYPES for d in (64, 128) for drop in (False, True)]
