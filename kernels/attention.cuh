@@ -95,8 +95,8 @@ __device__ __forceinline__ KeepBits<NS> fwd_keep_bits(const Dropout& drop, int r
 // elements of P are zeroed (P * keep feeds the O GEMM; rp_keep, 256 / threshold, is folded into finish_rows),
 // with the bits of fwd_keep_bits (on sm80 one Philox call covers a thread's 16 scores of a 16-row,
 // 32-key span).
-// FOLDED (no bias, ALiBi or dropout; the warp-specialized forward's FOLD build, bench/NOTES.md
-// step 37): the same step by softmax_p_folded below.
+// FOLDED (no bias or ALiBi; the warp-specialized forward's FOLD build, bench/NOTES.md step 37, with
+// dropout since step 114): the same step by softmax_p_folded below.
 //
 // softmax_row: the step both forms share for row slot r once the row's new maximum mx (log2 units,
 // -inf for a row that saw nothing yet) is known: P = exp2(s * mul - max) in place (mul 1 for scores
@@ -195,6 +195,31 @@ __device__ __forceinline__ void mask_tile(float* s, float masked, const Window& 
     }
 }
 
+// DROPOUT: P's dropped elements zeroed after the softmax step (whose row sums include them: the LSE is
+// the undropped softmax's), from the keep bits (all ones where the caller drops them later, as the ws
+// forward's KEEP_MSB does when it packs P: then the compiler folds this away). Without dropout: nothing.
+template <int NS>
+__device__ __forceinline__ void apply_keep(float* s, const KeepBits<NS>& keep) {
+    if constexpr (DROPOUT) {
+        constexpr int E = AccFrag::SLOT_ELEMS, T = AccFrag::KEEP_TILES;
+        // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) the upper bits go unused
+#pragma unroll
+        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
+#pragma unroll
+            for (int a = 0; a < (NS + T - 1) / T; ++a) {
+                const uint32_t bits = keep.w[r][a];
+#pragma unroll
+                for (int m = 0; m < T; ++m) {
+                    const int n = T * a + m;
+                    if (n >= NS) break;
+#pragma unroll
+                    for (int c = 0; c < E; ++c)
+                        if (!((bits >> (E * m + c)) & 1u)) s[4 * n + E * r + c] = 0.f;
+                }
+            }
+    }
+}
+
 // SMAX_TREE: the extreme (MAX: largest, else smallest) of row slot r's scores of this thread (its
 // NS * SLOT_ELEMS values) by a pairwise tree, about log2 of that many dependent steps instead of one
 // per pair; the result is the chain's (a maximum does not round, whatever the order).
@@ -221,7 +246,7 @@ __device__ __forceinline__ float slot_extreme_tree(const float* s, int r) {
 template <int NS, int NO, bool RESCALE, bool POS>
 __device__ __forceinline__ void softmax_p_folded_signed(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                         float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                                        const AccFrag& f, int seqlen_k) {
+                                                        const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep) {
     if (edge) mask_tile<NS>(s, POS ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
     float ext[AccFrag::ROW_SLOTS];  // each row's largest scaled score, in unscaled units
 #pragma unroll
@@ -231,16 +256,17 @@ __device__ __forceinline__ void softmax_p_folded_signed(float* s, float* acc_o, 
 #pragma unroll
     for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
         softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, fmaxf(row_max[r], ext[r] * scale_log2), scale_log2);
+    apply_keep<NS>(s, keep);
 }
 
 template <int NS, int NO, bool RESCALE>
 __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                  float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                                 const AccFrag& f, int seqlen_k) {
+                                                 const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep) {
     const bool pos = scale_log2 > 0.f;  // (uniform: the launch's scale)
     if constexpr (SMAX_TREE) {
-        if (pos) softmax_p_folded_signed<NS, NO, RESCALE, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
-        else softmax_p_folded_signed<NS, NO, RESCALE, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+        if (pos) softmax_p_folded_signed<NS, NO, RESCALE, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
+        else softmax_p_folded_signed<NS, NO, RESCALE, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
         return;
     }
     if (edge) mask_tile<NS>(s, pos ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
@@ -265,6 +291,7 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
         }
         softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, fmaxf(row_max[r], ext * scale_log2), scale_log2);
     }
+    apply_keep<NS>(s, keep);
 }
 
 // softmax_p's form with the scale, bias and ALiBi applied per element first. The bias is an
@@ -289,7 +316,7 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
         }
     if constexpr (BIAS && Bias::PAIRS) bias.template add<NS>(s, row0 - tile_row0, f);
     if (edge) mask_tile<NS>(s, -FMHA_INF, win, row0, k0, f, seqlen_k);
-    constexpr int E = AccFrag::SLOT_ELEMS, T = AccFrag::KEEP_TILES;
+    constexpr int E = AccFrag::SLOT_ELEMS;
     if constexpr (SMAX_TREE) {  // (both slots' trees, then both slots' shuffles: the same maxima)
         float mx[AccFrag::ROW_SLOTS];
 #pragma unroll
@@ -309,23 +336,7 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
             softmax_row<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, r, f.reduce_max(mx), 1.f);
         }
     }
-    if constexpr (DROPOUT) {
-        // groups of T tiles; with fewer tiles (sm80: BLOCK_N = 16, NS = 2) the upper bits go unused
-#pragma unroll
-        for (int r = 0; r < AccFrag::ROW_SLOTS; ++r)
-#pragma unroll
-            for (int a = 0; a < (NS + T - 1) / T; ++a) {
-                const uint32_t bits = keep.w[r][a];
-#pragma unroll
-                for (int m = 0; m < T; ++m) {
-                    const int n = T * a + m;
-                    if (n >= NS) break;
-#pragma unroll
-                    for (int c = 0; c < E; ++c)
-                        if (!((bits >> (E * m + c)) & 1u)) s[4 * n + E * r + c] = 0.f;
-                }
-            }
-    }
+    apply_keep<NS>(s, keep);
 }
 
 template <int NS, int NO, bool RESCALE, bool FOLDED = false, class Bias>
@@ -333,8 +344,8 @@ __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[
                                           float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                           const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
                                           const KeepBits<NS>& keep, int tile_row0 = 0) {
-    static_assert(!FOLDED || (!BIAS && !ALIBI && !DROPOUT), "softmax_p<FOLDED>: plain scores only");
-    if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k);
+    static_assert(!FOLDED || (!BIAS && !ALIBI), "softmax_p<FOLDED>: scores without a bias or ALiBi term only");
+    if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
     else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep, tile_row0);
 }
 

@@ -23,9 +23,9 @@
 //   PINGPONG=1  (with PV_OVERLAP) the MMA warpgroups take turns issuing their GEMMs (named
 //               barriers 2 + w, round robin), so one warpgroup's GEMMs run while the others do their
 //               softmax
-//   FOLD=1      (no ALiBi) softmax_p_folded: the scale folded into one FFMA per exponent; on at hdim
-//               64 only (cupy_fmha.backends.cuda.FWD_WS_BY_HDIM: 1.01-1.04x there, 0.93-1.02x at 128,
-//               bench/NOTES.md step 37)
+//   FOLD=1      (no ALiBi; the overlapped pipeline) softmax_p_folded: the scale folded into one FFMA per
+//               exponent; on at hdim 64 since step 37, at 128 and 256 with SMAX_TREE and LAZY_RESCALE since
+//               step 113 (cupy_fmha.backends.cuda.FWD_WS_SOFTMAX); with dropout (step 114) a variant
 //
 //   BIAS=1      the elementwise bias, loaded by the producer like K and V: per key block one tile of
 //               BLOCK_M x BLOCK_N bias elements (BIAS_TMA bytes each: 2 for fp16/bf16, 4 for fp32) in
@@ -45,7 +45,8 @@
 //               both its rows, ceil(BLOCK_N / 32) independent calls, one more where a block starts mid-span:
 //               keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
-//               with PINGPONG, the other warpgroup's GEMMs); FOLD off.
+//               with PINGPONG, the other warpgroup's GEMMs); FOLD off in the table's builds (FOLD=1 in
+//               CUPY_FMHA_FWD_WS_TILES folds them, step 114).
 //
 //   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
 //               its 16 rows of O in the rows of the Q buffer its warpgroup's S GEMMs read (128-byte
@@ -79,7 +80,6 @@ static_assert(!BIAS_ACC || (BIAS && PV_OVERLAP && !DROPOUT && !ALIBI),
               "fmha_fwd_sm90_ws: BIAS_ACC is a variant of the bias build's overlapped pipeline");
 static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 * (NWG + 1),
               "fmha_fwd_sm90_ws: a producer and two or three MMA warpgroups of 64 query rows (spec.py)");
-static_assert(!DROPOUT || !FOLD, "fmha_fwd_sm90_ws: the folded softmax takes plain scores only");
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
@@ -618,13 +618,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 if constexpr (BIAS_ACC) {  // (the bias is in sacc already: bias_into_s)
                     softmax_p_folded<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, acc_scale, edge, blk.win,
-                                                    wq0 + wi * 16, k0, frag, blk.seqlen_k);
+                                                    wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
                 } else if constexpr (BIAS) {
                     softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
                                              bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
                     bias_done(it + i);
                 } else {
-                    softmax_p<NS, NO, false, FOLD && !ALIBI && !DROPOUT>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
+                    softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
                                                              blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, frag,
                                                              blk.seqlen_k, keep);
                 }

@@ -131,6 +131,44 @@ def test_dropout_on_the_older_backward(case, monkeypatch):
     test_dropout_forward_backward_matches_reference(case)
 
 
+# Step 114: the ws forward's folded softmax with dropout (FOLD=1 in CUPY_FMHA_FWD_WS_TILES; the table's dropout
+# builds keep the scaled form until it is timed). Its overlapped pipeline at the head dims that pad to 64 and 128
+# (the dropped elements leave as P is packed, KEEP_MSB): the cases above there, and a negative softmax_scale (the
+# folded form then takes each row's minimum), against the reference with the replica's keep mask.
+FOLD_DROPOUT = {
+    **{c: v for c, v in CASES.items() if 64 <= max(v[7], v[8]) <= 128},
+    "f16-d64-b-negscale": (F16, "bshd", 1, 300, 333, 2, 2, 64, 64,
+                           {"mask": "b", "softmax_scale": -0.07, "dropout_p": 0.2, "seed": 21}),
+    "bf16-d128-causal-negscale": (BF16, "bshd", 2, 253, 253, 2, 2, 128, 128,
+                                  {"causal": True, "softmax_scale": -0.05, "dropout_p": 0.3, "seed": 22, "offset": 5}),
+}
+
+
+@pytest.mark.parametrize("case", list(FOLD_DROPOUT))
+def test_dropout_folded_softmax_variant(case, monkeypatch):
+    import conftest
+    from cupy_fmha.backends import cuda
+
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=1")
+    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = FOLD_DROPOUT[case]
+    spec = cuda.fwd_spec("fp16" if dtype == F16 else "bf16", d, dv, 90, dropout=True)
+    assert spec.macro("FOLD") == 1 and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("dropout-fold", case))
+    kw = dict(extra, layout=layout)
+    o, lse, g, keep = run(inp, kw, want_keep=True)
+    check(inp, o, lse, g, kw)
+    want = keep_reference(b, hq, sq, sk, kw["dropout_p"], kw.get("seed", 0), kw.get("offset", 0))
+    assert np.array_equal(cp.asnumpy(keep), want)
+
+
+def test_dropout_folded_list_is_not_empty():
+    """(a filter that matched nothing would leave the variant untested while the file still passed)"""
+    assert sum(max(v[7], v[8]) == 64 for v in FOLD_DROPOUT.values()) >= 3
+    assert sum(max(v[7], v[8]) == 128 for v in FOLD_DROPOUT.values()) >= 4
+
+
 @pytest.mark.parametrize("d", [64, 32])
 def test_rows_without_keys_stay_zero_with_dropout(d):
     # bottom-right causal with sq > sk: the first sq - sk rows see nothing

@@ -736,8 +736,11 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: not faster (step 71). Since step 96's shorter keep work, hdim 128 takes the plain build's overlapped
 #: ping-pong pipeline: 0.94-0.97x the serial one's time on the H200 at s1024-16384, causal and not
 #: (0.90-0.96x at s16384; step 97), 0 spills with ALiBi too
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2), 128: dict(), 192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0),
-                          256: dict(PV_OVERLAP=0, PINGPONG=0)}
+#: FOLD=0 in each: the folded softmax takes dropout since step 114 (a variant: FOLD=1 in CUPY_FMHA_FWD_WS_TILES; the
+#: serial pipeline at 192 / 256 does not fold), not timed yet, so the dropout builds keep the scaled form
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0), 128: dict(FOLD=0),
+                          192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
+                          256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
 #: 4: fp32): at hdim 64 the bias goes into S's accumulator (BIAS_ACC), and the 16-bit bias takes three
 #: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% and -5.4% against
@@ -842,8 +845,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     """The warp-specialized Hopper forward (``fmha_fwd_sm90_ws``, issue 11: a producer warpgroup
     loading with TMA, two MMA warpgroups of 64 query rows, three at hdim 64) for head dims up to 256, each rounded up
     to a multiple of 64 (:data:`FWD_WS_HDIMS`) (:func:`use_fwd_ws` says when it is dispatched).
-    ``dropout``: the build with the Philox keep test (``-D DROPOUT=1``; FOLD off, the entries of
-    :data:`FWD_WS_DROPOUT_BY_HDIM`). ``bias_tma`` 2 or 4: the build with
+    ``dropout``: the build with the Philox keep test (``-D DROPOUT=1``; the entries of
+    :data:`FWD_WS_DROPOUT_BY_HDIM`, FOLD off unless the variable asks for it). ``bias_tma`` 2 or 4: the build with
     an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
     (default :func:`fwd_ws_tiles`; ``short`` as there).
@@ -856,8 +859,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles["BLOCK_N"] = 128  # (step 111's longer key blocks are plain / ALiBi builds: with dropout 176 keys
         # overflow the keep words and 192 spill 256 bytes)
     feats = _ws_feats("fmha_fwd_sm90_ws", tiles, alibi, bias_tma, dropout)
-    if bias_tma or dropout:
-        tiles.pop("FOLD", None)  # (softmax_p_folded: plain scores only)
+    if bias_tma:
+        tiles.pop("FOLD", None)  # (softmax_p_folded: no bias term; BIAS_ACC's own folded form aside)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
@@ -922,6 +925,14 @@ def experimental_table() -> list[KernelSpec]:
     # every block; at 64 folded as since step 37), plain builds, for comparisons
     out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), "FOLD": int(d == 64), "SMAX_TREE": 0, "LAZY_RESCALE": 0})
             for dtype in DTYPES for d in (64, 128, 256)]
+    # ... and step 113's softmax at 192 (FWD_WS_SOFTMAX; not timed there yet, tools/sass_sched.py's loop model -9.7%,
+    # as at 256 where it measured 0.90-0.98x the time), plain and ALiBi
+    out += [fwd_ws_spec(dtype, 192, 192, alibi=alibi, tiles={**fwd_ws_tiles(192, alibi), **FWD_WS_SOFTMAX})
+            for dtype in DTYPES for alibi in (False, True)]
+    # ... and the dropout builds with the folded softmax (step 114: FOLD=1; the dropped elements still leave as P is
+    # packed), at 64 and 128, where the dropout builds run the overlapped pipeline
+    out += [fwd_ws_spec(dtype, d, d, dropout=True, tiles={**fwd_ws_tiles(d, dropout=True), "FOLD": 1})
+            for dtype in DTYPES for d in (64, 128)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only

@@ -1,0 +1,86 @@
+#!/bin/bash
+# Thirty-second session's queue (bench/NOTES.md rows 113-114). One device call runs the parts given, in order, each
+# under what is left of a deadline (DEADLINE seconds from the start, default 560: a call may run 600 s), and copies
+# JSON results to $OUT after each part (only the summaries and sweeps: a call brings back 8 files). Without parts:
+# on an H200 the whole GPU suite (bench/probe/suite_all_gpu.sh, a call of its own: issue 11's item 1), on an H100
+# `droptest dropsan dropab ab192`. Parts:
+#   droptest  step 114: the folded softmax with dropout (FOLD=1) against the reference and the keep-mask replica
+#             (tests/test_gpu_dropout.py -k folded)
+#   dropsan   compute-sanitizer memcheck / racecheck / synccheck under FOLD=1,PERSIST=4 at hdim 64 and 128
+#             (bench/probe/sanitize_fwd_ws.py: its dropout cases, causal and group mode)
+#   dropab    bench/probe/drop_ws.py: plain and dropout forward times, the default (A) and FOLD=1 (B), alternating
+#             A B A B, hdim 64 and 128, s1024 / 4096 / 16384, causal both (the dropout column is what moves)
+#   drop113   the same tool, the default (A) against the softmax before step 113 (B: SMAX_TREE=0,LAZY_RESCALE=0):
+#             what step 113 gave the dropout builds (which take its tree maxima and lazy rescale, not the fold)
+#   ab192     bench/ab.py: the default (A) against step 113's softmax at hdim 192 (B: FOLD=1,SMAX_TREE=1,
+#             LAZY_RESCALE=8; untimed there), bf16, causal both
+#   maskab    bench/ab.py: the default (A) against MASK_ROWS=2 (an edge tile's mask test from each row's bounds, the
+#             lower only where it crosses; step 91 measured 1-4% on causal masks, before step 113), hdim 64 and 128,
+#             bf16, causal only
+#   persistab bench/ab.py: the launcher's row blocks per CTA (FWD_WS_PERSIST: 4 at s1024, 2 at s2048, measured in step
+#             39 before the loop got 30% faster) against PERSIST=2 / 8 at s1024 and 1 / 4 at s2048, hdim 64 and 128, bf16
+#   fwd128 / fwd64 / fwd256   bench/sweep.py --mode fwd with flash and cuDNN, bf16 and fp16, s1024-16384, causal both
+#   fa3       the hdim-128 sweep with FlashAttention-3 as a peer (carry .whl)
+#   features  bench/features.py --hdim 128 and 64
+#   suite     the whole GPU suite in one pytest run (needs a call of its own)
+#   bash bench/probe/s32_gpu.sh [parts]
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
+if [ $# -eq 0 ]; then
+  if [[ "$NAME" == *H200* ]]; then exec bash bench/probe/suite_all_gpu.sh; fi
+  set -- droptest dropsan dropab ab192
+fi
+DEADLINE=${DEADLINE:-560}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
+T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+mkdir -p /tmp/s /tmp/ab $OUT
+GRID="--seqlen 1024,2048,4096,8192,16384 --dtype bf16,fp16 --causal both --peers flash,cudnn --out-dir /tmp/s"
+sweep() { timeout -s KILL $(left) python3 bench/sweep.py "$@" 2>&1 | grep -v "^\[" | tail -24; }
+drop_pair() {  # drop_pair ENV_B: A, B, A, B of drop_ws.py (A: the default)
+  for r in 1 2; do
+    timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 64,128 1024,4096,16384
+    CUPY_FMHA_FWD_WS_TILES=$1 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 64,128 1024,4096,16384
+  done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1
+}
+for part in "$@"; do
+  if [ "$(left)" -lt 20 ]; then t "$part: skipped, deadline"; continue; fi
+  t "$part (left $(left) s)"
+  case $part in
+    droptest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_dropout.py -k folded \
+                > $OUT/test-dropout-fold.txt 2>&1
+              echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-dropout-fold.txt | head; tail -1 $OUT/test-dropout-fold.txt;;
+    dropsan) for tool in memcheck racecheck synccheck; do
+               CUPY_FMHA_FWD_WS_TILES=FOLD=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+                 --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128 > /tmp/sdrop-$tool.txt 2>&1
+               echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sdrop-$tool.txt | tail -1)"
+             done;;
+    dropab) drop_pair FOLD=1;;
+    drop113) drop_pair SMAX_TREE=0,LAZY_RESCALE=0;;
+    ab192) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=FOLD=1,SMAX_TREE=1,LAZY_RESCALE=8 \
+             --rounds 3 --tag ab-192-softmax113 --out /tmp/ab -- --hdim 192 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 \
+             --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -12;;
+    maskab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=MASK_ROWS=2 --rounds 3 \
+              --tag ab-maskrows2 --out /tmp/ab -- --hdim 64,128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
+              --causal yes 2>&1 | grep -v "^\\$" | tail -12;;
+    persistab) for sb in 1024:2 1024:8 2048:1 2048:4; do
+                 timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=PERSIST=${sb#*:} --rounds 3 \
+                   --tag ab-persist-${sb/:/-} --out /tmp/ab -- --hdim 64,128 --seqlen ${sb%:*} --dtype bf16 --mode fwd \
+                   --causal both 2>&1 | grep -v "^\\$" | tail -6
+               done;;
+    fwd128) sweep --hdim 128 $GRID --mode fwd --name sweep-fwd-hd128;;
+    fwd64) sweep --hdim 64 $GRID --mode fwd --name sweep-fwd-hd64;;
+    fwd256) sweep --hdim 256 $GRID --mode fwd --name sweep-fwd-hd256;;
+    fa3) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+           && PYTHONPATH=/tmp/site timeout -s KILL $(left) python3 bench/sweep.py --hdim 128 ${GRID/flash,cudnn/flash,cudnn,fa3} \
+              --mode both --name sweep-hd128-fa3 2>&1 | grep -v "^\[" | tail -44;;
+    features) for h in 128 64; do timeout -s KILL $(left) python3 bench/features.py --hdim $h --name features-d$h 2>&1 | tail -14
+                cp bench/results/features-d$h.json /tmp/s/; done;;
+    suite) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 --dist worksteal --durations=15 tests \
+             > $OUT/suite-all.txt 2>&1
+           echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt;;
+    *) echo "unknown part $part";;
+  esac
+  cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
+done
+t done
