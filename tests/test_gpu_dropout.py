@@ -111,15 +111,20 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_dropout_forward_backward_matches_reference(case):
-    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = CASES[case]
-    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("dropout", case))
+def _check_case(spec, seed):
+    """One CASES-style entry: forward and backward against the reference, the keep mask against the replica."""
+    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = spec
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed)
     kw = dict(extra, layout=layout)
     o, lse, g, keep = run(inp, kw, want_keep=True)
     check(inp, o, lse, g, kw)
     want = keep_reference(b, hq, sq, sk, kw["dropout_p"], kw.get("seed", 0), kw.get("offset", 0))
     assert np.array_equal(cp.asnumpy(keep), want)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_dropout_forward_backward_matches_reference(case):
+    _check_case(CASES[case], seed_for("dropout", case))
 
 
 @pytest.mark.parametrize("case", [c for c, v in CASES.items() if max(v[7], v[8]) <= 128])
@@ -152,15 +157,10 @@ def test_dropout_folded_softmax_variant(case, monkeypatch):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=1")
-    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = FOLD_DROPOUT[case]
+    dtype, d, dv = FOLD_DROPOUT[case][0], FOLD_DROPOUT[case][7], FOLD_DROPOUT[case][8]
     spec = cuda.fwd_spec("fp16" if dtype == F16 else "bf16", d, dv, 90, dropout=True)
     assert spec.macro("FOLD") == 1 and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
-    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("dropout-fold", case))
-    kw = dict(extra, layout=layout)
-    o, lse, g, keep = run(inp, kw, want_keep=True)
-    check(inp, o, lse, g, kw)
-    want = keep_reference(b, hq, sq, sk, kw["dropout_p"], kw.get("seed", 0), kw.get("offset", 0))
-    assert np.array_equal(cp.asnumpy(keep), want)
+    _check_case(FOLD_DROPOUT[case], seed_for("dropout-fold", case))
 
 
 def test_dropout_folded_list_is_not_empty():
