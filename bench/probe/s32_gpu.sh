@@ -19,6 +19,8 @@
 #             bf16, causal only
 #   persistab bench/ab.py: the launcher's row blocks per CTA (FWD_WS_PERSIST: 4 at s1024, 2 at s2048, measured in step
 #             39 before the loop got 30% faster) against PERSIST=2 / 8 at s1024 and 1 / 4 at s2048, hdim 64 and 128, bf16
+#   timeline  bench/probe/fwd_timeline.py at hdim 128 s1024 (and causal) and hdim 64 s1024 causal (the short-diagonal build,
+#             which step 113 did not move although its loop model fell 7.6%): where a short row block's time goes
 #   fwd128 / fwd64 / fwd256   bench/sweep.py --mode fwd with flash and cuDNN, bf16 and fp16, s1024-16384, causal both
 #   fa3       the hdim-128 sweep with FlashAttention-3 as a peer (carry .whl)
 #   features  bench/features.py --hdim 128 and 64
@@ -68,6 +70,9 @@ for part in "$@"; do
                    --tag ab-persist-${sb/:/-} --out /tmp/ab -- --hdim 64,128 --seqlen ${sb%:*} --dtype bf16 --mode fwd \
                    --causal both 2>&1 | grep -v "^\\$" | tail -6
                done;;
+    timeline) for a in "128 1024" "128 1024 causal" "64 1024 causal"; do
+                timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
+              done;;
     fwd128) sweep --hdim 128 $GRID --mode fwd --name sweep-fwd-hd128;;
     fwd64) sweep --hdim 64 $GRID --mode fwd --name sweep-fwd-hd64;;
     fwd256) sweep --hdim 256 $GRID --mode fwd --name sweep-fwd-hd256;;
