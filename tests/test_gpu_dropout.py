@@ -29,7 +29,7 @@ except Exception:  # pragma: no cover
     cp = None
 
 import cupy_fmha
-from conftest import BF16, F16, Inputs, check, keep_reference, run, seed_for
+from conftest import BF16, F16, Inputs, check, is_sm90, keep_reference, run, seed_for
 from cupy_fmha import philox
 from cupy_fmha import reference as R
 
@@ -151,10 +151,9 @@ FOLD_DROPOUT = {
 
 @pytest.mark.parametrize("case", list(FOLD_DROPOUT))
 def test_dropout_folded_softmax_variant(case, monkeypatch):
-    import conftest
     from cupy_fmha.backends import cuda
 
-    if not conftest.is_sm90():
+    if not is_sm90():
         pytest.skip("sm_90 only")
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=1")
     dtype, d, dv = FOLD_DROPOUT[case][0], FOLD_DROPOUT[case][7], FOLD_DROPOUT[case][8]

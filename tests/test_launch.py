@@ -244,8 +244,9 @@ def test_fwd_ws_key_block_variants(monkeypatch):
 
 def test_fwd_ws_softmax_defaults(monkeypatch):
     """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128 and 256: the plain and
-    ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout and bias
-    builds drop FOLD and keep the other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain
+    ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout builds (FOLD=0
+    in FWD_WS_DROPOUT_BY_HDIM: step 114's folded form is a variant) and the bias builds go without FOLD and keep the
+    other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain
     maxima (the trees spill 240 bytes there); 192 has none of them (not timed); the variable turns them off."""
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     for d in (64, 128, 256):
