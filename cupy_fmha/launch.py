@@ -119,7 +119,7 @@ def fwd_launch(spec: KernelSpec, batch: int, nhead_q: int, seqlen_q: int) -> Lau
     comparisons) or else by :func:`backends.cuda.fwd_ws_persist`; sizes from the spec's macros."""
     nqb, per = cdiv(seqlen_q, spec.macro("BLOCK_M")), spec.macro("PERSIST")
     if per is None:
-        per = fwd_ws_persist(nqb, batch * nhead_q) if spec.source == "fmha_fwd_sm90_ws" else 0
+        per = fwd_ws_persist(nqb, batch * nhead_q, spec.macro("HDIM_Q")) if spec.source == "fmha_fwd_sm90_ws" else 0
     return Launch((cdiv(nqb, per) if per else nqb, nhead_q, batch), (spec.macro("NTHREADS"), 1, 1),
                   spec.macro("SMEM_BYTES"))
 

@@ -195,8 +195,8 @@ def _persist_pair(monkeypatch, q, k, v, kw):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_persist_default_matches_one_row_block_per_cta(monkeypatch, d, causal):
-    """Batch mode at a shape where the default launch gives each ws-forward CTA 4 row blocks
-    (backends/cuda.py FWD_WS_PERSIST, bench/NOTES.md step 39: seqlen <= 1024, batch * heads >= 198):
+    """Batch mode at a shape where the default launch gives each ws-forward CTA several row blocks (4 at hdim 64,
+    2 at 128: backends/cuda.py FWD_WS_PERSIST, bench/NOTES.md steps 39 and 115: seqlen <= 1024, batch * heads >= 198):
     O and LSE bit-identical to one row block per CTA (the same arithmetic per block; the cross-block
     ring, Q reuse and phases are what differ), every element written over the poison."""
     if not conftest.is_sm90():
@@ -206,7 +206,8 @@ def test_persist_default_matches_one_row_block_per_cta(monkeypatch, d, causal):
     b, s, h = 4, 1000, 64  # 8 row blocks of 128 (6 of 192 at hdim 64 without a mask); 256 (batch, head) pairs
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)  # (the default launch, whatever variant this file runs under)
     spec = cuda.fwd_spec("fp16", d, d, 90)
-    assert spec.source == "fmha_fwd_sm90_ws" and L.fwd_launch(spec, b, h, s).grid[0] == 2  # (4 per CTA)
+    # (4 per CTA at 64; 2 at 128, FWD_WS_PERSIST_BY_HDIM since step 115)
+    assert spec.source == "fmha_fwd_sm90_ws" and L.fwd_launch(spec, b, h, s).grid[0] == (2 if d == 64 else 4)
     rng = cp.random.default_rng(seed_for("fwd-ws-persist", d, causal))
     q, k, v = (rng.standard_normal((b, s, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
     o, lse, o0, lse0 = _persist_pair(monkeypatch, q, k, v, dict(causal=causal))
@@ -404,17 +405,21 @@ def test_prev_softmax128_list_is_not_empty():
 # build's, with windows crossing both bounds, ALiBi, dropout, a negative softmax_scale (the folded form's
 # minimum at hdim 64) and group mode too.
 # (SMAX_TREE with MASK_ROWS=1, as experimental_table builds them: identity of the pair implies each one's,
-# and a failure is bisected with the single switches by hand; MASK_ROWS=2, the causal loop, at 64 and 128)
+# and a failure is bisected with the single switches by hand; MASK_ROWS=2, the causal loop, at 64 and 128, where it
+# is the default since step 115: there the other form, MASK_ROWS=0, is the variant)
 # DESC_ADDR (step 103: the loop's wgmma descriptors from one 32-bit address plus constant offsets; the default
 # at 192 and 256 since step 104) forms the same descriptors, so the other form than the table's must be
 # bit-identical as well, at every head dim (DESC_ADDR=1 at 64 and 128, DESC_ADDR=0, the pointers, at 192 and
 # 256) and on the bias builds.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=2", "DESC_ADDR=other"]
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other"]
 
 
 def _concrete(variant: str, d: int) -> str:
-    """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``."""
-    return variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - cuda.fwd_ws_tiles(d).get('DESC_ADDR', 0)}")
+    """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``, and
+    ``MASK_ROWS=other`` the other of MASK_ROWS 0 and 2 (2 the table's at 64 and 128)."""
+    tiles = cuda.fwd_ws_tiles(d)
+    return (variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - tiles.get('DESC_ADDR', 0)}")
+            .replace("MASK_ROWS=other", f"MASK_ROWS={2 - tiles.get('MASK_ROWS', 0)}"))
 EXACT_EXTRA = {
     "alibi": dict(causal=True),
     "dropout": dict(dropout_p=0.2, seed=7, offset=3),
@@ -429,7 +434,7 @@ EXACT_EXTRA = {
 def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    if variant == "MASK_ROWS=2" and d > 128:
+    if variant == "MASK_ROWS=other" and d > 128:
         pytest.skip("MASK_ROWS=2 is built at 64 and 128 (it spills at 256)")
     variant = _concrete(variant, d)
     if shape in EXACT_EXTRA:
@@ -497,10 +502,10 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 192])
 def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
-    """LAZY_RESCALE=8 (step 87; the default at 64 / 128 / 256 since step 113) where it matters: every other query
-    row scores a ramp over the keys, so its maximum rises by more than 8 (log2) per 128-key block and moves every
+    """LAZY_RESCALE=8 (step 87; the default at 64 / 128 / 256 since step 113, at 192 since step 115) where it matters:
+    every other query row scores a ramp over the keys, so its maximum rises by more than 8 (log2) per key block and moves every
     block, while the rows beside it in the same warps keep theirs (O rescaled for some rows of a warp, with corr 1
     for the others); against the float64 reference and within rounding of the build without it (LAZY_RESCALE=0)."""
     import ml_dtypes
@@ -518,7 +523,8 @@ def test_lazy_rescale_moving_maxima(monkeypatch, d, dtype):
     k = g.standard_normal((b, s, h, d)) * 0.5
     v = g.standard_normal((b, s, h, d))
     q[:, 0::2, :, 0], q[:, 1::2, :, 0] = 1.0, 0.0
-    k[..., 0] = 0.6 * np.arange(s)[None, :, None]  # (0.6 * 128 / sqrt(d) * log2(e) > 8 per block at 64 and 128)
+    # (0.6 * 128 / sqrt(d) * log2(e) > 8 per 128-key block at 64 and 128; 1.0 * 112 / sqrt(192) * log2(e) = 11.7 at 192)
+    k[..., 0] = (0.6 if d <= 128 else 1.0) * np.arange(s)[None, :, None]
     hq, hk, hv = (x.astype(npdt) for x in (q, k, v))
     dq, dk, dv = (cp.asarray(x) if dtype == "fp16" else cp.asarray(x.view(np.uint16)) for x in (hq, hk, hv))
     kw = {} if dtype == "fp16" else dict(dtype="bfloat16")

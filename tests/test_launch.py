@@ -243,27 +243,32 @@ def test_fwd_ws_key_block_variants(monkeypatch):
 
 
 def test_fwd_ws_softmax_defaults(monkeypatch):
-    """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128 and 256: the plain and
-    ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout builds (FOLD=0
-    in FWD_WS_DROPOUT_BY_HDIM: step 114's folded form is a variant) and the bias builds go without FOLD and keep the
-    other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain
-    maxima (the trees spill 240 bytes there); 192 has none of them (not timed); the variable turns them off."""
+    """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128, 256 and (step 115) 192:
+    the plain and ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout
+    builds (FOLD=0 in FWD_WS_DROPOUT_BY_HDIM: step 114's folded form is a variant) and the bias builds go without FOLD
+    and keep the other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain maxima (the trees
+    spill 240 bytes there), and the dropout build at 64, which keeps the softmax before step 113 (step 115: faster
+    there); MASK_ROWS=2 at 64 and 128 (step 115) in every build there; the variable turns them off."""
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
-    for d in (64, 128, 256):
+    for d in (64, 128, 192, 256):
         for alibi in (False, True):
             s = fwd_spec("bf16", d, d, 90, alibi=alibi)
             assert s.source == "fmha_fwd_sm90_ws", s.name
             assert (s.macro("FOLD"), s.macro("SMAX_TREE"), s.macro("LAZY_RESCALE")) == (1, 1, 8), s.name
         s = fwd_spec("bf16", d, d, 90, dropout=True)
-        assert (s.macro("FOLD", 0), s.macro("SMAX_TREE"), s.macro("LAZY_RESCALE")) == (0, 1, 8), s.name
+        want = (0, 0, 0) if d == 64 else (0, 1, 8)
+        assert (s.macro("FOLD", 0), s.macro("SMAX_TREE", 0), s.macro("LAZY_RESCALE", 0)) == want, s.name
+        for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(bias=True, bias_tma=2), dict(bias=True, bias_tma=4)):
+            if d > 128 and "bias" in kw:
+                continue
+            s = fwd_spec("bf16", d, d, 90, **kw)
+            assert s.macro("MASK_ROWS", 0) == (2 if d <= 128 else 0), s.name
     for d, n, tree in ((128, 2, 1), (128, 4, 1), (64, 4, 1), (64, 2, 0)):
         s = fwd_spec("bf16", d, d, 90, bias=True, bias_tma=n)
         assert (s.macro("FOLD", 0), s.macro("SMAX_TREE", 0), s.macro("LAZY_RESCALE")) == (0, tree, 8), s.name
-    s = fwd_spec("bf16", 192, 192, 90)
-    assert all(s.macro(k, 0) == 0 for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")), s.name
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0,SMAX_TREE=0,LAZY_RESCALE=0")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "FOLD=0,SMAX_TREE=0,LAZY_RESCALE=0,MASK_ROWS=0")
     s = fwd_spec("bf16", 128, 128, 90)
-    assert not any(k in s.name for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE")), s.name
+    assert not any(k in s.name for k in ("FOLD", "SMAX_TREE", "LAZY_RESCALE", "MASK_ROWS")), s.name
 
 
 @pytest.mark.parametrize("text,message", [("SMAXTREE=1", r"unknown entries \['SMAXTREE'\]"),
@@ -329,14 +334,14 @@ def test_first_key_block_matches_counting():
 def test_fwd_ws_persist_default(monkeypatch):
     """Without the variable the launcher picks the row blocks per CTA (backends/cuda.py
     FWD_WS_PERSIST, bench/NOTES.md step 39): 4 at seqlen <= 1024 (8 row blocks of 128), 2 up to
-    2048, then one per CTA; never when the grid would fall below three waves of 132 SMs (a small
+    2048, then one per CTA (at hdim 128 2 up to 2048: FWD_WS_PERSIST_BY_HDIM, step 115); never when the grid would fall below three waves of 132 SMs (a small
     batch keeps one row block per CTA); the ws forward only (the other forwards' grids unchanged)."""
     from cupy_fmha.backends import cuda
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     s = cuda.fwd_spec("bf16", 128, 128, 90)
     assert s.macro("PERSIST") is None and "PERSIST" not in s.name
     # FlashAttention's grid (batch * seqlen = 16384, nhead * hdim = 2048), hdim 128
-    assert L.fwd_launch(s, 16, 16, 1024).grid == (2, 16, 16)
+    assert L.fwd_launch(s, 16, 16, 1024).grid == (4, 16, 16)  # (2 per CTA at hdim 128, FWD_WS_PERSIST_BY_HDIM)
     assert L.fwd_launch(s, 8, 16, 2048).grid == (8, 16, 8)
     assert L.fwd_launch(s, 4, 16, 4096).grid == (32, 16, 4)
     assert L.fwd_launch(s, 1, 16, 16384).grid == (128, 16, 1)
@@ -345,6 +350,10 @@ def test_fwd_ws_persist_default(monkeypatch):
     # at 2 it is 788 (2); 8 x 98 at 2 is 392 (0); 16 x 50 at 2 is 400 (2); 16 x 49 at 2 is 392 (0); 17 row blocks (0)
     cases = ((8, 198), (8, 197), (8, 98), (16, 50), (16, 49), (17, 10**6))
     assert [cuda.fwd_ws_persist(n, bh) for n, bh in cases] == [4, 2, 0, 2, 0, 0]
+    # hdim 128 (step 115): 2 per CTA up to 16 row blocks; other head dims FWD_WS_PERSIST's
+    assert [cuda.fwd_ws_persist(n, bh, 128) for n, bh in cases] == [2, 2, 0, 2, 0, 0]
+    assert [cuda.fwd_ws_persist(n, bh, 64) for n, bh in cases] == [4, 2, 0, 2, 0, 0]
+    assert L.fwd_launch(cuda.fwd_spec("bf16", 64, 64, 90), 16, 32, 1024).grid == (2, 32, 16)  # (6 row blocks of 192, 4 per CTA)
     plain = cuda.fwd_spec("bf16", 128, 128, 80)
     assert plain.source == "fmha_fwd" and L.fwd_launch(plain, 16, 16, 1024).grid[0] == -(-1024 // plain.macro("BLOCK_M"))
 

@@ -25,6 +25,10 @@
 #   fa3       the hdim-128 sweep with FlashAttention-3 as a peer (carry .whl)
 #   features  bench/features.py --hdim 128 and 64
 #   suite     the whole GPU suite in one pytest run (needs a call of its own)
+# Thirty-third session (step 115: MASK_ROWS=2 at 64 / 128, step 113's softmax at 192, 2 row blocks per CTA at hdim 128):
+#   san115    compute-sanitizer memcheck / racecheck / synccheck on the new default builds at hdim 64, 128 and 192
+#             under PERSIST=4 (bench/probe/sanitize_fwd_ws.py: plain, causal, dropout, group mode)
+#   persist256  bench/ab.py: the default (A) against PERSIST=2 at s1024 (B), hdim 192 and 256, bf16, causal both
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -84,6 +88,14 @@ for part in "$@"; do
     suite) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 --dist worksteal --durations=15 tests \
              > $OUT/suite-all.txt 2>&1
            echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt;;
+    san115) for tool in memcheck racecheck synccheck; do
+              CUPY_FMHA_FWD_WS_TILES=PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+                --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128,192 > /tmp/s115-$tool.txt 2>&1
+              echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s115-$tool.txt | tail -1)"
+            done;;
+    persist256) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=PERSIST=2 --rounds 3 \
+                  --tag ab-persist-1024-2-hd192-256 --out /tmp/ab -- --hdim 192,256 --seqlen 1024 --dtype bf16 --mode fwd \
+                  --causal both 2>&1 | grep -v "^\\$" | tail -6;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null

@@ -23,7 +23,7 @@ import os
 from ..spec import DTYPES, BwdSpecs, KernelSpec, _mk, feature_macros, pad_hdim
 
 __all__ = ["NAME", "WARP_SIZE", "SMEM_LIMIT", "OFFLINE_ARCHS", "derived_macros", "smem_pitch", "compile_arch", "compile_options", "fwd_spec",
-           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "use_bwd_ws_diagonal", "BWD_WS_DIAGONAL_SEQLEN_K", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
+           "bwd_specs", "bwd_ws_spec", "bwd_ws_wide_spec", "BWD_WS_WIDE_HDIMS", "BWD_WS_WIDE_BUILDS", "bwd_ws_tiles", "BWD_WS_VARIANTS", "BWD_WS_BUILDS", "fwd_ws_spec", "fwd_ws_tiles", "fwd_ws_persist", "FWD_WS_PERSIST", "FWD_WS_PERSIST_BY_HDIM", "FWD_WS_VARIANTS", "FWD_WS_BUILDS", "use_ws", "use_fwd_ws", "use_fwd_ws_short", "use_heads_x", "use_bwd_ws_diagonal", "BWD_WS_DIAGONAL_SEQLEN_K", "BWD_WS_HEADS_X_SEQLEN_K", "BWD_WS_HEADS_GROUP", "BWD_WS_HEADS_GROUP_SEQLEN_K", "experimental_table", "dropout_mask_spec", "dispatch_table", "use_sm90", "use_wg_skip", "fwd_tiles", "bwd_tiles",
            "fwd_sm90_tiles", "padded_dims", "SM90_HDIMS", "FWD_WS_HDIMS", "FEATURE_SETS"]
 
 NAME = "cuda"
@@ -715,10 +715,14 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: conditional rescale) measured 0.92-0.94x the time at 128 without a mask (0.86-1.02 causal, the slower ones
 #: at s1024-2048), 0.90-0.98x at 256; at 64 (FOLD there already) SMAX_TREE with LAZY_RESCALE 0.89-0.94x
 #: without a mask, 0.91-0.95 causal from s4096, 0.99-1.00 causal below (the short-diagonal build). Each
-#: alone measured less (FOLD+SMAX_TREE 0.95-0.99 at 128, LAZY_RESCALE 0.96-1.02); 192 not timed yet.
+#: alone measured less (FOLD+SMAX_TREE 0.95-0.99 at 128, LAZY_RESCALE 0.96-1.02). At 192 the three measured
+#: 0.94-0.96x without a mask and 0.91-0.96x causal (step 115, an H100, bf16, s1024-16384).
+#: MASK_ROWS=2 (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)
+#: at 64 and 128: 0.96-0.99x the time causal at 64, 0.97-1.00x at 128 (step 115, an H100, bf16, s1024-16384; step
+#: 91 had measured 0.96-1.05 before the loop got faster); not at 192 (untimed) or 256 (it spills 4 bytes there).
 FWD_WS_SOFTMAX = dict(FOLD=1, SMAX_TREE=1, LAZY_RESCALE=8)
-FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, **FWD_WS_SOFTMAX), 128: dict(FWD_WS_SOFTMAX),
-                  192: dict(BLOCK_N=112, DESC_ADDR=1),
+FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, **FWD_WS_SOFTMAX), 128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
+                  192: dict(BLOCK_N=112, DESC_ADDR=1, **FWD_WS_SOFTMAX),
                   256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, **FWD_WS_SOFTMAX)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
@@ -737,8 +741,11 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: ping-pong pipeline: 0.94-0.97x the serial one's time on the H200 at s1024-16384, causal and not
 #: (0.90-0.96x at s16384; step 97), 0 spills with ALiBi too
 #: FOLD=0 in each: the folded softmax takes dropout since step 114 (a variant: FOLD=1 in CUPY_FMHA_FWD_WS_TILES; the
-#: serial pipeline at 192 / 256 does not fold), not timed yet, so the dropout builds keep the scaled form
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0), 128: dict(FOLD=0),
+#: serial pipeline at 192 / 256 does not fold), and measured 0.98-1.01x the time at 64 and 128 (step 115, an H100):
+#: the dropout loop is held by its Philox work, not by the softmax's issue, so the builds keep the scaled form.
+#: At 64 also step 113's tree maxima and lazy rescale off: with them the dropout forward measured 1.00-1.03x the time
+#: of the softmax before step 113 at all six points (s1024 / 4096 / 16384, causal and not; at 128 0.98-1.03, mixed)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0), 128: dict(FOLD=0),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
@@ -766,16 +773,21 @@ FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2, PV_OVERLAP=1, PINGP
 #: seqlen 4096 on one per CTA (2: 0.98-1.02x at 4096, 0.94x causal at 8192, 4: 0.90x at 8192).
 #: Counted in row blocks, measured with 128 rows each: the 192-row blocks of hdim 64 (NWG=3) get 4
 #: per CTA up to seqlen 1536 and 2 up to 3072; step 67's A/B timed that as it is, no other count.
+#: At hdim 128 (step 115, an H100, bf16, b16 h16): 2 per CTA at seqlen 1024 measured 0.945x the time of 4 without a
+#: mask and 0.98x causal (8: 1.32-1.54x); at 2048, 1 and 4 measured 1.00-1.02x of 2; at hdim 64 2 at seqlen 1024 was
+#: 1.02x of 4, so the other head dims keep FWD_WS_PERSIST (192 and 256 untimed).
 FWD_WS_PERSIST = ((8, 4), (16, 2))
+FWD_WS_PERSIST_BY_HDIM = {128: ((16, 2),)}
 #: ... and only while the grid keeps at least this many CTAs (three waves of a 132-SM H100/H200),
 #: so a small batch is not left on a few SMs
 FWD_WS_PERSIST_MIN_CTAS = 396
 
 
-def fwd_ws_persist(row_blocks: int, batch_heads: int) -> int:
-    """Row blocks per CTA of the ws forward by default (:data:`FWD_WS_PERSIST`): ``row_blocks``
-    per (batch, head), ``batch_heads`` = batch * nhead_q; 0 is one per CTA (the plain grid)."""
-    for most, per in FWD_WS_PERSIST:
+def fwd_ws_persist(row_blocks: int, batch_heads: int, hdim: int = 0) -> int:
+    """Row blocks per CTA of the ws forward by default (:data:`FWD_WS_PERSIST`, or at padded head dim
+    ``hdim`` :data:`FWD_WS_PERSIST_BY_HDIM`'s entry): ``row_blocks`` per (batch, head), ``batch_heads`` =
+    batch * nhead_q; 0 is one per CTA (the plain grid)."""
+    for most, per in FWD_WS_PERSIST_BY_HDIM.get(hdim, FWD_WS_PERSIST):
         if row_blocks <= most and -(-row_blocks // per) * batch_heads >= FWD_WS_PERSIST_MIN_CTAS:
             return per
     return 0
@@ -921,25 +933,22 @@ def experimental_table() -> list[KernelSpec]:
     # ALiBi (fwd_ws_spec keeps 128 keys with dropout)
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "BLOCK_N": n, "O_IN_Q": 1})
             for dtype in DTYPES for n in (176, 192) for alibi in (False, True)]
-    # ... and the softmax before step 113 (FWD_WS_SOFTMAX off: at 128 and 256 unfolded, the chain maxima, O rescaled
-    # every block; at 64 folded as since step 37), plain builds, for comparisons
+    # ... and the softmax before step 113 (FWD_WS_SOFTMAX off: at 128, 192 and 256 unfolded, the chain maxima, O
+    # rescaled every block; at 64 folded as since step 37), plain builds, for comparisons
     out += [fwd_ws_spec(dtype, d, d, tiles={**fwd_ws_tiles(d), "FOLD": int(d == 64), "SMAX_TREE": 0, "LAZY_RESCALE": 0})
-            for dtype in DTYPES for d in (64, 128, 256)]
-    # ... and step 113's softmax at 192 (FWD_WS_SOFTMAX; not timed there yet, tools/sass_sched.py's loop model -9.7%,
-    # as at 256 where it measured 0.90-0.98x the time), plain and ALiBi
-    out += [fwd_ws_spec(dtype, 192, 192, alibi=alibi, tiles={**fwd_ws_tiles(192, alibi), **FWD_WS_SOFTMAX})
-            for dtype in DTYPES for alibi in (False, True)]
+            for dtype in DTYPES for d in (64, 128, 192, 256)]
     # ... and the dropout builds with the folded softmax (step 114: FOLD=1; the dropped elements still leave as P is
     # packed), at 64 and 128, where the dropout builds run the overlapped pipeline
     out += [fwd_ws_spec(dtype, d, d, dropout=True, tiles={**fwd_ws_tiles(d, dropout=True), "FOLD": 1})
             for dtype in DTYPES for d in (64, 128)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
-    # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=2 (the lower bound only
-    # where it crosses: 4 bytes of spill at 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
+    # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=0 at 64 and 128 (the mask
+    # test before step 115 made MASK_ROWS=2, the lower bound only where it crosses, the default there; 4 bytes of spill at
+    # 256), EXP_EMU=1 (1 of 8 tiles' exponentials by poly_exp2 on the FMA pipes)
     # likewise at 64 and 128 (LAZY_RESCALE=8, O rescaled only when a maximum moved by more than 2^8, was one of them
     # until step 113 made it the default); all four (EXP_EMU=2, MASK_ROWS=2), plain and dropout
-    for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 2}, (64, 128)),
+    for variant, hdims in (({"SMAX_TREE": 1, "MASK_ROWS": 1}, (64, 128, 192, 256)), ({"MASK_ROWS": 0}, (64, 128)),
                            ({"EXP_EMU": 1}, (64, 128))):
         out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), **variant})
                 for dtype in DTYPES for d in hdims for alibi in (False, True) for drop in (False, True)]
