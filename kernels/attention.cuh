@@ -238,16 +238,25 @@ __device__ __forceinline__ float slot_extreme_tree(const float* s, int r) {
     return v[0];
 }
 
+// softmax_p's `gen` hook: work the caller runs inside the softmax, after the mask test, in the basic block
+// of the maxima, shuffles and exponentials, where ptxas may interleave it with them (the ws forward's
+// KEEP_SINK: the next keep decisions); by default nothing.
+struct NoGen {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 // softmax_p's FOLDED form: the scores stay unscaled; the row's extreme is taken over them (the
 // maximum, or the minimum when scale_log2 < 0, masked elements set to the value that scales to
 // -inf) and scaled once, and each exponent is one FFMA, s * scale_log2 - max, instead of a
 // multiply per element and a subtract. POS: the sign of scale_log2 (SMAX_TREE: one copy of the
 // whole step per sign, so that neither row slot's code is split by the test).
-template <int NS, int NO, bool RESCALE, bool POS>
+template <int NS, int NO, bool RESCALE, bool POS, class Gen = NoGen>
 __device__ __forceinline__ void softmax_p_folded_signed(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                         float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                                        const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep) {
+                                                        const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep,
+                                                        const Gen& gen = Gen{}) {
     if (edge) mask_tile<NS>(s, POS ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
+    gen();
     float ext[AccFrag::ROW_SLOTS];  // each row's largest scaled score, in unscaled units
 #pragma unroll
     for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) ext[r] = slot_extreme_tree<NS, POS>(s, r);
@@ -259,17 +268,18 @@ __device__ __forceinline__ void softmax_p_folded_signed(float* s, float* acc_o, 
     apply_keep<NS>(s, keep);
 }
 
-template <int NS, int NO, bool RESCALE>
+template <int NS, int NO, bool RESCALE, class Gen = NoGen>
 __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                  float scale_log2, bool edge, const Window& win, int row0, int k0,
-                                                 const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep) {
+                                                 const AccFrag& f, int seqlen_k, const KeepBits<NS>& keep, const Gen& gen = Gen{}) {
     const bool pos = scale_log2 > 0.f;  // (uniform: the launch's scale)
     if constexpr (SMAX_TREE) {
-        if (pos) softmax_p_folded_signed<NS, NO, RESCALE, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
-        else softmax_p_folded_signed<NS, NO, RESCALE, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
+        if (pos) softmax_p_folded_signed<NS, NO, RESCALE, true>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep, gen);
+        else softmax_p_folded_signed<NS, NO, RESCALE, false>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep, gen);
         return;
     }
     if (edge) mask_tile<NS>(s, pos ? -FMHA_INF : FMHA_INF, win, row0, k0, f, seqlen_k);  // (masked: scales to -inf)
+    gen();
     constexpr int E = AccFrag::SLOT_ELEMS;
 #pragma unroll
     for (int r = 0; r < AccFrag::ROW_SLOTS; ++r) {
@@ -298,11 +308,11 @@ __device__ __forceinline__ void softmax_p_folded(float* s, float* acc_o, float r
 // ElemBias (read from global memory element by element), or a tile already in shared memory whose
 // type has PAIRS set (the architecture layer's SwBiasTile: fmha_fwd_sm90_ws), added by its add()
 // after the scaling (row0: the fragment's first row inside the tile).
-template <int NS, int NO, bool RESCALE, class Bias>
+template <int NS, int NO, bool RESCALE, class Bias, class Gen = NoGen>
 __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                                  float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                                  const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                                 const KeepBits<NS>& keep, int tile_row0 = 0) {
+                                                 const KeepBits<NS>& keep, int tile_row0 = 0, const Gen& gen = Gen{}) {
     // One branch per tile, selects inside: with the test inside the element loop, NVRTC emitted
     // a branch per element (PTX), and the forward ran 10-25% slower on the H200.
 #pragma unroll
@@ -316,6 +326,7 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
         }
     if constexpr (BIAS && Bias::PAIRS) bias.template add<NS>(s, row0 - tile_row0, f);
     if (edge) mask_tile<NS>(s, -FMHA_INF, win, row0, k0, f, seqlen_k);
+    gen();
     constexpr int E = AccFrag::SLOT_ELEMS;
     if constexpr (SMAX_TREE) {  // (both slots' trees, then both slots' shuffles: the same maxima)
         float mx[AccFrag::ROW_SLOTS];
@@ -339,14 +350,14 @@ __device__ __forceinline__ void softmax_p_scaled(float* s, float* acc_o, float r
     apply_keep<NS>(s, keep);
 }
 
-template <int NS, int NO, bool RESCALE, bool FOLDED = false, class Bias>
+template <int NS, int NO, bool RESCALE, bool FOLDED = false, class Bias, class Gen = NoGen>
 __device__ __forceinline__ void softmax_p(float* s, float* acc_o, float row_max[2], float row_sum[2], float corr[2],
                                           float scale_log2, bool edge, const Window& win, const Alibi& alibi,
                                           const Bias& bias, int row0, int k0, const AccFrag& f, int seqlen_k,
-                                          const KeepBits<NS>& keep, int tile_row0 = 0) {
+                                          const KeepBits<NS>& keep, int tile_row0 = 0, const Gen& gen = Gen{}) {
     static_assert(!FOLDED || (!BIAS && !ALIBI), "softmax_p<FOLDED>: scores without a bias or ALiBi term only");
-    if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep);
-    else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep, tile_row0);
+    if constexpr (FOLDED) softmax_p_folded<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, row0, k0, f, seqlen_k, keep, gen);
+    else softmax_p_scaled<NS, NO, RESCALE>(s, acc_o, row_max, row_sum, corr, scale_log2, edge, win, alibi, bias, row0, k0, f, seqlen_k, keep, tile_row0, gen);
 }
 
 // O (NO accumulator tiles) times corr[r] in row slot r (softmax_p's factors).

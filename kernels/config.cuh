@@ -55,6 +55,9 @@
 //                one through online_softmax): a row keeps its running maximum while a block's is at most
 //                this much larger (log2 units; P up to 2^(LAZY_RESCALE + 1/4)), and O is rescaled only
 //                when a row of the warp moved it (0: always)
+//   KEEP_SINK    the ws forward's dropout builds (fmha_fwd_sm90_ws.cu, KEEP_MSB): the keep decisions made inside
+//                the softmax (its `gen` hook, after the mask test), where ptxas can interleave the Philox
+//                work with the maxima, shuffles and exponentials, instead of under the S GEMM (0)
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
@@ -189,6 +192,9 @@
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 0
 #endif
+#ifndef KEEP_SINK
+#define KEEP_SINK 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -208,7 +214,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE };
+             lazy_rescale = LAZY_RESCALE, keep_sink = KEEP_SINK };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -252,6 +258,7 @@ enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_
 #undef EXP_EMU
 #undef MASK_ROWS
 #undef LAZY_RESCALE
+#undef KEEP_SINK
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -291,5 +298,6 @@ inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
 enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
-             LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows };
+             LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows,
+             KEEP_SINK = config_detail::keep_sink };
 }  // namespace fmha

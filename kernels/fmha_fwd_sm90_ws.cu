@@ -83,6 +83,8 @@ static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 *
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
+static_assert(!KEEP_SINK || (DROPOUT && PV_OVERLAP && BLOCK_N % 32 == 0),
+              "fmha_fwd_sm90_ws: KEEP_SINK moves the overlapped pipeline's KEEP_MSB keep decisions into the softmax");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
@@ -178,20 +180,34 @@ __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBloc
         // the words' xor through one shuffle, from which the first word is recovered (else ptxas sinks the work below
         // the wait, WARPGROUP.DEPBAR, where it no longer hides under the tensor cores; the keying before
         // bench/NOTES.md step 96 had its quad exchange's shuffles, which ptxas keeps in place)
+        // KEEP_SINK: no anchors; the call sits inside the softmax (its gen hook), for ptxas to interleave
         uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
-        fence_operand<2>(at);
+        if constexpr (!KEEP_SINK) fence_operand<2>(at);
         constexpr int WORDS = sizeof(kb) / 4;
         if constexpr (MSB) f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
         else kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
-        uint32_t* w = &kb.w[0][0];
-        uint32_t rest = 0u;
+        if constexpr (!KEEP_SINK) {
+            uint32_t* w = &kb.w[0][0];
+            uint32_t rest = 0u;
 #pragma unroll
-        for (int x = 1; x < WORDS; ++x) rest ^= w[x];
-        w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
-        fence_operand<WORDS>(w);
+            for (int x = 1; x < WORDS; ++x) rest ^= w[x];
+            w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
+            fence_operand<WORDS>(w);
+        }
     }
     return kb;
 }
+// KEEP_SINK: the keep decisions of the key block at k0 into *out, run by the softmax (its gen hook);
+// without KEEP_SINK nothing (keep_bits ran under the S GEMM)
+struct KeepGen {
+    FwdKeep* out;
+    const FwdBlock* blk;
+    int row0, k0;
+    const AccFrag* f;
+    __device__ __forceinline__ void operator()() const {
+        if constexpr (KEEP_SINK) *out = keep_bits(*blk, row0, k0, *f);
+    }
+};
 // The bits the softmax applies: KEEP_MSB's all ones (nothing dropped there), else the keep bits
 template <bool MSB = KEEP_MSB>
 __device__ __forceinline__ KeepBits<BLOCK_N / 8> softmax_keep(const typename FwdKeepOf<MSB>::type& k) {
@@ -613,20 +629,21 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 mbarrier_wait(smem_u32(&sm.v_full[(it + i) % STAGES]), ((it + i) / STAGES) & 1);
                 zero_tail_of(sm.v[(it + i) % STAGES], HDIM_V, i);
             };
-            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep) {  // (softmax_keep's bits)
+            // (gen: KEEP_SINK's keep decisions of block i, made inside the softmax; else nothing)
+            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep, const KeepGen& gen) {  // (softmax_keep's bits)
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 if constexpr (BIAS_ACC) {  // (the bias is in sacc already: bias_into_s)
                     softmax_p_folded<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, acc_scale, edge, blk.win,
-                                                    wq0 + wi * 16, k0, frag, blk.seqlen_k, keep);
+                                                    wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, gen);
                 } else if constexpr (BIAS) {
                     softmax_p<NS, NO, false>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge, blk.win, blk.alibi,
-                                             bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0);
+                                             bias_tile(it + i), wq0 + wi * 16, k0, frag, blk.seqlen_k, keep, q0, gen);
                     bias_done(it + i);
                 } else {
                     softmax_p<NS, NO, false, FOLD && !ALIBI>(sacc, acc_o, row_max, row_sum, corr, p.scale_log2, edge,
                                                              blk.win, blk.alibi, blk.bias, wq0 + wi * 16, k0, frag,
-                                                             blk.seqlen_k, keep);
+                                                             blk.seqlen_k, keep, 0, gen);
                 }
             };
             // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
@@ -645,6 +662,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 }
             };
             FwdKeep keep_prev{};  // the keep decisions of the block whose P waits in sacc (KEEP_MSB)
+            // the keep decisions of block i into keep_prev: under its S GEMM (keep_under_s), or with KEEP_SINK inside
+            // its softmax (keep_in_softmax, the softmax's gen hook)
+            auto keep_under_s = [&](int i) {
+                if constexpr (!KEEP_SINK) keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
+            };
+            auto keep_in_softmax = [&](int i) { return KeepGen{&keep_prev, &blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, &frag}; };
             auto next_pv_operands = [&](int i) {
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);
@@ -667,11 +690,11 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 opaque_base();
                 gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it)), wg);
                 turn_end(false);
-                keep_prev = keep_bits(blk, wq0 + wi * 16, blk.kb_begin * BLOCK_N, frag);
+                keep_under_s(0);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
                 mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
-                softmax(sacc, 0, corr, softmax_keep(keep_prev));
+                softmax(sacc, 0, corr, softmax_keep(keep_prev), keep_in_softmax(0));
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
                     phases(true);
@@ -687,13 +710,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + i)), wg);
                     gemm_pv(acc_o, pa, v_tile(uniform_stage(it + i - 1)));
                     turn_end(false);
-                    keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);  // (block i - 1's are used)
+                    keep_under_s(i);  // (block i - 1's are used)
                     phase(4);
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     phase(5);
                     mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
-                    softmax(sacc, i, corr, softmax_keep(keep_prev));
+                    softmax(sacc, i, corr, softmax_keep(keep_prev), keep_in_softmax(i));
                     phase(6);
                 }
                 phases(false);

@@ -162,6 +162,31 @@ def test_dropout_folded_softmax_variant(case, monkeypatch):
     _check_case(FOLD_DROPOUT[case], seed_for("dropout-fold", case))
 
 
+# Step 116: the keep decisions made inside the softmax (KEEP_SINK=1: the softmax's gen hook, where ptxas interleaves
+# the Philox work with the maxima and exponentials) instead of under the S GEMM. The same decisions and the same
+# softmax arithmetic, only scheduled elsewhere: O and LSE bit-identical to the default build's, and the whole case
+# (forward, backward, keep mask) against the reference, on the FOLD_DROPOUT cases (the overlapped pipeline at 64 and
+# 128), with FOLD as the table has it.
+@pytest.mark.parametrize("case", list(FOLD_DROPOUT))
+def test_dropout_keep_sink_variant(case, monkeypatch):
+    from cupy_fmha.backends import cuda
+
+    if not is_sm90():
+        pytest.skip("sm_90 only")
+    dtype, layout, b, sq, sk, hq, hk, d, dv, extra = FOLD_DROPOUT[case]
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("dropout-keep-sink", case))
+    kw = dict(inp.api_kw(dict(extra, layout=layout)), dtype=inp.dtype_arg)
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    o0, lse0 = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "KEEP_SINK=1")
+    spec = cuda.fwd_spec("fp16" if dtype == F16 else "bf16", d, dv, 90, dropout=True)
+    assert spec.macro("KEEP_SINK") == 1 and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
+    o, lse = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    _check_case(FOLD_DROPOUT[case], seed_for("dropout-keep-sink", case))
+
+
 def test_dropout_folded_list_is_not_empty():
     """(a filter that matched nothing would leave the variant untested while the file still passed)"""
     assert sum(max(v[7], v[8]) == 64 for v in FOLD_DROPOUT.values()) >= 3

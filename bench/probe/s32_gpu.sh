@@ -29,6 +29,10 @@
 #   san115    compute-sanitizer memcheck / racecheck / synccheck on the new default builds at hdim 64, 128 and 192
 #             under PERSIST=4 (bench/probe/sanitize_fwd_ws.py: plain, causal, dropout, group mode)
 #   persist256  bench/ab.py: the default (A) against PERSIST=2 at s1024 (B), hdim 192 and 256, bf16, causal both
+#   sinktest  step 116: KEEP_SINK=1 (the keep decisions inside the softmax) bit-identical to the default and against the
+#             reference (tests/test_gpu_dropout.py -k keep_sink)
+#   sinksan   compute-sanitizer memcheck / racecheck / synccheck under KEEP_SINK=1,PERSIST=4 at hdim 64 and 128
+#   sinkab    bench/probe/drop_ws.py: the default (A) against KEEP_SINK=1 (B), A B A B, hdim 64 and 128
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -96,6 +100,15 @@ for part in "$@"; do
     persist256) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=PERSIST=2 --rounds 3 \
                   --tag ab-persist-1024-2-hd192-256 --out /tmp/ab -- --hdim 192,256 --seqlen 1024 --dtype bf16 --mode fwd \
                   --causal both 2>&1 | grep -v "^\\$" | tail -6;;
+    sinktest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_dropout.py -k keep_sink \
+                > $OUT/test-dropout-keep-sink.txt 2>&1
+              echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-dropout-keep-sink.txt | head; tail -1 $OUT/test-dropout-keep-sink.txt;;
+    sinksan) for tool in memcheck racecheck synccheck; do
+               CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+                 --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128 > /tmp/ssink-$tool.txt 2>&1
+               echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/ssink-$tool.txt | tail -1)"
+             done;;
+    sinkab) drop_pair KEEP_SINK=1 | cut -c1-70;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null

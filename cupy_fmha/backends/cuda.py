@@ -842,7 +842,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer "
                          f"{'exists' if len(removed) == 1 else 'exist'} (removed after the measurements of "
                          f"bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR",
+    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     unknown = set(tiles) - {"NWG", "BLOCK_N", "STAGES", "TIMING", "PERSIST", *switches}
@@ -875,6 +875,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
         tiles.pop("FOLD", None)  # (softmax_p_folded: no bias term; BIAS_ACC's own folded form aside)
     if not bias_tma or dropout or alibi or not tiles.get("PV_OVERLAP"):
         tiles.pop("BIAS_ACC", None)  # (a variant of the bias build's overlapped pipeline only)
+    if not dropout or not tiles.get("PV_OVERLAP") or tiles.get("BLOCK_N", 128) % 32:
+        tiles.pop("KEEP_SINK", None)  # (the overlapped pipeline's KEEP_MSB keep decisions only)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
@@ -941,6 +943,9 @@ def experimental_table() -> list[KernelSpec]:
     # packed), at 64 and 128, where the dropout builds run the overlapped pipeline
     out += [fwd_ws_spec(dtype, d, d, dropout=True, tiles={**fwd_ws_tiles(d, dropout=True), "FOLD": 1})
             for dtype in DTYPES for d in (64, 128)]
+    # ... and with the keep decisions made inside the softmax (step 116: KEEP_SINK=1), there, with and without ALiBi
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles={**fwd_ws_tiles(d, alibi, True), "KEEP_SINK": 1})
+            for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=0 at 64 and 128 (the mask
