@@ -208,6 +208,10 @@ struct KeepGen {
         if constexpr (KEEP_SINK) *out = keep_bits(*blk, row0, k0, *f);
     }
 };
+// the softmax's gen hook: KeepGen with KEEP_SINK, else nothing (NoGen: the default builds' code as before it)
+template <bool SINK> struct KeepGenOf { using type = NoGen; };
+template <> struct KeepGenOf<true> { using type = KeepGen; };
+using SoftmaxGen = KeepGenOf<KEEP_SINK>::type;
 // The bits the softmax applies: KEEP_MSB's all ones (nothing dropped there), else the keep bits
 template <bool MSB = KEEP_MSB>
 __device__ __forceinline__ KeepBits<BLOCK_N / 8> softmax_keep(const typename FwdKeepOf<MSB>::type& k) {
@@ -630,7 +634,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 zero_tail_of(sm.v[(it + i) % STAGES], HDIM_V, i);
             };
             // (gen: KEEP_SINK's keep decisions of block i, made inside the softmax; else nothing)
-            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep, const KeepGen& gen) {  // (softmax_keep's bits)
+            auto softmax = [&](float* sacc, int i, float* corr, const KeepBits<NS>& keep, const SoftmaxGen& gen) {  // (softmax_keep's bits)
                 const int k0 = (blk.kb_begin + i) * BLOCK_N;
                 const bool edge = blk.win.tile_needs_test(wq0, 64, k0, BLOCK_N, blk.seqlen_q, blk.seqlen_k);
                 if constexpr (BIAS_ACC) {  // (the bias is in sacc already: bias_into_s)
@@ -667,7 +671,10 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             auto keep_under_s = [&](int i) {
                 if constexpr (!KEEP_SINK) keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
             };
-            auto keep_in_softmax = [&](int i) { return KeepGen{&keep_prev, &blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, &frag}; };
+            auto keep_in_softmax = [&](int i) {
+                if constexpr (KEEP_SINK) return KeepGen{&keep_prev, &blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, &frag};
+                else return NoGen{};
+            };
             auto next_pv_operands = [&](int i) {
                 wgmma_wait0();
                 fence_operand<NO * 4>(acc_o);

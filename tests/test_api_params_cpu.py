@@ -542,7 +542,9 @@ def test_ws_softmax_variant_switches(monkeypatch):
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "SMAX_TREE=1,MASK_ROWS=1,EXP_EMU=2,LAZY_RESCALE=8")
     spec = cuda.fwd_ws_spec("bf16", 128, 128)
     assert [spec.macro(k) for k in ("SMAX_TREE", "MASK_ROWS", "EXP_EMU", "LAZY_RESCALE")] == [1, 1, 2, 8]
-    # KEEP_SINK (step 116): the dropout builds' overlapped pipeline only; left out of the others' names
+    # KEEP_SINK (step 116; the default at 64): the dropout builds' overlapped pipeline only; left out of the others' names
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "KEEP_SINK=0")
+    assert cuda.fwd_ws_spec("bf16", 64, 64, dropout=True).macro("KEEP_SINK") is None
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "KEEP_SINK=1")
     assert cuda.fwd_ws_spec("bf16", 128, 128, dropout=True).macro("KEEP_SINK") == 1
     assert cuda.fwd_ws_spec("bf16", 64, 64, dropout=True).macro("KEEP_SINK") == 1

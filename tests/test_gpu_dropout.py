@@ -163,10 +163,10 @@ def test_dropout_folded_softmax_variant(case, monkeypatch):
 
 
 # Step 116: the keep decisions made inside the softmax (KEEP_SINK=1: the softmax's gen hook, where ptxas interleaves
-# the Philox work with the maxima and exponentials) instead of under the S GEMM. The same decisions and the same
-# softmax arithmetic, only scheduled elsewhere: O and LSE bit-identical to the default build's, and the whole case
-# (forward, backward, keep mask) against the reference, on the FOLD_DROPOUT cases (the overlapped pipeline at 64 and
-# 128), with FOLD as the table has it.
+# the Philox work with the maxima and exponentials; the default at hdim 64) or under the S GEMM (KEEP_SINK=0: at 128).
+# The same decisions and the same softmax arithmetic, only scheduled elsewhere: the other form than the table's gives
+# O and LSE bit-identical to the default build's, and the whole case (forward, backward, keep mask) against the
+# reference, on the FOLD_DROPOUT cases (the overlapped pipeline at 64 and 128), with FOLD as the table has it.
 @pytest.mark.parametrize("case", list(FOLD_DROPOUT))
 def test_dropout_keep_sink_variant(case, monkeypatch):
     from cupy_fmha.backends import cuda
@@ -177,10 +177,13 @@ def test_dropout_keep_sink_variant(case, monkeypatch):
     inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, dv, seed_for("dropout-keep-sink", case))
     kw = dict(inp.api_kw(dict(extra, layout=layout)), dtype=inp.dtype_arg)
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
+    name = "fp16" if dtype == F16 else "bf16"
+    table = cuda.fwd_spec(name, d, dv, 90, dropout=True).macro("KEEP_SINK", 0)
+    assert table == (1 if max(d, dv) <= 64 else 0)
     o0, lse0 = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "KEEP_SINK=1")
-    spec = cuda.fwd_spec("fp16" if dtype == F16 else "bf16", d, dv, 90, dropout=True)
-    assert spec.macro("KEEP_SINK") == 1 and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_SINK={1 - table}")
+    spec = cuda.fwd_spec(name, d, dv, 90, dropout=True)
+    assert spec.macro("KEEP_SINK", 0) == 1 - table and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
     o, lse = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())

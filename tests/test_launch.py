@@ -248,7 +248,7 @@ def test_fwd_ws_softmax_defaults(monkeypatch):
     builds (FOLD=0 in FWD_WS_DROPOUT_BY_HDIM: step 114's folded form is a variant) and the bias builds go without FOLD
     and keep the other two, except the 16-bit bias at 64 (three warpgroups), which keeps the chain maxima (the trees
     spill 240 bytes there), and the dropout build at 64, which keeps the softmax before step 113 (step 115: faster
-    there); MASK_ROWS=2 at 64 and 128 (step 115) in every build there; the variable turns them off."""
+    there) and makes its keep decisions inside the softmax (KEEP_SINK, step 116); MASK_ROWS=2 at 64 and 128 (step 115) in every build there; the variable turns them off."""
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     for d in (64, 128, 192, 256):
         for alibi in (False, True):
@@ -258,6 +258,7 @@ def test_fwd_ws_softmax_defaults(monkeypatch):
         s = fwd_spec("bf16", d, d, 90, dropout=True)
         want = (0, 0, 0) if d == 64 else (0, 1, 8)
         assert (s.macro("FOLD", 0), s.macro("SMAX_TREE", 0), s.macro("LAZY_RESCALE", 0)) == want, s.name
+        assert s.macro("KEEP_SINK", 0) == (d == 64), s.name  # (step 116: the keep decisions inside the softmax at 64)
         for kw in (dict(), dict(alibi=True), dict(dropout=True), dict(bias=True, bias_tma=2), dict(bias=True, bias_tma=4)):
             if d > 128 and "bias" in kw:
                 continue

@@ -745,7 +745,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: the dropout loop is held by its Philox work, not by the softmax's issue, so the builds keep the scaled form.
 #: At 64 also step 113's tree maxima and lazy rescale off: with them the dropout forward measured 1.00-1.03x the time
 #: of the softmax before step 113 at all six points (s1024 / 4096 / 16384, causal and not; at 128 0.98-1.03, mixed)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0), 128: dict(FOLD=0),
+#: KEEP_SINK at 64 (step 116): the keep decisions made inside the softmax, where ptxas interleaves their Philox work with
+#: the exponentials, measured 0.89-0.92x the dropout forward's time there (an H100, s1024-16384, causal and not; 1.69-1.71x
+#: plain -> 1.55x in features.py's shape); at 128 0.98-1.01x (within the spread), so not there
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1), 128: dict(FOLD=0),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
@@ -943,8 +946,12 @@ def experimental_table() -> list[KernelSpec]:
     # packed), at 64 and 128, where the dropout builds run the overlapped pipeline
     out += [fwd_ws_spec(dtype, d, d, dropout=True, tiles={**fwd_ws_tiles(d, dropout=True), "FOLD": 1})
             for dtype in DTYPES for d in (64, 128)]
-    # ... and with the keep decisions made inside the softmax (step 116: KEEP_SINK=1), there, with and without ALiBi
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles={**fwd_ws_tiles(d, alibi, True), "KEEP_SINK": 1})
+    # ... and with the keep decisions made the other way than the table's (step 116: KEEP_SINK=1, inside the softmax, at
+    # 128; under the S GEMM, KEEP_SINK=0, at 64), there, with and without ALiBi
+    def other_keep(t: dict) -> dict:  # (a switch at 0 is left out, as _override does: the name of the build before it)
+        t = dict(t, KEEP_SINK=1 - t.get("KEEP_SINK", 0))
+        return t if t["KEEP_SINK"] else {k: v for k, v in t.items() if k != "KEEP_SINK"}
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=other_keep(fwd_ws_tiles(d, alibi, True)))
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
