@@ -15,7 +15,7 @@ wait mask is released, and MUFU takes 8 cycles per warp instruction (16 results 
 are not modelled: the result is a lower bound on the stretch's latency, with the issue slots and
 the MUFU time that two warps on a sub-partition share.
 
-    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|block|serial|all] [--dropout] [--alibi] [--edge] [--flip N,..] [--list]
+    python tools/sass_sched.py fwd-ws DTYPE HDIM_Q HDIM_V [--region softmax|operands|block|serial|all] [--dropout] [--alibi] [--bias 2|4] [--edge] [--flip N,..] [--list]
     python tools/sass_sched.py fwd-ws bf16 64 64 --region block --warps 3 --blocks 12
 
 ``--warps N`` (step 88, :func:`simulate_warps`) runs N copies of the region on one sub-partition at once,
@@ -318,6 +318,8 @@ def main(argv=None) -> int:
                     "loop: the whole iteration, the GEMMs' issue and what runs under them too (the waits met at once)")
     ap.add_argument("--dropout", action="store_true", help="the dropout build")
     ap.add_argument("--alibi", action="store_true", help="the ALiBi build")
+    ap.add_argument("--bias", type=int, default=0, choices=(0, 2, 4), help="the TMA bias build with 2- or 4-byte elements "
+                    "(loop: whole only with BIAS_ACC=1; where the softmax adds the tile, the path stops at its mbarrier wait)")
     ap.add_argument("--edge", action="store_true", help="softmax: the path through the mask tests (--flip 0)")
     ap.add_argument("--flip", default="", help="comma-separated numbers of conditional branches (from 0, in path "
                     "order) to go the other way: fall through instead of taking")
@@ -333,7 +335,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from cupy_fmha.backends.cuda import fwd_ws_spec
 
-    spec = fwd_ws_spec(a.dtype, a.hdim_q, a.hdim_v, alibi=a.alibi, dropout=a.dropout)
+    spec = fwd_ws_spec(a.dtype, a.hdim_q, a.hdim_v, alibi=a.alibi, dropout=a.dropout, bias_tma=a.bias)
     ins, labels = parse(sass_hex(spec))
     flip = frozenset(int(v) for v in a.flip.split(",") if v) | (frozenset({0}) if a.edge else frozenset())
     if a.region == "serial":

@@ -6,8 +6,8 @@ bshd. Issue 11's open forward points are the short ones (hdim 128 s1024 0.84x cu
 s8192): this says where a row block's time goes besides its key blocks (Q's wait, the first softmax
 without a P V under it, the last P V, O's epilogue) and how long CTAs take to start.
 
-    python3 bench/probe/fwd_timeline.py HDIM SEQLEN [causal] [dropout] [TILES]   (TILES: more CUPY_FMHA_FWD_WS_TILES entries;
-                                                                            dropout: the dropout build, p = 0.1)
+    python3 bench/probe/fwd_timeline.py HDIM SEQLEN [causal] [dropout] [bias] [TILES]   (TILES: more CUPY_FMHA_FWD_WS_TILES
+        entries; dropout: the dropout build, p = 0.1; bias: an elementwise bf16 bias [b, h, s, s], the TMA bias build)
 
 Prints medians in microseconds (clock64 at the SM clock the device attribute gives; globaltimer for
 the CTA-level figures). `report` takes the raw rows, so it runs on made-up ones without a GPU.
@@ -105,6 +105,8 @@ def main(argv: list[str]) -> None:
     causal = "causal" in argv[2:]
     drop = dict(dropout_p=0.1, seed=1) if "dropout" in argv[2:] else {}
     b, h, (q, k, v) = T.grid_inputs(d, s, 3)
+    if "bias" in argv[2:]:  # (the same dtype as q: the 16-bit TMA bias build)
+        drop["bias"] = cp.random.default_rng(1).standard_normal((b, h, s, s), dtype=cp.float32).astype(q.dtype)
     call = lambda: cupy_fmha.attention_forward(q, k, v, causal=causal, **drop)  # noqa: E731
     call()
     mod, spec = T.swap_in("fmha_fwd_sm90_ws")
@@ -117,7 +119,7 @@ def main(argv: list[str]) -> None:
 
     _, a = T.read_timeline(mod, "fmha_fwd_timeline", (1 << 14, WORDS), timed, warmup=5)
     mhz = T.sm_mhz()
-    print(f"{spec.name} {extra}: d{d} s{s} {'causal' if causal else 'nc'}{' dropout' if drop else ''}, b{b} h{h}; "
+    print(f"{spec.name} {extra}: d{d} s{s} {'causal' if causal else 'nc'}{''.join(' ' + k for k in drop if k != 'seed')}, b{b} h{h}; "
           f"kernel {cp.cuda.get_elapsed_time(start, stop) * 1e3:.1f} us (events, with the stamps)")
     report(a, mhz)
 
