@@ -45,7 +45,9 @@
 //               both its rows, ceil(BLOCK_N / 32) independent calls, one more where a block starts mid-span:
 //               keep_bits, KEEP_MSB) right after issuing that block's S GEMM and
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
-//               with PINGPONG, the other warpgroup's GEMMs); FOLD off in the table's builds (FOLD=1 in
+//               with PINGPONG, the other warpgroup's GEMMs); with KEEP_SINK (the table's at hdim 64, step
+//               116: there the work outlasted S by ~1,000 cycles a block) inside the softmax instead, where
+//               ptxas interleaves it with the exponentials; FOLD off in the table's builds (FOLD=1 in
 //               CUPY_FMHA_FWD_WS_TILES folds them, step 114).
 //
 //   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
