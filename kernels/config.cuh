@@ -57,7 +57,8 @@
 //                when a row of the warp moved it (0: always)
 //   KEEP_SINK    the ws forward's dropout builds (fmha_fwd_sm90_ws.cu, KEEP_MSB): the keep decisions made inside
 //                the softmax (its `gen` hook, after the mask test), where ptxas can interleave the Philox
-//                work with the maxima, shuffles and exponentials, instead of under the S GEMM (0)
+//                work with the maxima, shuffles and exponentials, instead of under the S GEMM (0); 2: the second
+//                half of each key block's 32-key spans there, the first under S
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)

@@ -47,7 +47,8 @@
 //               before waiting for it, so the integer work runs while the tensor cores compute S (and,
 //               with PINGPONG, the other warpgroup's GEMMs); with KEEP_SINK (the table's at hdim 64, step
 //               116: there the work outlasted S by ~1,000 cycles a block) inside the softmax instead, where
-//               ptxas interleaves it with the exponentials; FOLD off in the table's builds (FOLD=1 in
+//               ptxas interleaves it with the exponentials (KEEP_SINK=2, a variant: the second half of the
+//               32-key spans there, the first under S); FOLD off in the table's builds (FOLD=1 in
 //               CUPY_FMHA_FWD_WS_TILES folds them, step 114).
 //
 //   O_IN_Q=1    (where O has no stage of its own; the table's choice at hdim 256, built at 64 too; step 86) each warp stages
@@ -85,8 +86,9 @@ static_assert((NWG == 2 || NWG == 3) && BLOCK_M == 64 * NWG && NTHREADS == 128 *
 static_assert(!BIAS || ((BIAS_TMA == 2 || BIAS_TMA == 4) && BIAS_STAGES >= 1 && SWIZZLE),
               "fmha_fwd_sm90_ws: the bias tile is 16-bit or fp32 (BIAS_TMA), in a ring of BIAS_STAGES, with SWIZZLE");
 static_assert(!PINGPONG || PV_OVERLAP, "fmha_fwd_sm90_ws: PINGPONG takes turns over the PV_OVERLAP pipeline");
-static_assert(!KEEP_SINK || (DROPOUT && PV_OVERLAP && BLOCK_N % 32 == 0),
-              "fmha_fwd_sm90_ws: KEEP_SINK moves the overlapped pipeline's KEEP_MSB keep decisions into the softmax");
+static_assert(!KEEP_SINK || (DROPOUT && PV_OVERLAP && BLOCK_N % 32 == 0 && KEEP_SINK <= 2),
+              "fmha_fwd_sm90_ws: KEEP_SINK (1: all, 2: the second half of the spans) moves the overlapped pipeline's "
+              "KEEP_MSB keep decisions into the softmax");
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
@@ -199,21 +201,42 @@ __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBloc
     }
     return kb;
 }
-// KEEP_SINK: the keep decisions of the key block at k0 into *out, run by the softmax (its gen hook);
-// without KEEP_SINK nothing (keep_bits ran under the S GEMM)
+// KEEP_SINK=2 (KEEP_MSB builds): the keep decisions of the 32-key spans [Q0, Q1) of the key block at k0 into their
+// words of kb, anchored under the S GEMM as keep_bits is (ANCHOR) or free (inside the softmax)
+enum : int { KEEP_SPANS = BLOCK_N / 32, KEEP_UNDER_S = KEEP_SINK == 2 ? KEEP_SPANS / 2 : KEEP_SINK ? 0 : KEEP_SPANS };
+template <int Q0, int Q1, bool ANCHOR>
+__device__ __forceinline__ void keep_msb_spans(KeepMsb& kb, const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
+    if constexpr (DROPOUT && Q1 > Q0) {
+        uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
+        if constexpr (ANCHOR) fence_operand<2>(at);
+        uint32_t(&w)[Q1 - Q0][4] = *reinterpret_cast<uint32_t(*)[Q1 - Q0][4]>(&kb.w[Q0][0]);
+        f.template fwd_keep_msb<4 * (Q1 - Q0)>(blk.drop, (int)at[0], (int)at[1] + 32 * Q0, w);
+        if constexpr (ANCHOR) {  // (keep_bits' shuffle anchor over these words)
+            uint32_t* x = &w[0][0];
+            uint32_t rest = 0u;
+#pragma unroll
+            for (int n = 1; n < 4 * (Q1 - Q0); ++n) rest ^= x[n];
+            x[0] = __shfl_sync(0xffffffffu, x[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
+            fence_operand<4 * (Q1 - Q0)>(x);
+        }
+    }
+}
+// KEEP_SINK: the keep decisions of the key block at k0 into *out, run by the softmax (its gen hook): all of them
+// (KEEP_SINK=1), or the spans keep_msb_spans did not make under S (2)
 struct KeepGen {
     FwdKeep* out;
     const FwdBlock* blk;
     int row0, k0;
     const AccFrag* f;
     __device__ __forceinline__ void operator()() const {
-        if constexpr (KEEP_SINK) *out = keep_bits(*blk, row0, k0, *f);
+        if constexpr (KEEP_SINK == 1) *out = keep_bits(*blk, row0, k0, *f);
+        else if constexpr (KEEP_SINK == 2 && KEEP_MSB) keep_msb_spans<KEEP_UNDER_S, KEEP_SPANS, false>(*out, *blk, row0, k0, *f);
     }
 };
 // the softmax's gen hook: KeepGen with KEEP_SINK, else nothing (NoGen: the default builds' code as before it)
 template <bool SINK> struct KeepGenOf { using type = NoGen; };
 template <> struct KeepGenOf<true> { using type = KeepGen; };
-using SoftmaxGen = KeepGenOf<KEEP_SINK>::type;
+using SoftmaxGen = KeepGenOf<KEEP_SINK != 0>::type;
 // The bits the softmax applies: KEEP_MSB's all ones (nothing dropped there), else the keep bits
 template <bool MSB = KEEP_MSB>
 __device__ __forceinline__ KeepBits<BLOCK_N / 8> softmax_keep(const typename FwdKeepOf<MSB>::type& k) {
@@ -672,6 +695,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             // its softmax (keep_in_softmax, the softmax's gen hook)
             auto keep_under_s = [&](int i) {
                 if constexpr (!KEEP_SINK) keep_prev = keep_bits(blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
+                else if constexpr (KEEP_SINK == 2 && KEEP_MSB)
+                    keep_msb_spans<0, KEEP_UNDER_S, true>(keep_prev, blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, frag);
             };
             auto keep_in_softmax = [&](int i) {
                 if constexpr (KEEP_SINK) return KeepGen{&keep_prev, &blk, wq0 + wi * 16, (blk.kb_begin + i) * BLOCK_N, &frag};

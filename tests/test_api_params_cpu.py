@@ -550,7 +550,9 @@ def test_ws_softmax_variant_switches(monkeypatch):
     assert cuda.fwd_ws_spec("bf16", 64, 64, dropout=True).macro("KEEP_SINK") == 1
     assert cuda.fwd_ws_spec("bf16", 128, 128).name == base.name
     assert "KEEP_SINK" not in cuda.fwd_ws_spec("bf16", 256, 256, dropout=True).name  # (the serial pipeline)
-    for bad in ("EXP_EMU=9", "EXP_EMU=-1", "LAZY_RESCALE=16", "LAZY_RESCALE=-2", "MASK_ROWS=3"):
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "KEEP_SINK=2")
+    assert cuda.fwd_ws_spec("bf16", 128, 128, dropout=True).macro("KEEP_SINK") == 2
+    for bad in ("EXP_EMU=9", "EXP_EMU=-1", "LAZY_RESCALE=16", "LAZY_RESCALE=-2", "MASK_ROWS=3", "KEEP_SINK=3"):
         monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", bad)
         with pytest.raises(ValueError, match=bad.split("=")[0]):
             cuda.fwd_ws_spec("bf16", 128, 128)

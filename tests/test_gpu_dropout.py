@@ -167,8 +167,11 @@ def test_dropout_folded_softmax_variant(case, monkeypatch):
 # The same decisions and the same softmax arithmetic, only scheduled elsewhere: the other form than the table's gives
 # O and LSE bit-identical to the default build's, and the whole case (forward, backward, keep mask) against the
 # reference, on the FOLD_DROPOUT cases (the overlapped pipeline at 64 and 128), with FOLD as the table has it.
+@pytest.mark.parametrize("form", ["other", "2"])
 @pytest.mark.parametrize("case", list(FOLD_DROPOUT))
-def test_dropout_keep_sink_variant(case, monkeypatch):
+def test_dropout_keep_sink_variant(case, form, monkeypatch):
+    """(form: the other of KEEP_SINK 0 and 1 than the table's, or 2: the first half of each key block's spans under S,
+    the second inside the softmax)"""
     from cupy_fmha.backends import cuda
 
     if not is_sm90():
@@ -181,13 +184,14 @@ def test_dropout_keep_sink_variant(case, monkeypatch):
     table = cuda.fwd_spec(name, d, dv, 90, dropout=True).macro("KEEP_SINK", 0)
     assert table == (1 if max(d, dv) <= 64 else 0)
     o0, lse0 = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_SINK={1 - table}")
+    want = 1 - table if form == "other" else int(form)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_SINK={want}")
     spec = cuda.fwd_spec(name, d, dv, 90, dropout=True)
-    assert spec.macro("KEEP_SINK", 0) == 1 - table and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
+    assert spec.macro("KEEP_SINK", 0) == want and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
     o, lse = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    _check_case(FOLD_DROPOUT[case], seed_for("dropout-keep-sink", case))
+    _check_case(FOLD_DROPOUT[case], seed_for("dropout-keep-sink", case, form))
 
 
 def test_dropout_folded_list_is_not_empty():

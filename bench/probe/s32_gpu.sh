@@ -33,6 +33,8 @@
 #             reference (tests/test_gpu_dropout.py -k keep_sink)
 #   sinksan   compute-sanitizer memcheck / racecheck / synccheck under KEEP_SINK=1,PERSIST=4 at hdim 64 and 128
 #   sinkab    bench/probe/drop_ws.py: the default (A) against KEEP_SINK=1 (B), A B A B, hdim 64 and 128
+#   sink2     step 117: bench/probe/drop_ws.py, the default (A) against KEEP_SINK=2 (B) at hdim 128, and the TIMING
+#             build's phases at hdim 128 s4096 with dropout under KEEP_SINK=0 / 1 / 2 (why 1 gained nothing there)
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -109,6 +111,13 @@ for part in "$@"; do
                echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/ssink-$tool.txt | tail -1)"
              done;;
     sinkab) drop_pair KEEP_SINK=1 | cut -c1-70;;
+    sink2) for r in 1 2; do
+             timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 128 1024,4096,16384
+             CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 128 1024,4096,16384
+           done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1 | cut -c1-70
+           for k in 0 1 2; do
+             timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py 128 4096 dropout KEEP_SINK=$k 2>&1 | grep -E "per key block|cycles per loop"
+           done;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null

@@ -834,6 +834,8 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
                          "bench/NOTES.md step 101)")
     if tiles.get("PERSIST", 0) < 0:
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: PERSIST must be >= 0, got {tiles['PERSIST']}")
+    if tiles.get("KEEP_SINK", 0) not in (0, 1, 2):
+        raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: KEEP_SINK must be 0, 1 or 2, got {tiles['KEEP_SINK']}")
     if tiles.get("MASK_ROWS", 0) not in (0, 1, 2):
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: MASK_ROWS must be 0, 1 or 2, got {tiles['MASK_ROWS']}")
     if not 0 <= tiles.get("EXP_EMU", 0) <= 8:
@@ -953,6 +955,9 @@ def experimental_table() -> list[KernelSpec]:
         return t if t["KEEP_SINK"] else {k: v for k, v in t.items() if k != "KEEP_SINK"}
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=other_keep(fwd_ws_tiles(d, alibi, True)))
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
+    # ... and KEEP_SINK=2 (the first half of each key block's spans under S, the second inside the softmax), at 128
+    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=True, tiles={**fwd_ws_tiles(128, alibi, True), "KEEP_SINK": 2})
+            for dtype in DTYPES for alibi in (False, True)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=0 at 64 and 128 (the mask
