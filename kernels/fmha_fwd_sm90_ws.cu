@@ -204,9 +204,9 @@ __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBloc
 // KEEP_SINK=2 (KEEP_MSB builds): the keep decisions of the 32-key spans [Q0, Q1) of the key block at k0 into their
 // words of kb, anchored under the S GEMM as keep_bits is (ANCHOR) or free (inside the softmax)
 enum : int { KEEP_SPANS = BLOCK_N / 32, KEEP_UNDER_S = KEEP_SINK == 2 ? KEEP_SPANS / 2 : KEEP_SINK ? 0 : KEEP_SPANS };
-template <int Q0, int Q1, bool ANCHOR>
-__device__ __forceinline__ void keep_msb_spans(KeepMsb& kb, const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
-    if constexpr (DROPOUT && Q1 > Q0) {
+template <int Q0, int Q1, bool ANCHOR, class K>  // (K: FwdKeep, KeepMsb where this does anything)
+__device__ __forceinline__ void keep_msb_spans(K& kb, const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
+    if constexpr (DROPOUT && KEEP_MSB && Q1 > Q0) {
         uint32_t at[2] = {(uint32_t)row0, (uint32_t)k0};
         if constexpr (ANCHOR) fence_operand<2>(at);
         uint32_t(&w)[Q1 - Q0][4] = *reinterpret_cast<uint32_t(*)[Q1 - Q0][4]>(&kb.w[Q0][0]);
