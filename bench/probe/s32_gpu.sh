@@ -33,6 +33,9 @@
 #             reference (tests/test_gpu_dropout.py -k keep_sink)
 #   sinksan   compute-sanitizer memcheck / racecheck / synccheck under KEEP_SINK=1,PERSIST=4 at hdim 64 and 128
 #   sinkab    bench/probe/drop_ws.py: the default (A) against KEEP_SINK=1 (B), A B A B, hdim 64 and 128
+#   biasacc   features.py --rows plain,bias at hdim 128, the default and BIAS_ACC=1 (the bias in S's accumulator, so the
+#             folded softmax of step 113), A B A B; then the bias build's TIMING phases at hdim 128 s4096 under each
+#             (offline: the default bias build's TIMING form spills 120 bytes, so its phases read high; BIAS_ACC's 0)
 #   sink2     step 117: bench/probe/drop_ws.py, the default (A) against KEEP_SINK=2 (B) at hdim 128, and the TIMING
 #             build's phases at hdim 128 s4096 with dropout under KEEP_SINK=0 / 1 / 2 (why 1 gained nothing there)
 #   bash bench/probe/s32_gpu.sh [parts]
@@ -111,6 +114,13 @@ for part in "$@"; do
                echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/ssink-$tool.txt | tail -1)"
              done;;
     sinkab) drop_pair KEEP_SINK=1 | cut -c1-70;;
+    biasacc) for v in "" BIAS_ACC=1 "" BIAS_ACC=1; do echo "== [$v]"
+               CUPY_FMHA_FWD_WS_TILES=$v timeout -s KILL $(left) python3 bench/features.py --hdim 128 --rows plain,bias --no-peers \
+                 --name f-biasacc 2>&1 | grep -E "^│ (plain|bias) " | cut -c1-60
+             done
+             for v in "" BIAS_ACC=1; do
+               timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py 128 4096 bias $v 2>&1 | grep -E "kernel|per key block|cycles per loop"
+             done;;
     sink2) for r in 1 2; do
              timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 128 1024,4096,16384
              CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 128 1024,4096,16384
