@@ -36,6 +36,8 @@
 #   biasacc   features.py --rows plain,bias at hdim 128, the default and BIAS_ACC=1 (the bias in S's accumulator, so the
 #             folded softmax of step 113), A B A B; then the bias build's TIMING phases at hdim 128 s4096 under each
 #             (offline: the default bias build's TIMING form spills 120 bytes, so its phases read high; BIAS_ACC's 0)
+#   short64   bench/ab.py: hdim 64 causal s1024 / 2048, the short-diagonal build (two warpgroups, step 67: three measured
+#             1.15-1.19x the time at s1024 then) against NWG=3 (the long build's three), on today's softmax and mask test
 #   sink2     step 117: bench/probe/drop_ws.py, the default (A) against KEEP_SINK=2 (B) at hdim 128, and the TIMING
 #             build's phases at hdim 128 s4096 with dropout under KEEP_SINK=0 / 1 / 2 (why 1 gained nothing there)
 #   bash bench/probe/s32_gpu.sh [parts]
@@ -121,6 +123,9 @@ for part in "$@"; do
              for v in "" BIAS_ACC=1; do
                timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py 128 4096 bias $v 2>&1 | grep -E "kernel|per key block|cycles per loop"
              done;;
+    short64) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=NWG=3 --rounds 3 \
+               --tag ab-short64-nwg3 --out /tmp/ab -- --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --mode fwd \
+               --causal yes 2>&1 | grep -v "^\\$" | tail -8;;
     sink2) for r in 1 2; do
              timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 128 1024,4096,16384
              CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 128 1024,4096,16384
