@@ -175,6 +175,16 @@ struct KeepMsb {
 template <bool MSB> struct FwdKeepOf { using type = KeepBits<BLOCK_N / 8>; };
 template <> struct FwdKeepOf<true> { using type = KeepMsb; };
 using FwdKeep = FwdKeepOf<KEEP_MSB>::type;
+// The words' xor through one shuffle, from which the first word is recovered, then a register fence: holds the
+// keep work above the S GEMM's wait (keep_bits, keep_msb_spans)
+template <int WORDS>
+__device__ __forceinline__ void anchor_words(uint32_t* w) {
+    uint32_t rest = 0u;
+#pragma unroll
+    for (int x = 1; x < WORDS; ++x) rest ^= w[x];
+    w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
+    fence_operand<WORDS>(w);
+}
 template <bool MSB = KEEP_MSB>  // (templates, so that if constexpr discards the other form)
 __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
     typename FwdKeepOf<MSB>::type kb{};
@@ -190,20 +200,13 @@ __device__ __forceinline__ typename FwdKeepOf<MSB>::type keep_bits(const FwdBloc
         constexpr int WORDS = sizeof(kb) / 4;
         if constexpr (MSB) f.template fwd_keep_msb<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], kb.w);
         else kb = fwd_keep_bits<BLOCK_N / 8>(blk.drop, (int)at[0], (int)at[1], f);
-        if constexpr (!KEEP_SINK) {
-            uint32_t* w = &kb.w[0][0];
-            uint32_t rest = 0u;
-#pragma unroll
-            for (int x = 1; x < WORDS; ++x) rest ^= w[x];
-            w[0] = __shfl_sync(0xffffffffu, w[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
-            fence_operand<WORDS>(w);
-        }
+        if constexpr (!KEEP_SINK) anchor_words<WORDS>(&kb.w[0][0]);
     }
     return kb;
 }
 // KEEP_SINK=2 (KEEP_MSB builds): the keep decisions of the 32-key spans [Q0, Q1) of the key block at k0 into their
 // words of kb, anchored under the S GEMM as keep_bits is (ANCHOR) or free (inside the softmax)
-enum : int { KEEP_SPANS = BLOCK_N / 32, KEEP_UNDER_S = KEEP_SINK == 2 ? KEEP_SPANS / 2 : KEEP_SINK ? 0 : KEEP_SPANS };
+enum : int { KEEP_SPANS = BLOCK_N / 32, KEEP_UNDER_S = KEEP_SPANS / 2 };  // (KEEP_SINK=2: the spans made under S)
 template <int Q0, int Q1, bool ANCHOR, class K>  // (K: FwdKeep, KeepMsb where this does anything)
 __device__ __forceinline__ void keep_msb_spans(K& kb, const FwdBlock& blk, int row0, int k0, const AccFrag& f) {
     if constexpr (DROPOUT && KEEP_MSB && Q1 > Q0) {
@@ -211,14 +214,7 @@ __device__ __forceinline__ void keep_msb_spans(K& kb, const FwdBlock& blk, int r
         if constexpr (ANCHOR) fence_operand<2>(at);
         uint32_t(&w)[Q1 - Q0][4] = *reinterpret_cast<uint32_t(*)[Q1 - Q0][4]>(&kb.w[Q0][0]);
         f.template fwd_keep_msb<4 * (Q1 - Q0)>(blk.drop, (int)at[0], (int)at[1] + 32 * Q0, w);
-        if constexpr (ANCHOR) {  // (keep_bits' shuffle anchor over these words)
-            uint32_t* x = &w[0][0];
-            uint32_t rest = 0u;
-#pragma unroll
-            for (int n = 1; n < 4 * (Q1 - Q0); ++n) rest ^= x[n];
-            x[0] = __shfl_sync(0xffffffffu, x[0] ^ rest, lane_of(threadIdx.x)) ^ rest;
-            fence_operand<4 * (Q1 - Q0)>(x);
-        }
+        if constexpr (ANCHOR) anchor_words<4 * (Q1 - Q0)>(&w[0][0]);
     }
 }
 // KEEP_SINK: the keep decisions of the key block at k0 into *out, run by the softmax (its gen hook): all of them

@@ -60,30 +60,35 @@ drop_pair() {  # drop_pair ENV_B: A, B, A, B of drop_ws.py (A: the default)
     CUPY_FMHA_FWD_WS_TILES=$1 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 64,128 1024,4096,16384
   done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1
 }
+sanitize() {  # sanitize TILES HDIMS TAG: compute-sanitizer's three tools on sanitize_fwd_ws.py under those tiles
+  for tool in memcheck racecheck synccheck; do
+    CUPY_FMHA_FWD_WS_TILES=$1 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
+      --tool $tool python3 bench/probe/sanitize_fwd_ws.py $2 > /tmp/$3-$tool.txt 2>&1
+    echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/$3-$tool.txt | tail -1)"
+  done
+}
+gputest() {  # gputest FILE FILTER NAME: one GPU test file's cases matching FILTER, output to $OUT/NAME.txt
+  timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 $1 -k "$2" > $OUT/$3.txt 2>&1
+  echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/$3.txt | head; tail -1 $OUT/$3.txt
+}
+ab() {  # ab TILES_B TAG LINES SWEEP_ARGS...: bench/ab.py, the default (A) against CUPY_FMHA_FWD_WS_TILES=TILES_B, best of 3
+  local b=$1 tag=$2 n=$3; shift 3
+  timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=$b --rounds 3 --tag $tag \
+    --out /tmp/ab -- --mode fwd "$@" 2>&1 | grep -v "^\\$" | tail -$n
+}
 for part in "$@"; do
   if [ "$(left)" -lt 20 ]; then t "$part: skipped, deadline"; continue; fi
   t "$part (left $(left) s)"
   case $part in
-    droptest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_dropout.py -k folded \
-                > $OUT/test-dropout-fold.txt 2>&1
-              echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-dropout-fold.txt | head; tail -1 $OUT/test-dropout-fold.txt;;
-    dropsan) for tool in memcheck racecheck synccheck; do
-               CUPY_FMHA_FWD_WS_TILES=FOLD=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
-                 --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128 > /tmp/sdrop-$tool.txt 2>&1
-               echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sdrop-$tool.txt | tail -1)"
-             done;;
+    droptest) gputest tests/test_gpu_dropout.py folded test-dropout-fold;;
+    dropsan) sanitize FOLD=1,PERSIST=4 64,128 sdrop;;
     dropab) drop_pair FOLD=1;;
     drop113) drop_pair SMAX_TREE=0,LAZY_RESCALE=0;;
-    ab192) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=FOLD=1,SMAX_TREE=1,LAZY_RESCALE=8 \
-             --rounds 3 --tag ab-192-softmax113 --out /tmp/ab -- --hdim 192 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 \
-             --mode fwd --causal both 2>&1 | grep -v "^\\$" | tail -12;;
-    maskab) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=MASK_ROWS=2 --rounds 3 \
-              --tag ab-maskrows2 --out /tmp/ab -- --hdim 64,128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --mode fwd \
-              --causal yes 2>&1 | grep -v "^\\$" | tail -12;;
+    ab192) ab FOLD=1,SMAX_TREE=1,LAZY_RESCALE=8 ab-192-softmax113 12 --hdim 192 --seqlen 1024,2048,4096,8192,16384 \
+             --dtype bf16 --causal both;;
+    maskab) ab MASK_ROWS=2 ab-maskrows2 12 --hdim 64,128 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --causal yes;;
     persistab) for sb in 1024:2 1024:8 2048:1 2048:4; do
-                 timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=PERSIST=${sb#*:} --rounds 3 \
-                   --tag ab-persist-${sb/:/-} --out /tmp/ab -- --hdim 64,128 --seqlen ${sb%:*} --dtype bf16 --mode fwd \
-                   --causal both 2>&1 | grep -v "^\\$" | tail -6
+                 ab PERSIST=${sb#*:} ab-persist-${sb/:/-} 6 --hdim 64,128 --seqlen ${sb%:*} --dtype bf16 --causal both
                done;;
     timeline) for a in "128 1024" "128 1024 causal" "64 1024 causal"; do
                 timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
@@ -99,22 +104,10 @@ for part in "$@"; do
     suite) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 --dist worksteal --durations=15 tests \
              > $OUT/suite-all.txt 2>&1
            echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt;;
-    san115) for tool in memcheck racecheck synccheck; do
-              CUPY_FMHA_FWD_WS_TILES=PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
-                --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128,192 > /tmp/s115-$tool.txt 2>&1
-              echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s115-$tool.txt | tail -1)"
-            done;;
-    persist256) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=PERSIST=2 --rounds 3 \
-                  --tag ab-persist-1024-2-hd192-256 --out /tmp/ab -- --hdim 192,256 --seqlen 1024 --dtype bf16 --mode fwd \
-                  --causal both 2>&1 | grep -v "^\\$" | tail -6;;
-    sinktest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_dropout.py -k keep_sink \
-                > $OUT/test-dropout-keep-sink.txt 2>&1
-              echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-dropout-keep-sink.txt | head; tail -1 $OUT/test-dropout-keep-sink.txt;;
-    sinksan) for tool in memcheck racecheck synccheck; do
-               CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=1,PERSIST=4 timeout -s KILL 150 compute-sanitizer --report-api-errors no \
-                 --tool $tool python3 bench/probe/sanitize_fwd_ws.py 64,128 > /tmp/ssink-$tool.txt 2>&1
-               echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/ssink-$tool.txt | tail -1)"
-             done;;
+    san115) sanitize PERSIST=4 64,128,192 s115;;
+    persist256) ab PERSIST=2 ab-persist-1024-2-hd192-256 6 --hdim 192,256 --seqlen 1024 --dtype bf16 --causal both;;
+    sinktest) gputest tests/test_gpu_dropout.py keep_sink test-dropout-keep-sink;;
+    sinksan) sanitize KEEP_SINK=1,PERSIST=4 64,128 ssink;;
     sinkab) drop_pair KEEP_SINK=1 | cut -c1-70;;
     biasacc) for v in "" BIAS_ACC=1 "" BIAS_ACC=1; do echo "== [$v]"
                CUPY_FMHA_FWD_WS_TILES=$v timeout -s KILL $(left) python3 bench/features.py --hdim 128 --rows plain,bias --no-peers \
@@ -123,9 +116,7 @@ for part in "$@"; do
              for v in "" BIAS_ACC=1; do
                timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py 128 4096 bias $v 2>&1 | grep -E "kernel|per key block|cycles per loop"
              done;;
-    short64) timeout -s KILL $(left) python3 bench/ab.py --a . --b . --env-b CUPY_FMHA_FWD_WS_TILES=NWG=3 --rounds 3 \
-               --tag ab-short64-nwg3 --out /tmp/ab -- --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --mode fwd \
-               --causal yes 2>&1 | grep -v "^\\$" | tail -8;;
+    short64) ab NWG=3 ab-short64-nwg3 8 --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --causal yes;;
     sink2) for r in 1 2; do
              timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 128 1024,4096,16384
              CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 128 1024,4096,16384

@@ -948,16 +948,14 @@ def experimental_table() -> list[KernelSpec]:
     # packed), at 64 and 128, where the dropout builds run the overlapped pipeline
     out += [fwd_ws_spec(dtype, d, d, dropout=True, tiles={**fwd_ws_tiles(d, dropout=True), "FOLD": 1})
             for dtype in DTYPES for d in (64, 128)]
-    # ... and with the keep decisions made the other way than the table's (step 116: KEEP_SINK=1, inside the softmax, at
-    # 128; under the S GEMM, KEEP_SINK=0, at 64), there, with and without ALiBi
-    def other_keep(t: dict) -> dict:  # (a switch at 0 is left out, as _override does: the name of the build before it)
-        t = dict(t, KEEP_SINK=1 - t.get("KEEP_SINK", 0))
-        return t if t["KEEP_SINK"] else {k: v for k, v in t.items() if k != "KEEP_SINK"}
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=other_keep(fwd_ws_tiles(d, alibi, True)))
-            for dtype in DTYPES for d in (64, 128) for alibi in (False, True)]
-    # ... and KEEP_SINK=2 (the first half of each key block's spans under S, the second inside the softmax), at 128
-    out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, dropout=True, tiles={**fwd_ws_tiles(128, alibi, True), "KEEP_SINK": 2})
-            for dtype in DTYPES for alibi in (False, True)]
+    # ... and with the keep decisions made in the other forms than the table's (steps 116-117, KEEP_SINK: 0 under the S
+    # GEMM, the table's at 128; 1 inside the softmax, the table's at 64; 2 half and half), with and without ALiBi
+    def keep_form(t: dict, k: int) -> dict:  # (at 0 left out, as _override does: the name of the build before step 116)
+        t = {key: v for key, v in t.items() if key != "KEEP_SINK"}
+        return {**t, "KEEP_SINK": k} if k else t
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=keep_form(fwd_ws_tiles(d, alibi, True), k))
+            for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for k in (0, 1, 2)
+            if k != fwd_ws_tiles(d, alibi, True).get("KEEP_SINK", 0)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
     # pairwise trees) with MASK_ROWS=1 (an edge tile's mask test from per-row bounds), both giving the same values, on
     # each head dim's entries (plain, ALiBi, dropout; the bias builds at 64 and 128); MASK_ROWS=0 at 64 and 128 (the mask
