@@ -75,7 +75,7 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
 
 // Forward epilogue of a warp's rows row0 + f.row(e) (NO n8 tiles of O): 1/l and LSE from the
 // running max and sum (finish_rows), then O in the input dtype and the LSE row, rows past the
-// sequence skipped.
+// sequence skipped (and with ALIGN_END those before it).
 template <int NO>
 __device__ __forceinline__ void fwd_store_rows(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0,
                                                const float* acc_o, const float row_max[2], const float row_sum[2],
@@ -87,7 +87,7 @@ __device__ __forceinline__ void fwd_store_rows(const FwdParams& p, const FwdBloc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = row0 + f.row(2 * r);
-        if (i < blk.seqlen_q) {
+        if (i < blk.seqlen_q && (!ALIGN_END || i >= 0)) {  // (ALIGN_END, the ws forward: rows from before the sequence)
             if (f.row_leader()) lse_g[i] = row_lse[r];
             uint16_t* orow = og + (index_t)i * p.o.ss;
 #pragma unroll

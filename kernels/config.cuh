@@ -59,6 +59,11 @@
 //                the softmax (its `gen` hook, after the mask test), where ptxas can interleave the Philox
 //                work with the maxima, shuffles and exponentials, instead of under the S GEMM (0); 2: the second
 //                half of each key block's 32-key spans there, the first under S
+//   ALIGN_END    fmha_fwd_sm90_ws: row blocks counted back from each sequence's last query row, so the
+//                one partial block (seqlen_q not a multiple of BLOCK_M) holds the first rows, the ones a
+//                causal mask gives the fewest keys, instead of the last, which see the most; its rows
+//                before the sequence load as zeros (TMA) or the previous sequence's (group mode) and are
+//                not stored. (0: from row 0, the partial block last)
 //   EXP_EMU      the forward softmax (attention.cuh, softmax_row): of every 8 tiles of a row slot's
 //                scores, this many take their exponentials from poly_exp2 (FMA pipes) instead of
 //                MUFU.EX2 (0: none)
@@ -196,6 +201,9 @@
 #ifndef KEEP_SINK
 #define KEEP_SINK 0
 #endif
+#ifndef ALIGN_END
+#define ALIGN_END 0
+#endif
 
 // The PTX name of the 16-bit element type, for instruction strings (mma, wgmma, cvt).
 #if FMHA_BF16
@@ -215,7 +223,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE, keep_sink = KEEP_SINK };
+             lazy_rescale = LAZY_RESCALE, keep_sink = KEEP_SINK, align_end = ALIGN_END };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -260,6 +268,7 @@ enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_
 #undef MASK_ROWS
 #undef LAZY_RESCALE
 #undef KEEP_SINK
+#undef ALIGN_END
 #undef O_REG  // (the launcher's switch: O_STAGE says what it chose)
 
 namespace fmha {
@@ -297,7 +306,8 @@ inline constexpr int BIAS_STAGES = config_detail::bias_stages;
 inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
-enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0 };
+enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
+              ALIGN_END = config_detail::align_end != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows,
              KEEP_SINK = config_detail::keep_sink };

@@ -258,6 +258,28 @@ __device__ __forceinline__ void pv_operands(uint32_t (*pa)[4], const float* sacc
     }
 }
 
+// The state of row block x (rows from q0) for NT threads from t (fwd_block_state); false when the CTA skips
+// it. ALIGN_END: in group mode each x first writes -inf to the LSE rows sq_b + x BLOCK_M .. of those past its
+// sequence (sq_b: the sequence's length; the blocks' union reaches the pitch, the longest's length), and a
+// block wholly before the sequence's start has nothing else to do; the first block's key range is its rows'
+// from row 0 (a window's lower bound would otherwise reach back for rows that are not stored).
+template <int NT>
+__device__ __forceinline__ bool fwd_ws_block_state(const FwdParams& p, int b, int h, int x, int q0, int sq_b, int t,
+                                                   FwdBlock& blk) {
+    if constexpr (ALIGN_END) {
+        if (p.seq.cu_seqlens_q) {
+            lse_fill_tail(fwd_lse_row(p, b, h, p.seq.seqlen_q), sq_b + x * BLOCK_M, BLOCK_M, sq_b, p.seq.seqlen_q, t, NT);
+            if (q0 + BLOCK_M <= 0) return false;
+        }
+        if (!fwd_block_state<BLOCK_M, BLOCK_N, NT>(p, b, h, q0, t, blk)) return false;
+        if (q0 < 0)
+            key_block_range(blk.win, 0, q0 + BLOCK_M, BLOCK_N, blk.seqlen_q, blk.seqlen_k, blk.kb_begin, blk.kb_end);
+        return true;
+    } else {
+        return fwd_block_state<BLOCK_M, BLOCK_N, NT>(p, b, h, q0, t, blk);
+    }
+}
+
 // Whether O's rows can leave in 16-byte pieces (the API's outputs always can; else 4-byte stores)
 __device__ __forceinline__ bool o_rows_aligned(const FwdParams& p, const uint16_t* og) {
     return ((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) == 0;
@@ -275,7 +297,8 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 #pragma unroll
     for (int t = 0; t < HDIM_V / 16; ++t) {
         const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
-        if (r < rows && 8 * j < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
+        if ((!ALIGN_END || row0 + r >= 0) && r < rows && 8 * j < p.hdim_v)
+            *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
     }
 }
 
@@ -307,7 +330,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+        if (f.row_leader() && row0 + rl < blk.seqlen_q && (!ALIGN_END || row0 + rl >= 0)) lse_g[row0 + rl] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NO; ++n)
             *reinterpret_cast<uint32_t*>(stage + rl * O_PITCH + f.col(n, 0)) =
@@ -317,7 +340,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     fence_proxy_async();
     __syncwarp();
     if (lead) {
-        for (int r = 0; r < rows; ++r)
+        for (int r = ALIGN_END ? max(0, -row0) : 0; r < rows; ++r)  // (ALIGN_END: not the rows before the sequence)
             bulk_store(og + (index_t)(row0 + r) * p.o.ss, smem_u32(stage + r * O_PITCH), 2u * p.hdim_v);
         bulk_commit();
     }
@@ -348,7 +371,7 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+        if (f.row_leader() && row0 + rl < blk.seqlen_q && (!ALIGN_END || row0 + rl >= 0)) lse_g[row0 + rl] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NO; ++n) {
             const int col = f.col(n, 0);
@@ -398,11 +421,17 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     // when the grid covers them all; with PERSIST (the launcher's grid.x = ceil(nqb / PERSIST)) up
     // to PERSIST, and the next block's Q and first K, V load while this one finishes its last
     // P V and writes O. The ring (stages, phases) runs on across the row blocks.
+    // ALIGN_END: counted back from the sequence's own length (sq_b; group mode's grid covers the longest) rounded
+    // up to 16 rows, so the partial block is the one of the first rows and may start before row 0. (Rounded: each
+    // warp's 16 rows must start at a multiple of 16, where the dropout keying's row pairs i, i + 8 begin, so that a
+    // thread's two rows are one Philox call's, philox.cuh; the rows past the end are not stored, as without it.)
     const int nqb = (p.seq.seqlen_q + BLOCK_M - 1) / BLOCK_M;
-    auto row0_of = [&](int x) { return (nqb - 1 - x) * BLOCK_M; };
-
     // the sequence's first token row in the packed tensors (group mode), as block.cuh found it
     const int tq = p.seq.cu_seqlens_q ? p.seq.cu_seqlens_q[b] : 0;
+    int sq_b = p.seq.seqlen_q;
+    if constexpr (ALIGN_END)
+        if (p.seq.cu_seqlens_q) sq_b = p.seq.cu_seqlens_q[b + 1] - tq;
+    auto row0_of = [&](int x) { return ALIGN_END ? ((sq_b + 15) & ~15) - (x + 1) * BLOCK_M : (nqb - 1 - x) * BLOCK_M; };
     const int tk = p.seq.cu_seqlens_k ? p.seq.cu_seqlens_k[b] : 0;
     const int bq = p.seq.cu_seqlens_q ? 0 : b;  // the batch coordinate of the maps
     const int hk = h / p.group;
@@ -445,7 +474,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
         for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
             const int q0 = row0_of(x);
             FwdBlock blk;  // (tid BLOCK_M: the MMA threads write the LSE tail rows, not this one)
-            if (!fwd_block_state<BLOCK_M, BLOCK_N, NTHREADS>(p, b, h, q0, BLOCK_M, blk)) continue;  // (as theirs)
+            if (!fwd_ws_block_state<NTHREADS>(p, b, h, x, q0, sq_b, BLOCK_M, blk)) continue;  // (as theirs)
             // Q once every MMA thread is done with the previous row block's (its S GEMMs are complete;
             // O_IN_Q: O left through it)
             if (j > 0) mbarrier_wait(smem_u32(&sm.q_empty), (j - 1) & 1);
@@ -550,7 +579,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
     for (int x = blockIdx.x; x < nqb; x += gridDim.x) {
         const int q0 = row0_of(x);
         FwdBlock blk;
-        if (!fwd_block_state<BLOCK_M, BLOCK_N, MMA_THREADS>(p, b, h, q0, tid, blk)) continue;  // uniform
+        if (!fwd_ws_block_state<MMA_THREADS>(p, b, h, x, q0, sq_b, tid, blk)) continue;  // uniform
         stamp(0);
         const int wq0 = q0 + wg * 64;
         float acc_o[NO * 4];

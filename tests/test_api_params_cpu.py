@@ -316,36 +316,44 @@ def test_forward_ws_params_and_maps(rec, monkeypatch):
     assert (f["args"]["q_sb"], f["args"]["q_sh"], f["args"]["q_ss"]) == _strides(q, "bshd")
 
 
-def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch):
+def test_forward_three_mma_warpgroups_at_hdim_64(monkeypatch, request):
     """At hdim 64 the ws forward's plain and ALiBi builds take three MMA warpgroups (NWG=3, 192
     query rows, 512 threads; bench/NOTES.md step 67); the dropout builds two taking turns (ping-pong:
     step 74; three serial ones, step 71, were slower once the keep mask got cheaper, step 73); the
     16-bit bias build three (step 92), the fp32 bias build and a bias with ALiBi two (three spill
-    there); a diagonal mask over at most 2048 query rows two, in batch and group mode, with a bias
-    too (use_fwd_ws_short's decision, FWD_WS_SHORT_BY_HDIM: three measured slower there), with
-    dropout the same build as without one. Other head dims keep two."""
+    there); a diagonal mask over at most 2048 query rows the same builds since step 118 (ALIGN_END;
+    FWD_WS_SHORT_BY_HDIM is empty: two had measured faster there before), in batch and group mode.
+    Other head dims keep two."""
     from cupy_fmha.backends import cuda, tma
 
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES", raising=False)
     nwg = lambda spec: (spec.macro("NWG"), spec.macro("BLOCK_M"), spec.macro("NTHREADS"))  # noqa: E731
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True),
                  cuda.fwd_spec("bf16", 64, 64, 90, wg_skip=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2)):
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2),
+                 cuda.fwd_spec("bf16", 64, 64, 90, short=True),
+                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, short=True)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (3, 192, 512), spec.name
+        assert spec.macro("ALIGN_END") == 1, spec.name
+    assert cuda.fwd_spec("bf16", 64, 64, 90, short=True).name == cuda.fwd_spec("bf16", 64, 64, 90).name
     pipeline = lambda spec: (spec.macro("PV_OVERLAP"), spec.macro("PINGPONG"))  # noqa: E731
     for spec in (cuda.fwd_spec("bf16", 64, 64, 90, dropout=True), cuda.fwd_spec("fp16", 64, 64, 90, alibi=True, dropout=True),
                  cuda.fwd_spec("bf16", 64, 64, 90, dropout=True, short=True),
                  cuda.fwd_spec("bf16", 64, 64, 90, alibi=True, dropout=True, short=True)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384) and pipeline(spec) == (1, 1), spec.name
-    for spec in (cuda.fwd_spec("bf16", 64, 64, 90, short=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, short=True),
-                 cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, alibi=True),
+    for spec in (cuda.fwd_spec("bf16", 64, 64, 90, bias=True, bias_tma=2, alibi=True),
                  cuda.fwd_spec("fp16", 64, 64, 90, bias=True, bias_tma=4),
                  cuda.fwd_spec("bf16", 128, 128, 90), cuda.fwd_spec("bf16", 256, 256, 90)):
         assert spec.source == "fmha_fwd_sm90_ws" and nwg(spec) == (2, 128, 384), spec.name
     assert cuda.use_fwd_ws_short(True, 2048) and not cuda.use_fwd_ws_short(True, 2049)
     assert not cuda.use_fwd_ws_short(False, 100)
-    # through the API: the plan passes use_fwd_ws_short(diagonal mask, seqlen_q) on, in group mode too
+    # through the API: the plan passes use_fwd_ws_short(diagonal mask, seqlen_q) on, in group mode too (seen through
+    # an entry put into the table for this test: since step 118 it has none)
+    monkeypatch.setitem(cuda.FWD_WS_SHORT_BY_HDIM, 64, dict(NWG=2))
+    from cupy_fmha import plan
+
+    plan._fwd_spec.cache_clear()
+    request.addfinalizer(plan._fwd_spec.cache_clear)  # (the entry's specs out of the cache after the test, too)
     monkeypatch.setattr(api, "_cupy", lambda: fake_cupy("90"))
     monkeypatch.setattr(api, "_CC", {})
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
@@ -436,8 +444,8 @@ def test_forward_ws_swizzled_maps(monkeypatch, layout, d):
     plain = cuda.fwd_ws_spec("fp16", d, d, tiles=dict(NWG=spec.macro("NWG"), BLOCK_N=128, PV_OVERLAP=1,
                                                      O_REG=1 - spec.macro("O_STAGE")))
     assert smem == spec.macro("SMEM_BYTES") == plain.macro("SMEM_BYTES") + 1024
-    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (two MMA warpgroups: a causal mask over 37 or 53 rows)
-    assert bm == spec.macro("BLOCK_M") == 128
+    bm = 64 * spec.macro("NWG")  # Q's box: the CTA's query rows (at hdim 64 three MMA warpgroups since step 118, also
+    assert bm == spec.macro("BLOCK_M") == (192 if d == 64 else 128)  # under a causal mask over 37 or 53 rows)
     for m, rows, heads, box_rows, x in zip(args[:3], (rows_q, rows_k, rows_k), (hq, hk, hk), (bm, 128, 128), (q, k, v)):
         assert isinstance(m, tma.TileMapArgs) and m.swizzle == 128 and m.data_type == "float16"
         assert m.shape == (batch, rows, heads, d) and m.box == (1, box_rows, 1, 64)

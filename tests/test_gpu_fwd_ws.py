@@ -126,10 +126,10 @@ def test_batch_mode_extra(case, monkeypatch):
     A.test_forward_backward_matches_reference(case)
 
 
-# Diagonal masks over at most 2048 query rows take two MMA warpgroups at hdim 64 by default
-# (backends/cuda.py FWD_WS_SHORT_BY_HDIM); these run them on three (192-row blocks, forced through
-# CUPY_FMHA_FWD_WS_TILES), so causal, bottom-right, sliding-window and GQA masks still meet the
-# 192-row blocks (several per CTA under the default PERSIST at 700-1100 rows)
+# Diagonal masks over at most 2048 query rows took two MMA warpgroups at hdim 64 until step 118 (backends/cuda.py
+# FWD_WS_SHORT_BY_HDIM, empty since: three with ALIGN_END); these ran them on three (192-row blocks, forced through
+# CUPY_FMHA_FWD_WS_TILES), so causal, bottom-right, sliding-window and GQA masks meet the 192-row blocks (several per
+# CTA under the default PERSIST at 700-1100 rows); now the table's build, kept as cases of it
 THREE_WG = {
     "f16-d64-b-257x1025": EXTRA["f16-d64-b-257x1025"],
     "bf16-d56-t:100,20-300x1100": EXTRA["bf16-d56-t:100,20-300x1100"],
@@ -411,15 +411,22 @@ def test_prev_softmax128_list_is_not_empty():
 # at 192 and 256 since step 104) forms the same descriptors, so the other form than the table's must be
 # bit-identical as well, at every head dim (DESC_ADDR=1 at 64 and 128, DESC_ADDR=0, the pointers, at 192 and
 # 256) and on the bias builds.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other"]
+# ALIGN_END (step 118: row blocks counted back from each sequence's last row rounded up to 16, the partial block
+# first; the table's at 64, so there the variant is ALIGN_END=0) changes only which rows share a block and a warp: a
+# row's key blocks past its own diagonal (P = 0, maxima unmoved) are the only other difference, so O and LSE stay
+# bit-identical too (the dropout keep mask as well: its row pairs start at multiples of 16 either way), and the rows
+# before the sequence are never stored.
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other"]
 
 
 def _concrete(variant: str, d: int) -> str:
-    """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``, and
-    ``MASK_ROWS=other`` the other of MASK_ROWS 0 and 2 (2 the table's at 64 and 128)."""
+    """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``,
+    ``MASK_ROWS=other`` the other of MASK_ROWS 0 and 2 (2 the table's at 64 and 128), ``ALIGN_END=other`` the other
+    row alignment (1, from the end, the table's at 64)."""
     tiles = cuda.fwd_ws_tiles(d)
     return (variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - tiles.get('DESC_ADDR', 0)}")
-            .replace("MASK_ROWS=other", f"MASK_ROWS={2 - tiles.get('MASK_ROWS', 0)}"))
+            .replace("MASK_ROWS=other", f"MASK_ROWS={2 - tiles.get('MASK_ROWS', 0)}")
+            .replace("ALIGN_END=other", f"ALIGN_END={1 - tiles.get('ALIGN_END', 0)}"))
 EXACT_EXTRA = {
     "alibi": dict(causal=True),
     "dropout": dict(dropout_p=0.2, seed=7, offset=3),
@@ -499,6 +506,49 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
         assert spec.macro(key, 0) == int(val), spec.name
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
+@pytest.mark.parametrize("base", ["", "NWG=2"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("shape", ["causal", "no keys", "keys after none", "causal long", "group", "dropout", "group dropout"])
+def test_align_end_persist(monkeypatch, d, shape, base):
+    """ALIGN_END (step 118; the table's at 64) against the other alignment at 4 row blocks per CTA, where a CTA's
+    blocks include the partial one (with ALIGN_END the first rows', from a multiple of 16 before the sequence: zeros
+    by TMA in batch mode, the previous sequence's in group mode, where every block also writes its share of the LSE
+    rows past the sequence, up to the longest's length): O and LSE bit-identical, into poisoned outputs, dropout's
+    keep mask included (1,000 rows: not a multiple of 16). ``NWG=2``: hdim 64's two MMA warpgroups (128-row blocks;
+    the short-diagonal build before step 118) both ways too."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    if base and d != 64:
+        pytest.skip("two MMA warpgroups: the variant at hdim 64 only")
+    drop = dict(dropout_p=0.2, seed=7, offset=3) if "dropout" in shape else {}
+    if shape.startswith("group"):
+        q, k, v, kw = _group_case(f"fwd-align-end-{d}", d)
+        dark = slice(0)
+    else:
+        b, sq, sk, h, kw, dark = VARIANT_SHAPES["causal" if shape == "dropout" else shape]
+        rng = cp.random.default_rng(seed_for("fwd-align-end", d, shape))
+        q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+        k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    kw = {**kw, **drop}
+    import cupy_fmha
+
+    pre = f"PERSIST=4{',' + base if base else ''}"
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", pre)
+    table = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop)).macro("ALIGN_END", 0)
+    o0, lse0 = cupy_fmha.attention_forward(q, k, v, **kw)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"{pre},ALIGN_END={1 - table}")
+    spec = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop))
+    assert spec.macro("ALIGN_END", 0) == 1 - table and (not base or spec.macro("NWG") == 2), spec.name
+    assert table == (d == 64), spec.name
+    o = conftest.nan_like(o0.shape, o0.dtype)
+    lse = conftest.nan_like(lse0.shape, lse0.dtype)
+    cupy_fmha.attention_forward(q, k, v, **kw, out=(o, lse))
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    if not shape.startswith("group"):
+        assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -40,6 +40,19 @@
 #             1.15-1.19x the time at s1024 then) against NWG=3 (the long build's three), on today's softmax and mask test
 #   sink2     step 117: bench/probe/drop_ws.py, the default (A) against KEEP_SINK=2 (B) at hdim 128, and the TIMING
 #             build's phases at hdim 128 s4096 with dropout under KEEP_SINK=0 / 1 / 2 (why 1 gained nothing there)
+# Thirty-fourth session (step 118: ALIGN_END, row blocks counted back from each sequence's last row):
+#   aetest    tests/test_gpu_fwd_ws.py -k align_end: ALIGN_END=1 bit-identical to the default (every exact-variant shape,
+#             head dim, group mode, the bias builds, PERSIST=4 with NWG=3 at hdim 64 under short causal masks)
+#   aesan     compute-sanitizer memcheck / racecheck / synccheck under ALIGN_END=1,PERSIST=4 at hdim 64 and 128
+#   aeab      bench/ab.py: the default (A) against ALIGN_END=1 (B), hdim 64 (192-row blocks: a partial block at every
+#             length from 4096), bf16, s4096-16384, causal both
+#   ae64short bench/ab.py: hdim 64 causal s1024 / 2048, the short-diagonal build (A) against three warpgroups with
+#             ALIGN_END (B: NWG=3,ALIGN_END=1), bf16 and fp16 (short64 is the same without ALIGN_END)
+#   newtest   after steps 118-119's adoption (ALIGN_END and three warpgroups under every mask at hdim 64, KEEP_SINK=2 at
+#             128, BIAS_ACC for the 16-bit bias at 128): tests/test_gpu_fwd_ws.py, test_gpu_dropout.py,
+#             test_gpu_fwd_ws_bias.py whole
+#   newsan    compute-sanitizer memcheck / racecheck / synccheck on the new defaults: sanitize_fwd_ws.py at hdim 64 and
+#             128 under PERSIST=4 (plain, causal, dropout, group mode), sanitize_fwd_bias.py at 128
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -124,6 +137,19 @@ for part in "$@"; do
            for k in 0 1 2; do
              timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py 128 4096 dropout KEEP_SINK=$k 2>&1 | grep -E "per key block|cycles per loop"
            done;;
+    aetest) gputest tests/test_gpu_fwd_ws.py align_end test-align-end;;
+    aesan) sanitize ALIGN_END=1,PERSIST=4 64,128 sae;;
+    aeab) ab ALIGN_END=1 ab-align-end 14 --hdim 64 --seqlen 4096,8192,16384 --dtype bf16 --causal both;;
+    ae64short) ab NWG=3,ALIGN_END=1 ab-short64-nwg3-ae 8 --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --causal yes;;
+    newtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 --dist worksteal tests/test_gpu_fwd_ws.py \
+               tests/test_gpu_dropout.py tests/test_gpu_fwd_ws_bias.py > $OUT/test-new-defaults.txt 2>&1
+             echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-new-defaults.txt | head; tail -1 $OUT/test-new-defaults.txt;;
+    newsan) sanitize PERSIST=4 64,128 snew
+            for tool in memcheck racecheck synccheck; do
+              timeout -s KILL 150 compute-sanitizer --report-api-errors no --tool $tool python3 bench/probe/sanitize_fwd_bias.py 128 \
+                > /tmp/snewb-$tool.txt 2>&1
+              echo "bias 128 $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/snewb-$tool.txt | tail -1)"
+            done;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null

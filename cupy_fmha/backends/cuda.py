@@ -290,7 +290,7 @@ def fwd_spec(dtype: str, hdim_q: int, hdim_v: int, cc: int = 80, *, alibi: bool 
     :func:`use_wg_skip` decision) picks, for the plain 3-warpgroup Hopper instance, the build whose
     warpgroups skip key blocks none of their rows sees (``-D WG_SKIP=1``). ``short`` (the caller's
     :func:`use_fwd_ws_short` decision: a diagonal mask over few query rows) picks, for the
-    warp-specialized forward, the entries of :data:`FWD_WS_SHORT_BY_HDIM` (two MMA warpgroups at hdim 64)."""
+    warp-specialized forward, the entries of :data:`FWD_WS_SHORT_BY_HDIM` (none since step 118)."""
     feats = feature_macros(alibi, bias, dropout)
     tma_bias = _check_bias_tma(bias_tma) if bias else 0
     ws_tiles = fwd_ws_tiles(max(pad_hdim(hdim_q, 64), pad_hdim(hdim_v, 64)), alibi) if _wgmma_allowed(cc) else {}
@@ -690,8 +690,8 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: The ws forward's entries by padded head dim, chosen by measurement on the H200: NWG=3 at hdim 64
 #: (three MMA warpgroups, 192 query rows per CTA at 160 registers each, FlashAttention-3's hdim-64
 #: shape): 0.88-0.92x the time of two without a mask from s2048, 0.95-0.96 causal from s8192 (bench/NOTES.md
-#: step 67; not in the bias or short-diagonal builds: FWD_WS_BIAS_BY_HDIM, FWD_WS_SHORT_BY_HDIM; the
-#: dropout builds take two taking turns, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
+#: step 67; the fp32 bias and bias-with-ALiBi builds take two, FWD_WS_BIAS_BY_HDIM, and so did short diagonal masks
+#: until step 118, FWD_WS_SHORT_BY_HDIM; the dropout builds take two taking turns, FWD_WS_DROPOUT_BY_HDIM); 96-key blocks with three measured 0.96-1.21x the time of 128. FOLD (0/1: the
 #: softmax scale folded into one FFMA per exponent, softmax_p_folded) at hdim 64 only: 1.01-1.04x
 #: there, 0.93-1.02x at hdim 128 (bench/NOTES.md step 37). O_REG (0/1: O stored from the registers
 #: instead of through the shared-memory stage and bulk row copies, O_STAGE) at hdim 64: the stage
@@ -720,8 +720,13 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: MASK_ROWS=2 (an edge tile's mask test from each row's visible columns, the lower bound only where it crosses)
 #: at 64 and 128: 0.96-0.99x the time causal at 64, 0.97-1.00x at 128 (step 115, an H100, bf16, s1024-16384; step
 #: 91 had measured 0.96-1.05 before the loop got faster); not at 192 (untimed) or 256 (it spills 4 bytes there).
+#: ALIGN_END at 64 (row blocks counted back from each sequence's end, so the partial 192-row block is the first rows'
+#: instead of the last: under a causal mask the lightest block instead of the heaviest; bench/NOTES.md step 118, an
+#: H100, bf16): 0.944x the time causal at s4096 (the work model: 0.945), 0.985 at 8192, 1.015 at 16384, 0.98-1.01
+#: without a mask; with it three warpgroups also under short diagonal masks (FWD_WS_SHORT_BY_HDIM). Not at 128-256,
+#: whose 128-row blocks see as many key blocks either way where keys come in blocks of 128 (untimed at 192 / 256).
 FWD_WS_SOFTMAX = dict(FOLD=1, SMAX_TREE=1, LAZY_RESCALE=8)
-FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, **FWD_WS_SOFTMAX), 128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
+FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, ALIGN_END=1, **FWD_WS_SOFTMAX), 128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
                   192: dict(BLOCK_N=112, DESC_ADDR=1, **FWD_WS_SOFTMAX),
                   256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, **FWD_WS_SOFTMAX)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
@@ -747,8 +752,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: of the softmax before step 113 at all six points (s1024 / 4096 / 16384, causal and not; at 128 0.98-1.03, mixed)
 #: KEEP_SINK at 64 (step 116): the keep decisions made inside the softmax, where ptxas interleaves their Philox work with
 #: the exponentials, measured 0.89-0.92x the dropout forward's time there (an H100, s1024-16384, causal and not; 1.69-1.71x
-#: plain -> 1.55x in features.py's shape); at 128 0.98-1.01x (within the spread), so not there
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1), 128: dict(FOLD=0),
+#: plain -> 1.55x in features.py's shape); at 128 0.98-1.01x (within the spread). KEEP_SINK=2 at 128 (step 117: the first
+#: half of each key block's 32-key spans under the S GEMM, the second inside the softmax) measured 0.88-0.96x the dropout
+#: forward's time (drop_ws.py, an H100, s1024-16384, causal and not; s4096 1.24 -> 1.17 ms, 1.50 -> 1.41x plain)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1), 128: dict(FOLD=0, KEEP_SINK=2),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
@@ -756,7 +763,9 @@ FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, K
 #: MMA warpgroups as the plain build does (0 spills with BIAS_ACC, step 90; measured -5.6% and -5.4% against
 #: two on an H100, steps 91 and 92; not yet on the H200), the fp32 bias two: three spill 132 bytes there;
 #: the 16-bit one without SMAX_TREE (FWD_WS_SOFTMAX's tree maxima spill 240 bytes there, step 113)
-FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1, SMAX_TREE=0), 4: dict(NWG=2, BIAS_ACC=1)}}
+#: At 128 the 16-bit bias takes BIAS_ACC too (step 119, an H100, features.py bf16 b4 h16 s4096: 1.154 / 1.173 ms ->
+#: 1.124 / 1.128, 1.40 -> 1.36x plain; its softmax then the folded one); the fp32 bias there is untimed, so not it
+FWD_WS_BIAS_BY_HDIM = {64: {2: dict(NWG=3, BIAS_ACC=1, SMAX_TREE=0), 4: dict(NWG=2, BIAS_ACC=1)}, 128: {2: dict(BIAS_ACC=1)}}
 #: ... and with both a bias and ALiBi: two MMA warpgroups at hdim 64 (three spill 380-576 bytes)
 FWD_WS_BIAS_ALIBI_BY_HDIM = {64: dict(NWG=2)}
 #: ... and under a diagonal mask over at most FWD_WS_SHORT_SEQLEN query rows (use_fwd_ws_short): two
@@ -765,8 +774,13 @@ FWD_WS_BIAS_ALIBI_BY_HDIM = {64: dict(NWG=2)}
 #: on the diagonal), against 0.99-1.00 at causal s4096, 0.95-0.96 from s8192 and 0.88-0.92 without a
 #: mask from s2048 (bench/NOTES.md step 67; batch mode; group mode takes the same rule, not measured);
 #: with dropout the same build as without a short mask (two ping-pong warpgroups, step 74; the
-#: pipeline entries here kept it so while step 71 had three serial ones for long masks)
-FWD_WS_SHORT_BY_HDIM, FWD_WS_SHORT_SEQLEN = {64: dict(NWG=2, PV_OVERLAP=1, PINGPONG=1)}, 2048
+#: pipeline entries here kept it so while step 71 had three serial ones for long masks). Empty since step 118: with
+#: ALIGN_END (the partial 192-row block the first rows', the lightest under a causal mask) three warpgroups measured
+#: 0.99x the two-warpgroup build's time at causal s1024 and 0.92x at 2048 (an H100, bf16 and fp16; without ALIGN_END
+#: 1.10x and 0.95x), so hdim 64 takes its one build under every mask; the bias builds follow (untimed under short
+#: masks). The mechanism stays for other head dims' short builds.
+FWD_WS_SHORT_BY_HDIM: dict[int, dict[str, int]] = {}
+FWD_WS_SHORT_SEQLEN = 2048
 
 
 #: The ws forward's row blocks per CTA (PERSIST; the kernel is the same for every count, only the
@@ -848,6 +862,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
                          f"{'exists' if len(removed) == 1 else 'exist'} (removed after the measurements of "
                          f"bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
     switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
+                "ALIGN_END",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
     unknown = set(tiles) - {"NWG", "BLOCK_N", "STAGES", "TIMING", "PERSIST", *switches}
@@ -980,6 +995,17 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
             for dtype in DTYPES for d in (64, 128)]
+    # row blocks counted back from each sequence's end or not (ALIGN_END, step 118: the partial block holds the first
+    # rows; the table's at 64), the other form than the table's: the plain builds in bf16 (the A/B's), and one build of
+    # each other epilogue and feature path in fp16 (the GPU tests' dtype): dropout at 64 and 128, the 16-bit bias at 64
+    # and 128, ALiBi at 256 (the serial pipeline)
+    def other_align(t: dict) -> dict:  # (at 0 left out, as _override does)
+        return {**t, "ALIGN_END": 1} if not t.get("ALIGN_END") else {k: v for k, v in t.items() if k != "ALIGN_END"}
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, bias_tma=bias, tiles=other_align(fwd_ws_tiles(d, alibi, drop, bias)))
+            for dtype, d, alibi, drop, bias in [*(("bf16", d, False, False, 0) for d in (64, 128, 192, 256)),
+                                                ("fp16", 64, False, True, 0), ("fp16", 128, False, True, 0),
+                                                ("fp16", 64, False, False, 2), ("fp16", 128, False, False, 2),
+                                                ("fp16", 256, True, False, 0)]]
     # the hdim-64 16-bit bias build on two MMA warpgroups, the table's before step 92 (bench/probe/s23_gpu.sh times it)
     out += [fwd_ws_spec(dtype, 64, 64, bias_tma=2, tiles={**fwd_ws_tiles(64, bias_tma=2), "NWG": 2}) for dtype in DTYPES]
     # the diagnostics builds of the probes' timelines (TIMING: bench/probe/fwd_timeline.py, timeline58.py), bf16
