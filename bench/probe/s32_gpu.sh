@@ -53,6 +53,7 @@
 #             test_gpu_fwd_ws_bias.py whole
 #   newsan    compute-sanitizer memcheck / racecheck / synccheck on the new defaults: sanitize_fwd_ws.py at hdim 64 and
 #             128 under PERSIST=4 (plain, causal, dropout, group mode), sanitize_fwd_bias.py at 128
+#   sink64    bench/probe/drop_ws.py at hdim 64: the default (A: KEEP_SINK=1 there) against KEEP_SINK=2 (B), A B A B
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -150,6 +151,10 @@ for part in "$@"; do
                 > /tmp/snewb-$tool.txt 2>&1
               echo "bias 128 $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/snewb-$tool.txt | tail -1)"
             done;;
+    sink64) for r in 1 2; do
+              timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 64 1024,4096,16384
+              CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 64 1024,4096,16384
+            done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1 | cut -c1-70;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
