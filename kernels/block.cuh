@@ -73,6 +73,15 @@ __device__ __forceinline__ uint16_t* fwd_out_rows(const FwdParams& p, int b, int
     return og;
 }
 
+// Whether the forward stores query row i of a sequence of seqlen_q rows: one before its end, and with ALIGN_END (the
+// ws forward's row blocks counted back from the end, fmha_fwd_sm90_ws.cu) not one before its start either.
+__device__ __forceinline__ bool row_stored(int i, int seqlen_q) {
+    if constexpr (ALIGN_END)
+        return static_cast<unsigned>(i) < static_cast<unsigned>(seqlen_q);
+    else
+        return i < seqlen_q;
+}
+
 // Forward epilogue of a warp's rows row0 + f.row(e) (NO n8 tiles of O): 1/l and LSE from the
 // running max and sum (finish_rows), then O in the input dtype and the LSE row, rows past the
 // sequence skipped (and with ALIGN_END those before it).
@@ -87,7 +96,7 @@ __device__ __forceinline__ void fwd_store_rows(const FwdParams& p, const FwdBloc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = row0 + f.row(2 * r);
-        if (i < blk.seqlen_q && (!ALIGN_END || i >= 0)) {  // (ALIGN_END, the ws forward: rows from before the sequence)
+        if (row_stored(i, blk.seqlen_q)) {
             if (f.row_leader()) lse_g[i] = row_lse[r];
             uint16_t* orow = og + (index_t)i * p.o.ss;
 #pragma unroll

@@ -280,6 +280,15 @@ __device__ __forceinline__ bool fwd_ws_block_state(const FwdParams& p, int b, in
     }
 }
 
+// Whether row r of the rows row0 + 0 .. rows - 1 the caller found inside the sequence's end is sent (with ALIGN_END not
+// one before its start either)
+__device__ __forceinline__ bool sent_row(int row0, int r, int rows) {
+    if constexpr (ALIGN_END)
+        return row0 + r >= 0 && r < rows;
+    else
+        return r < rows;
+}
+
 // Whether O's rows can leave in 16-byte pieces (the API's outputs always can; else 4-byte stores)
 __device__ __forceinline__ bool o_rows_aligned(const FwdParams& p, const uint16_t* og) {
     return ((reinterpret_cast<unsigned long long>(og) | static_cast<unsigned long long>(2 * (p.o.ss | p.hdim_v))) & 15) == 0;
@@ -297,8 +306,7 @@ __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, 
 #pragma unroll
     for (int t = 0; t < HDIM_V / 16; ++t) {
         const int r = (lane + 32 * t) / PIECES, j = (lane + 32 * t) % PIECES;
-        if ((!ALIGN_END || row0 + r >= 0) && r < rows && 8 * j < p.hdim_v)
-            *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
+        if (sent_row(row0, r, rows) && 8 * j < p.hdim_v) *reinterpret_cast<uint4*>(og + (index_t)(row0 + r) * p.o.ss + 8 * j) = got[t];
     }
 }
 
@@ -330,7 +338,7 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row0 + rl < blk.seqlen_q && (!ALIGN_END || row0 + rl >= 0)) lse_g[row0 + rl] = row_lse[r];
+        if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NO; ++n)
             *reinterpret_cast<uint32_t*>(stage + rl * O_PITCH + f.col(n, 0)) =
@@ -371,7 +379,7 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row0 + rl < blk.seqlen_q && (!ALIGN_END || row0 + rl >= 0)) lse_g[row0 + rl] = row_lse[r];
+        if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
 #pragma unroll
         for (int n = 0; n < NO; ++n) {
             const int col = f.col(n, 0);
