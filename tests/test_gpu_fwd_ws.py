@@ -541,7 +541,7 @@ def test_align_end_persist(monkeypatch, d, shape, base):
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"{pre},ALIGN_END={1 - table}")
     spec = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop))
     assert spec.macro("ALIGN_END", 0) == 1 - table and (not base or spec.macro("NWG") == 2), spec.name
-    assert table == (d == 64), spec.name
+    assert table == (d == 64 and not drop), spec.name  # (not the dropout build at 64: FWD_WS_DROPOUT_BY_HDIM)
     o = conftest.nan_like(o0.shape, o0.dtype)
     lse = conftest.nan_like(lse0.shape, lse0.dtype)
     cupy_fmha.attention_forward(q, k, v, **kw, out=(o, lse))

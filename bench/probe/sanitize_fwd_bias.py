@@ -8,6 +8,7 @@ biases, full [b, h, sq, sk] and broadcast along the rows, causal or not, lengths
 import sys
 
 import cupy as cp
+import ml_dtypes
 
 import cupy_fmha
 
@@ -24,7 +25,7 @@ def run(d, dtype, bias_dtype, sq=200, sk=161, hq=2, rows=True, **kw):
 
 
 for d in [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "64").split(",")]:
-    for dtype in (cp.float16, cp.bfloat16):
+    for dtype in (cp.float16, ml_dtypes.bfloat16):
         run(d, dtype, dtype)
         run(d, dtype, cp.float32, causal=True)
         run(d, dtype, dtype, rows=False, sq=450, sk=300)

@@ -755,7 +755,10 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: plain -> 1.55x in features.py's shape); at 128 0.98-1.01x (within the spread). KEEP_SINK=2 at 128 (step 117: the first
 #: half of each key block's 32-key spans under the S GEMM, the second inside the softmax) measured 0.88-0.96x the dropout
 #: forward's time (drop_ws.py, an H100, s1024-16384, causal and not; s4096 1.24 -> 1.17 ms, 1.50 -> 1.41x plain)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1), 128: dict(FOLD=0, KEEP_SINK=2),
+#: ALIGN_END=0 at 64 (step 118 is for the 192-row blocks; on this build's 128-row ones it measured 1.01-1.04x the time,
+#: drop_ws.py on an H100, s1024-16384, causal and not)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1, ALIGN_END=0),
+                          128: dict(FOLD=0, KEEP_SINK=2),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
 #: ... and with an elementwise bias (the TMA bias builds), by the bias element's bytes (2: fp16/bf16,
