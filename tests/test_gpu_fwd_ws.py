@@ -276,12 +276,15 @@ def _bias_pair(monkeypatch, tag, variant, d, persist):
     return (*pair, cuda.fwd_spec("fp16", d, d, 90, bias=True, bias_tma=2))
 
 
-def _group_case(tag, d):
+def _group_case(tag, d, fixed=()):
     """q, k, v (fp16, thd) and keywords of a causal group-mode forward: 40 sequences of 0-700 rows, so
-    row blocks end inside sequences and some sequences have none."""
+    row blocks end inside sequences and some sequences have none (``fixed``: (index, length) pairs set after
+    the draw)."""
     import numpy as np
 
     lens = np.random.default_rng(seed_for(tag)).integers(0, 700, size=40)
+    for i, n in fixed:
+        lens[i] = n
     cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]), dtype=cp.int32)
     rng = cp.random.default_rng(seed_for(tag + "-x"))
     q, k, v = (rng.standard_normal((int(lens.sum()), 2, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
@@ -523,8 +526,8 @@ def test_align_end_persist(monkeypatch, d, shape, base):
     if base and d != 64:
         pytest.skip("two MMA warpgroups: the variant at hdim 64 only")
     drop = dict(dropout_p=0.2, seed=7, offset=3) if "dropout" in shape else {}
-    if shape.startswith("group"):
-        q, k, v, kw = _group_case(f"fwd-align-end-{d}", d)
+    if shape.startswith("group"):  # (with sequences of 0, 1, 16 and 700 rows: none, one row, a multiple of 16, the pitch)
+        q, k, v, kw = _group_case(f"fwd-align-end-{d}", d, fixed=((0, 0), (5, 1), (9, 16), (17, 700)))
         dark = slice(0)
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES["causal" if shape == "dropout" else shape]
@@ -537,17 +540,24 @@ def test_align_end_persist(monkeypatch, d, shape, base):
     pre = f"PERSIST=4{',' + base if base else ''}"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", pre)
     table = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop)).macro("ALIGN_END", 0)
-    o0, lse0 = cupy_fmha.attention_forward(q, k, v, **kw)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"{pre},ALIGN_END={1 - table}")
-    spec = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop))
-    assert spec.macro("ALIGN_END", 0) == 1 - table and (not base or spec.macro("NWG") == 2), spec.name
-    assert table == (d == 64 and not drop), spec.name  # (not the dropout build at 64: FWD_WS_DROPOUT_BY_HDIM)
-    o = conftest.nan_like(o0.shape, o0.dtype)
-    lse = conftest.nan_like(lse0.shape, lse0.dtype)
-    cupy_fmha.attention_forward(q, k, v, **kw, out=(o, lse))
+    o_shape, lse_shape = cupy_fmha.attention_forward(q, k, v, **kw)  # (the shapes; then both runs into poison)
+    outs = {}
+    for form in (table, 1 - table):
+        monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"{pre},ALIGN_END={form}")
+        spec = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop))
+        assert spec.macro("ALIGN_END", 0) == form and (not base or spec.macro("NWG") == 2), spec.name
+        outs[form] = (conftest.nan_like(o_shape.shape, o_shape.dtype), conftest.nan_like(lse_shape.shape, lse_shape.dtype))
+        cupy_fmha.attention_forward(q, k, v, **kw, out=outs[form])
+    assert table == (d == 64 and not drop)  # (not the dropout build at 64: FWD_WS_DROPOUT_BY_HDIM)
+    (o0, lse0), (o, lse) = outs[0], outs[1]
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
-    if not shape.startswith("group"):
+    if shape.startswith("group"):  # (LSE: [batch, heads, max_seqlen_q], -inf past each sequence's end)
+        lens = cp.asnumpy(kw["cu_seqlens_q"][1:] - kw["cu_seqlens_q"][:-1])
+        assert lse.shape[-1] == kw["max_seqlen_q"] and 0 in lens
+        for i, n in enumerate(lens):
+            assert bool(cp.isneginf(lse[i, :, int(n):]).all()) and bool(cp.isfinite(lse[i, :, :int(n)]).all()), (i, n)
+    else:
         assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
 
 
