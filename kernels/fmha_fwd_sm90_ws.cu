@@ -338,7 +338,11 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
+        if constexpr (ALIGN_END) {  // (written out twice: one expression for both changed the PTX of some builds without it)
+            if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
+        } else {
+            if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+        }
 #pragma unroll
         for (int n = 0; n < NO; ++n)
             *reinterpret_cast<uint32_t*>(stage + rl * O_PITCH + f.col(n, 0)) =
@@ -379,7 +383,11 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
-        if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
+        if constexpr (ALIGN_END) {  // (written out twice: one expression for both changed the PTX of some builds without it)
+            if (f.row_leader() && row_stored(row0 + rl, blk.seqlen_q)) lse_g[row0 + rl] = row_lse[r];
+        } else {
+            if (f.row_leader() && row0 + rl < blk.seqlen_q) lse_g[row0 + rl] = row_lse[r];
+        }
 #pragma unroll
         for (int n = 0; n < NO; ++n) {
             const int col = f.col(n, 0);
