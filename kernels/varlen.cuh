@@ -8,7 +8,8 @@
 //     cu_seqlens[b] rows (token offset = cu[b] * seq stride);
 //   * after that the kernel works with the sequence's own lengths and local (per-sequence) row
 //     and column indices everywhere: masks, ALiBi, and whatever else keys on (b, h, i, j);
-//   * CTAs whose block starts past their sequence's end exit before any barrier.
+//   * CTAs whose block starts past their sequence's end exit before any barrier (the ws forward with ALIGN_END
+//     skips, in both its producer and its MMA warpgroups, the row blocks wholly before its sequence's start).
 // No architecture-specific code here.
 #pragma once
 #include "common.cuh"
