@@ -56,6 +56,8 @@
 #   sink64    bench/probe/drop_ws.py at hdim 64: the default (A: KEEP_SINK=1 there) against KEEP_SINK=2 (B), A B A B
 #   ae192     bench/ab.py: ALIGN_END=1 (B) against the table at hdim 192 and 256 (112- and 80-key blocks: the first rows'
 #             block may see one key block fewer), bf16, s1024-16384, causal only (untimed there; NOTES queue)
+#   drop64w3  bench/probe/drop_ws.py at hdim 64: the table's dropout build (A: two warpgroups) against three with 96-key
+#             blocks and ALIGN_END (B: NWG=3,BLOCK_N=96,ALIGN_END=1; 0 spills offline, 128 keys spill 64 bytes), A B A B
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -158,6 +160,10 @@ for part in "$@"; do
               CUPY_FMHA_FWD_WS_TILES=KEEP_SINK=2 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 64 1024,4096,16384
             done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1 | cut -c1-70;;
     ae192) ab ALIGN_END=1 ab-align-end-192-256 14 --hdim 192,256 --seqlen 1024,2048,4096,8192,16384 --dtype bf16 --causal yes;;
+    drop64w3) for r in 1 2; do
+                timeout -s KILL $(left) python3 bench/probe/drop_ws.py A$r 64 1024,4096,16384
+                CUPY_FMHA_FWD_WS_TILES=NWG=3,BLOCK_N=96,ALIGN_END=1 timeout -s KILL $(left) python3 bench/probe/drop_ws.py B$r 64 1024,4096,16384
+              done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1 | cut -c1-70;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
