@@ -186,10 +186,9 @@ def test_dropout_keep_sink_variant(case, form, monkeypatch):
     if form == table:
         pytest.skip("the table's own form")
     o0, lse0 = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
-    want = form
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_SINK={want}")
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"KEEP_SINK={form}")
     spec = cuda.fwd_spec(name, d, dv, 90, dropout=True)
-    assert spec.macro("KEEP_SINK", 0) == want and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
+    assert spec.macro("KEEP_SINK", 0) == form and spec.macro("DROPOUT") == 1 and spec.macro("PV_OVERLAP") == 1, spec.name
     o, lse = cupy_fmha.attention_forward(inp.dev["q"], inp.dev["k"], inp.dev["v"], **kw)
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())

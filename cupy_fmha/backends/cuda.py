@@ -659,12 +659,18 @@ def bwd_ws_wide_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = Fals
                HDIM_V=pad_hdim(hdim_v, 128), **tiles, **feature_macros(alibi, False, False))
 
 
+def with_switch(tiles: dict[str, int], key: str, value: int) -> dict[str, int]:
+    """``tiles`` with the switch ``key`` set to ``value``; at 0 the switch is left out, as the tile
+    functions leave it, so the instance keeps the name of the build without it."""
+    out = {k: v for k, v in tiles.items() if k != key}
+    return {**out, key: value} if value else out
+
+
 def other_desc_form(tiles: dict[str, int]) -> dict[str, int]:
     """``tiles`` with the ws kernels' DESC_ADDR switch flipped (wgmma descriptors from one 32-bit
     address, or from the tile pointers; the same values, bench/NOTES.md steps 102-104): the comparison
-    build of a table entry. Off, the switch is left out, as the tile functions leave it."""
-    out = {k: v for k, v in tiles.items() if k != "DESC_ADDR"}
-    return out if tiles.get("DESC_ADDR") else {**out, "DESC_ADDR": 1}
+    build of a table entry (:func:`with_switch`)."""
+    return with_switch(tiles, "DESC_ADDR", 0 if tiles.get("DESC_ADDR") else 1)
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
@@ -968,10 +974,7 @@ def experimental_table() -> list[KernelSpec]:
             for dtype in DTYPES for d in (64, 128)]
     # ... and with the keep decisions made in the other forms than the table's (steps 116-117, KEEP_SINK: 0 under the S
     # GEMM, the table's at 128; 1 inside the softmax, the table's at 64; 2 half and half), with and without ALiBi
-    def keep_form(t: dict, k: int) -> dict:  # (at 0 left out, as _override does: the name of the build before step 116)
-        t = {key: v for key, v in t.items() if key != "KEEP_SINK"}
-        return {**t, "KEEP_SINK": k} if k else t
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=keep_form(fwd_ws_tiles(d, alibi, True), k))
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=True, tiles=with_switch(fwd_ws_tiles(d, alibi, True), "KEEP_SINK", k))
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for k in (0, 1, 2)
             if k != fwd_ws_tiles(d, alibi, True).get("KEEP_SINK", 0)]
     # the forward softmax's step-87 variants (tools/sass_sched.py's schedules; none dispatched): SMAX_TREE (row maxima by
@@ -1002,9 +1005,8 @@ def experimental_table() -> list[KernelSpec]:
     # rows; the table's at 64), the other form than the table's: the plain builds in bf16 (the A/B's), and one build of
     # each other epilogue and feature path in fp16 (the GPU tests' dtype): dropout at 64 and 128, the 16-bit bias at 64
     # and 128, ALiBi at 256 (the serial pipeline)
-    def other_align(t: dict) -> dict:  # (at 0 left out, as _override does)
-        return {**t, "ALIGN_END": 1} if not t.get("ALIGN_END") else {k: v for k, v in t.items() if k != "ALIGN_END"}
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, bias_tma=bias, tiles=other_align(fwd_ws_tiles(d, alibi, drop, bias)))
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, bias_tma=bias,
+                        tiles=with_switch(t := fwd_ws_tiles(d, alibi, drop, bias), "ALIGN_END", 0 if t.get("ALIGN_END") else 1))
             for dtype, d, alibi, drop, bias in [*(("bf16", d, False, False, 0) for d in (64, 128, 192, 256)),
                                                 ("fp16", 64, False, True, 0), ("fp16", 128, False, True, 0),
                                                 ("fp16", 64, False, False, 2), ("fp16", 128, False, False, 2),
