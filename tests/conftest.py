@@ -21,10 +21,32 @@ classes and constants that the test files import with ``from conftest import ...
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import zlib
 
-import ml_dtypes
+
+def _share_blas_threads() -> None:
+    """Under pytest-xdist, size each worker's BLAS / OpenMP pool to its share of the cores.
+
+    The GPU suite runs ``-n 16`` on a 16-core machine, and the float64 NumPy references are most of
+    its CPU work: with every worker's OpenBLAS sized to all cores, 16 workers start 256 threads on
+    16 cores. ``CUPY_FMHA_TEST_BLAS_THREADS`` sets the count (``0``: leave the pools alone); an
+    environment variable the caller already set (``OPENBLAS_NUM_THREADS`` ...) is kept. Must run
+    before NumPy is imported (OpenBLAS reads the variables when it loads).
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    want = os.environ.get("CUPY_FMHA_TEST_BLAS_THREADS", "")
+    if not workers or want == "0" or "numpy" in sys.modules:
+        return
+    n = want or str(max(1, (os.cpu_count() or 1) // workers))
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, n)
+
+
+_share_blas_threads()
+
+import ml_dtypes  # noqa: E402 - after the thread counts above
 import numpy as np
 import pytest
 
