@@ -29,9 +29,9 @@ import zlib
 def _share_blas_threads() -> None:
     """Under pytest-xdist, size each worker's BLAS / OpenMP pool to its share of the cores.
 
-    The GPU suite runs ``-n 16`` on a 16-core machine, and the float64 NumPy references are most of
-    its CPU work: with every worker's OpenBLAS sized to all cores, 16 workers start 256 threads on
-    16 cores. ``CUPY_FMHA_TEST_BLAS_THREADS`` sets the count (``0``: leave the pools alone); an
+    The GPU suite runs ``-n 16`` on a 16-core machine, each worker computing float64 NumPy
+    references beside the others: with every worker's OpenBLAS sized to all cores, 16 workers start
+    256 threads on 16 cores. ``CUPY_FMHA_TEST_BLAS_THREADS`` sets the count (``0``: leave the pools alone); an
     environment variable the caller already set (``OPENBLAS_NUM_THREADS`` ...) is kept. Must run
     before NumPy is imported (OpenBLAS reads the variables when it loads).
     """
