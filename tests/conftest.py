@@ -39,7 +39,8 @@ def _share_blas_threads() -> None:
     want = os.environ.get("CUPY_FMHA_TEST_BLAS_THREADS", "")
     if not workers or want == "0" or "numpy" in sys.modules:
         return
-    n = want or str(max(1, (os.cpu_count() or 1) // workers))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = want or str(max(1, cores // workers))  # (the cores this process may run on, as OpenBLAS counts them)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, n)
 
