@@ -540,13 +540,13 @@ def test_align_end_persist(monkeypatch, d, shape, base):
     pre = f"PERSIST=4{',' + base if base else ''}"
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", pre)
     table = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop)).macro("ALIGN_END", 0)
-    o_shape, lse_shape = cupy_fmha.attention_forward(q, k, v, **kw)  # (the shapes; then both runs into poison)
+    o_any, lse_any = cupy_fmha.attention_forward(q, k, v, **kw)  # (for the shapes and dtypes; then both runs into poison)
     outs = {}
     for form in (table, 1 - table):
         monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"{pre},ALIGN_END={form}")
         spec = cuda.fwd_spec("fp16", d, d, 90, dropout=bool(drop))
         assert spec.macro("ALIGN_END", 0) == form and (not base or spec.macro("NWG") == 2), spec.name
-        outs[form] = (conftest.nan_like(o_shape.shape, o_shape.dtype), conftest.nan_like(lse_shape.shape, lse_shape.dtype))
+        outs[form] = (conftest.nan_like(o_any.shape, o_any.dtype), conftest.nan_like(lse_any.shape, lse_any.dtype))
         cupy_fmha.attention_forward(q, k, v, **kw, out=outs[form])
     assert table == (d == 64 and not drop)  # (not the dropout build at 64: FWD_WS_DROPOUT_BY_HDIM)
     (o0, lse0), (o, lse) = outs[0], outs[1]
