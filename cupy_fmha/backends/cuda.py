@@ -666,11 +666,11 @@ def with_switch(tiles: dict[str, int], key: str, value: int) -> dict[str, int]:
     return {**out, key: value} if value else out
 
 
-def other_desc_form(tiles: dict[str, int]) -> dict[str, int]:
-    """``tiles`` with the ws kernels' DESC_ADDR switch flipped (wgmma descriptors from one 32-bit
-    address, or from the tile pointers; the same values, bench/NOTES.md steps 102-104): the comparison
-    build of a table entry (:func:`with_switch`)."""
-    return with_switch(tiles, "DESC_ADDR", 0 if tiles.get("DESC_ADDR") else 1)
+def flip_switch(tiles: dict[str, int], key: str) -> dict[str, int]:
+    """``tiles`` with the 0/1 switch ``key`` in the other position (:func:`with_switch`): the comparison
+    build of a table entry, e.g. the ws kernels' DESC_ADDR (wgmma descriptors from one 32-bit address or
+    from the tile pointers; the same values, bench/NOTES.md steps 102-104) or the forward's ALIGN_END."""
+    return with_switch(tiles, key, 0 if tiles.get(key) else 1)
 
 
 #: the ws backward's variant builds compiled offline besides the default (experimental_table)
@@ -939,7 +939,7 @@ def experimental_table() -> list[KernelSpec]:
     # the ws backward's descriptors from the tile pointers (DESC_ADDR off; the default forms them from one
     # 32-bit address since bench/NOTES.md step 104), on each head dim's table entries with and without a
     # short diagonal, both dQ modes, for comparisons
-    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles=other_desc_form(bwd_ws_tiles(d, deterministic=det, diagonal=diag)))
+    out += [bwd_ws_spec(dtype, d, d, alibi=alibi, tiles=flip_switch(bwd_ws_tiles(d, deterministic=det, diagonal=diag), "DESC_ADDR"))
             for dtype in DTYPES for d in (64, 128) for alibi in (False, True) for det in (False, True)
             for diag in ((False, True) if d == 128 else (False,))]
     # the wide ws backward's variants, where dQ is staged (hdim_q <= hdim_v)
@@ -997,16 +997,16 @@ def experimental_table() -> list[KernelSpec]:
     # the loop descriptors in the other form than the table's (DESC_ADDR, bench/NOTES.md steps 103-104: from one
     # 32-bit address at 64 and 128, from the tile pointers at 192 and 256), on each head dim's entries: plain,
     # ALiBi, dropout, the 16-bit bias
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles=other_desc_form(fwd_ws_tiles(d, alibi, drop)))
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles=flip_switch(fwd_ws_tiles(d, alibi, drop), "DESC_ADDR"))
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
-    out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=other_desc_form(fwd_ws_tiles(d, bias_tma=2)))
+    out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=flip_switch(fwd_ws_tiles(d, bias_tma=2), "DESC_ADDR"))
             for dtype in DTYPES for d in (64, 128)]
     # row blocks counted back from each sequence's end or not (ALIGN_END, step 118: the partial block holds the first
     # rows; the table's at 64), the other form than the table's: the plain builds in bf16 (the A/B's), and one build of
     # each other epilogue and feature path in fp16 (the GPU tests' dtype): dropout at 64 and 128, the 16-bit bias at 64
     # and 128, ALiBi at 256 (the serial pipeline)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, bias_tma=bias,
-                        tiles=with_switch(t := fwd_ws_tiles(d, alibi, drop, bias), "ALIGN_END", 0 if t.get("ALIGN_END") else 1))
+                        tiles=flip_switch(fwd_ws_tiles(d, alibi, drop, bias), "ALIGN_END"))
             for dtype, d, alibi, drop, bias in [*(("bf16", d, False, False, 0) for d in (64, 128, 192, 256)),
                                                 ("fp16", 64, False, True, 0), ("fp16", 128, False, True, 0),
                                                 ("fp16", 64, False, False, 2), ("fp16", 128, False, False, 2),
