@@ -3,7 +3,8 @@
 Sources live in ``kernels/`` (package ``cupy_fmha.kernels``). Local ``#include "x.cuh"`` lines
 are expanded here, so the text handed to NVRTC is self-contained: CuPy's on-disk cache
 (``CUPY_CACHE_DIR``) keys on that text and the options, so editing a header can never leave a
-stale binary behind. Compiled functions are also memoized per (spec, device) in this process.
+stale binary behind. Compiled functions are also memoized per (spec, device) in this process, and
+processes that need the same kernel at once compile it once (a file lock beside the cache).
 
 Without a GPU, :func:`offline_compile` drives NVRTC directly (``cupy.cuda.nvrtc``) to build a
 cubin for a named architecture and returns ptxas's resource report (registers, spills, shared
@@ -14,7 +15,9 @@ loads and stores in the machine code (:attr:`CompileReport.generic_accesses`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -108,6 +111,39 @@ def nvrtc_version() -> tuple[int, int] | None:
 _functions: dict = {}
 
 
+@contextlib.contextmanager
+def _compile_lock(code: str, options: tuple[str, ...], entry: str):
+    """Hold an exclusive file lock (``flock``) named after one kernel's source and options, in
+    :func:`cache_dir`, while it is compiled and loaded.
+
+    Processes on one host that need the same kernel at once (pytest-xdist workers, one process per
+    GPU) would each run NVRTC on it; with the lock the first compiles and writes CuPy's disk cache,
+    and the others wait, then load the cached binary. Different kernels compile in parallel. Where
+    locking is not possible (no ``fcntl``, a cache folder that cannot be written,
+    ``CUPY_FMHA_COMPILE_LOCK=0``) or useful (``CUPY_CACHE_IN_MEMORY``: no disk cache to wait for), the
+    kernel compiles without it, as before.
+    """
+    fd = None
+    if os.environ.get("CUPY_FMHA_COMPILE_LOCK", "1") != "0" and os.environ.get("CUPY_CACHE_IN_MEMORY", "0") == "0":
+        try:
+            import fcntl
+
+            key = hashlib.sha1("\0".join((code, *options, entry)).encode()).hexdigest()[:24]
+            folder = cache_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / f"cupy_fmha-{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):  # no lock: compile as before
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (closing the last descriptor releases the lock)
+
+
 def get_function(spec: KernelSpec):
     """The compiled ``cupy.RawKernel`` for ``spec`` on the current device (compiled on first use):
     NVRTC on NVIDIA, hiprtc with :func:`cupy_fmha.backends.rocm.compile_options` on ROCm.
@@ -129,9 +165,11 @@ def get_function(spec: KernelSpec):
             from .spec import backend_for
 
             options = nvrtc_options(spec, backend_for(int(dev.compute_capability)).compile_arch(spec))
+        code = load_source(spec.source)
         try:
-            mod = cupy.RawModule(code=load_source(spec.source), options=options)
-            fn = mod.get_function(spec.entry)
+            with _compile_lock(code, options, spec.entry):
+                mod = cupy.RawModule(code=code, options=options)
+                fn = mod.get_function(spec.entry)
         except cupy.cuda.compiler.CompileException as exc:  # pragma: no cover - needs a GPU
             raise RuntimeError(f"cupy-fmha: compiling {spec.name} failed:\n{exc}") from exc
         _functions[key] = fn

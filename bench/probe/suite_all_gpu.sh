@@ -5,7 +5,10 @@
 # run the backward, and the other way round), so one run should take less than their sum. Work stealing
 # balances the long tests at the end (pytest-xdist >= 3.2; plain load balancing where it is older). The run took
 # 565 s of its 570 on an H100 (2026-12-06, 1151 tests); tests/conftest.py now gives each worker's BLAS pool its share
-# of the cores (16 workers x 16 OpenBLAS threads before), and the kill waits until 585 s.
+# of the cores (16 workers x 16 OpenBLAS threads before), and the kill waits until 585 s. It then took 543 s on an
+# H100 with the GPU idle (0-1 % in every sample) and all 16 cores busy (run queue 60-210): the suite is CPU-bound.
+# cupy_fmha.compile now lets one worker compile a kernel the others need at the same time (a file lock); the
+# threads sample below says which threads hold the cores, the cache count how many kernels were compiled.
 #   bash bench/probe/suite_all_gpu.sh      (one device call, limit 600 s)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
@@ -16,7 +19,9 @@ python3 -c "import xdist, sys; v = tuple(int(x) for x in xdist.__version__.split
 t "python3 -m pytest -m gpu -n 16 $DIST tests"
 # what holds the run: CPU (vmstat: us / sy / id / wa) and GPU utilization every 20 s
 (vmstat 20 > $OUT/vmstat.txt 2>&1 &); (nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -l 20 > $OUT/gpu-util.txt 2>&1 &)
+(for i in $(seq 20); do sleep 30; { date +%T; top -H -b -n1 -w 200 | sed -n 7,26p; } >> $OUT/threads.txt 2>&1; done &)
 timeout -s KILL 585 python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 $DIST --durations=40 tests > $OUT/suite-all.txt 2>&1
 echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt
 pkill vmstat; pkill -f 'nvidia-smi --query-gpu=utilization'
+C=${CUPY_CACHE_DIR:-$HOME/.cupy/kernel_cache}; echo "kernel cache: $(ls $C/*.cubin 2>/dev/null | wc -l) cubins, $(ls $C | wc -l) files, $(ls $C/cupy_fmha-*.lock 2>/dev/null | wc -l) compile locks, $(du -sh $C | cut -f1)"
 t done
