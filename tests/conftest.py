@@ -26,18 +26,19 @@ import sys
 import zlib
 
 
-def _share_blas_threads() -> None:
-    """Under pytest-xdist, size each worker's BLAS / OpenMP pool to its share of the cores.
+def _share_blas_threads(workers: int) -> None:
+    """Size the BLAS / OpenMP pools of ``workers`` pytest-xdist workers to their share of the cores.
 
     The GPU suite runs ``-n 16`` on a 16-core machine, each worker computing float64 NumPy
     references beside the others: with every worker's OpenBLAS sized to all cores, 16 workers start
     256 threads on 16 cores. ``CUPY_FMHA_TEST_BLAS_THREADS`` sets the count (``0``: leave the pools alone); an
-    environment variable the caller already set (``OPENBLAS_NUM_THREADS`` ...) is kept. Must run
-    before NumPy is imported (OpenBLAS reads the variables when it loads).
+    environment variable the caller already set (``OPENBLAS_NUM_THREADS`` ...) is kept. OpenBLAS reads
+    the variables when it loads, so they are set twice: in the controller (:func:`pytest_configure`,
+    before xdist starts the workers, which inherit them: this holds even where a plugin imports NumPy
+    before this file), and at a worker's import of this file (a worker started some other way).
     """
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     want = os.environ.get("CUPY_FMHA_TEST_BLAS_THREADS", "")
-    if not workers or want == "0" or "numpy" in sys.modules:
+    if workers <= 0 or want == "0":
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = want or str(max(1, cores // workers))  # (the cores this process may run on, as OpenBLAS counts them)
@@ -45,7 +46,8 @@ def _share_blas_threads() -> None:
         os.environ.setdefault(var, n)
 
 
-_share_blas_threads()
+if "numpy" not in sys.modules:
+    _share_blas_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0))
 
 import ml_dtypes  # noqa: E402 - after the thread counts above
 import numpy as np
@@ -100,6 +102,14 @@ def gpu_unavailable_reason() -> str | None:
     if n <= 0:
         return "no CUDA device"
     return None
+
+
+def pytest_configure(config):
+    """In the pytest-xdist controller, before it starts its workers: their BLAS pools' share of the
+    cores, through the environment they inherit (:func:`_share_blas_threads`)."""
+    workers = getattr(config.option, "numprocesses", None)  # (xdist has turned "auto" into a count by now)
+    if isinstance(workers, int) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _share_blas_threads(workers)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,10 +13,17 @@ dv of the keys whose every query row lies in the slice, are exact. Slices: the l
 first rows of the sequence, in the first, a middle and the last head (the largest bhsd offsets).
 The whole outputs are checked for NaN/inf on the device (they are poisoned before the run).
 
-Marked ``gpu`` and ``slow``; skipped with the reason when the device has too little free memory.
+Marked ``gpu`` and ``slow``; the cases run one at a time on a host (a file lock: under xdist two
+would not fit together), and one skips with the reason when the device has too little free memory
+after a minute's wait.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
 
 import pytest
 
@@ -91,6 +98,35 @@ def _rows(a, layout, lo, hi):
     return x[:, :, HEADS] if layout == "bshd" else x[:, HEADS]
 
 
+@contextlib.contextmanager
+def _one_case_at_a_time():
+    """An exclusive file lock shared by every process on this host: under pytest-xdist two workers
+    could otherwise start two ~50 GB cases at once, and on an 80 GB GPU one would skip (it did on an
+    H100, 2026-12-06: 9.5 GiB free of 79.2 GiB)."""
+    with open(os.path.join(tempfile.gettempdir(), "cupy_fmha_large_tensor_tests.lock"), "a") as f:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            yield
+            return
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _wait_for_free(want: int, patience_s: float = 60.0) -> tuple[int, int]:
+    """(free, total) device bytes once ``want`` are free, or after ``patience_s`` seconds: other
+    workers' tests hold memory for a moment (their pools are emptied after each test)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        free, total = cp.cuda.runtime.memGetInfo()
+        if free >= want or time.monotonic() > deadline:
+            return free, total
+        time.sleep(2.0)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_more_than_2_31_elements(case):
     layout, d, window = CASES[case]
@@ -99,14 +135,15 @@ def test_more_than_2_31_elements(case):
     need = bytes_needed(b, h, s, d)
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
-    free, total = cp.cuda.runtime.memGetInfo()
-    if free < need + (2 << 30):
-        pytest.skip(f"needs about {need / 2**30:.1f} GiB of free device memory (+2 GiB margin), "
-                    f"the device has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
-    # failures come back as text, so that no traceback frame keeps ~50 GB of device arrays alive
-    # into the next case
-    problems = _run_and_check(layout, b, h, s, d, window)
-    pool.free_all_blocks()
+    with _one_case_at_a_time():
+        free, total = _wait_for_free(need + (2 << 30))
+        if free < need + (2 << 30):
+            pytest.skip(f"needs about {need / 2**30:.1f} GiB of free device memory (+2 GiB margin), "
+                        f"the device has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
+        # failures come back as text, so that no traceback frame keeps ~50 GB of device arrays alive
+        # into the next case
+        problems = _run_and_check(layout, b, h, s, d, window)
+        pool.free_all_blocks()
     assert not problems, "\n".join(problems)
 
 
