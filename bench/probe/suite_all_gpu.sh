@@ -14,6 +14,8 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
+# which pytest plugins load before tests/conftest.py (one importing NumPy first defeated the worker-side BLAS cap)
+python3 -c "import importlib.metadata as m; print('pytest plugins:', sorted(f'{e.name}={e.value}' for e in m.entry_points(group='pytest11')))"
 DIST="--dist worksteal"
 python3 -c "import xdist, sys; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); sys.exit(v < (3, 2))" || DIST=""
 t "python3 -m pytest -m gpu -n 16 $DIST tests"
