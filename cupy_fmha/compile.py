@@ -112,8 +112,31 @@ _functions: dict = {}
 
 
 @contextlib.contextmanager
+def _host_lock(path: Path):
+    """Hold an exclusive ``flock`` on the file ``path`` (created if missing) for the ``with`` block:
+    one holder at a time among the processes and threads of this host. Where that is not possible
+    (no ``fcntl``, a folder that cannot be written) the block runs without the lock."""
+    fd = None
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):  # no lock
+        if fd is not None:
+            os.close(fd)
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (closing the last descriptor releases the lock)
+
+
+@contextlib.contextmanager
 def _compile_lock(code: str, options: tuple[str, ...], entry: str):
-    """Hold an exclusive file lock (``flock``) named after one kernel's source and options, in
+    """Hold the :func:`_host_lock` named after one kernel's source and options, in
     :func:`cache_dir`, while it is compiled and loaded.
 
     Processes on one host that need the same kernel at once (pytest-xdist workers, one process per
@@ -123,25 +146,12 @@ def _compile_lock(code: str, options: tuple[str, ...], entry: str):
     ``CUPY_FMHA_COMPILE_LOCK=0``) or useful (``CUPY_CACHE_IN_MEMORY``: no disk cache to wait for), the
     kernel compiles without it, as before.
     """
-    fd = None
-    if os.environ.get("CUPY_FMHA_COMPILE_LOCK", "1") != "0" and os.environ.get("CUPY_CACHE_IN_MEMORY", "0") == "0":
-        try:
-            import fcntl
-
-            key = hashlib.sha1("\0".join((code, *options, entry)).encode()).hexdigest()[:24]
-            folder = cache_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / f"cupy_fmha-{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # no lock: compile as before
-            if fd is not None:
-                os.close(fd)
-            fd = None
-    try:
+    if os.environ.get("CUPY_FMHA_COMPILE_LOCK", "1") == "0" or os.environ.get("CUPY_CACHE_IN_MEMORY", "0") != "0":
         yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # (closing the last descriptor releases the lock)
+        return
+    key = hashlib.sha1("\0".join((code, *options, entry)).encode()).hexdigest()[:24]
+    with _host_lock(cache_dir() / f"cupy_fmha-{key}.lock"):
+        yield
 
 
 def get_function(spec: KernelSpec):

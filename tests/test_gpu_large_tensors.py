@@ -20,10 +20,9 @@ after a minute's wait.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +33,7 @@ except Exception:  # pragma: no cover - no CuPy at all
 
 from conftest import F16, nan_like
 from cupy_fmha import reference as R
+from cupy_fmha.compile import _host_lock
 from cupy_fmha.verify import compare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -98,22 +98,11 @@ def _rows(a, layout, lo, hi):
     return x[:, :, HEADS] if layout == "bshd" else x[:, HEADS]
 
 
-@contextlib.contextmanager
 def _one_case_at_a_time():
-    """An exclusive file lock shared by every process on this host: under pytest-xdist two workers
-    could otherwise start two ~50 GB cases at once, and on an 80 GB GPU one would skip (it did on an
-    H100, 2026-12-06: 9.5 GiB free of 79.2 GiB)."""
-    with open(os.path.join(tempfile.gettempdir(), "cupy_fmha_large_tensor_tests.lock"), "a") as f:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: no lock
-            yield
-            return
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """An exclusive file lock shared by every process on this host (``compile._host_lock``): under
+    pytest-xdist two workers could otherwise start two ~50 GB cases at once, and on an 80 GB GPU one
+    would skip (it did on an H100, 2026-12-06: 9.5 GiB free of 79.2 GiB)."""
+    return _host_lock(Path(tempfile.gettempdir()) / "cupy_fmha_large_tensor_tests.lock")
 
 
 def _wait_for_free(want: int, patience_s: float = 60.0) -> tuple[int, int]:
