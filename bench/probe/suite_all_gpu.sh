@@ -13,9 +13,17 @@
 # into $OUT/then.tar.gz (a call brings back 8 files); e.g. on an H200, carrying .whl:
 #   THEN="fwd128 fwd64 fwd256 features fa3" bash bench/probe/suite_all_gpu.sh
 #   bash bench/probe/suite_all_gpu.sh      (one device call, limit 600 s)
+# The kernel cache: the run packs CuPy's kernel cache into $OUT/kcache.tar.gz.* (15 MiB parts); copied into .kcache/
+# (ignored: `echo /.kcache/ >> .git/info/exclude`) and carried, a later call starts from it, so the suite compiles
+# only kernels whose source or options changed (CuPy's cache key holds the arch, options, NVRTC version and source:
+# an H100's sm_90 cubins are the H200's).
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
+C=${CUPY_CACHE_DIR:-$HOME/.cupy/kernel_cache}; mkdir -p $C
+if ls .kcache/kcache.tar.gz.* >/dev/null 2>&1; then
+  cat .kcache/kcache.tar.gz.* | tar xzf - -C $C && echo "kernel cache carried in: $(ls $C/*.cubin | wc -l) cubins"
+fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 # which pytest plugins load before tests/conftest.py (one importing NumPy first defeated the worker-side BLAS cap)
 python3 -c "import importlib.metadata as m; print('pytest plugins:', sorted(f'{e.name}={e.value}' for e in m.entry_points(group='pytest11')))"
@@ -28,7 +36,8 @@ t "python3 -m pytest -m gpu -n 16 $DIST tests"
 timeout -s KILL 585 python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 $DIST --durations=40 tests > $OUT/suite-all.txt 2>&1
 echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt
 pkill vmstat; pkill -f 'nvidia-smi --query-gpu=utilization'
-C=${CUPY_CACHE_DIR:-$HOME/.cupy/kernel_cache}; echo "kernel cache: $(ls $C/*.cubin 2>/dev/null | wc -l) cubins, $(ls $C | wc -l) files, $(ls $C/cupy_fmha-*.lock 2>/dev/null | wc -l) compile locks, $(du -sh $C | cut -f1)"
+echo "kernel cache: $(ls $C/*.cubin 2>/dev/null | wc -l) cubins, $(ls $C | wc -l) files, $(ls $C/cupy_fmha-*.lock 2>/dev/null | wc -l) compile locks, $(du -sh $C | cut -f1)"
+tar czf - -C $C . | split -b 15m - $OUT/kcache.tar.gz. && ls -l $OUT/kcache.tar.gz.*
 left=$(( 590 - ($(date +%s) - T0) ))
 if [ -n "$THEN" ] && [ $left -gt 60 ]; then
   t "then: s32_gpu.sh $THEN (DEADLINE $left)"
