@@ -183,9 +183,18 @@ def _aligned(a) -> bool:
     return a.data.ptr % 16 == 0 and all((s // item) % 8 == 0 for s in a.strides[:-1])
 
 
-def _prep(cp, name: str, a):
+def _broadcast(a) -> bool:
+    """A zero stride along a dimension longer than 1 (a broadcast view): the TMA engine's tensor
+    maps need positive strides."""
+    return any(int(s) == 0 and int(n) > 1 for n, s in zip(a.shape, a.strides))
+
+
+def _prep(cp, name: str, a, tma: bool = False):
+    """``a`` on the device as the kernels read it: a copy where its last stride is not 1, its rows
+    are not 16-byte aligned, or (``tma``: the kernel reads it through tensor maps) it is a
+    broadcast view; else ``a`` itself."""
     a = _to_device(cp, name, a)
-    if a.strides[-1] != a.itemsize or not _aligned(a):
+    if a.strides[-1] != a.itemsize or not _aligned(a) or (tma and _broadcast(a)):
         a = cp.ascontiguousarray(a)  # a copy; the caller's array is untouched
         if not _aligned(a):  # e.g. an odd-sized leading view: pad-free copy fixes alignment
             a = a.copy()
@@ -513,10 +522,12 @@ def _cu(cp, plan, cu_seqlens_q, cu_seqlens_k):
             cp.ascontiguousarray(_to_device(cp, "cu_seqlens_k", cu_seqlens_k)))
 
 
-def _outputs(cp, out, names, shapes, dtypes):
+def _outputs(cp, out, names, shapes, dtypes, inputs):
+    """Fresh outputs, or the caller's ``out`` buffers once checked (:func:`cupy_fmha.validate.check_out`;
+    ``inputs``: (name, array) pairs the call reads, which they may not alias)."""
     if out is None:
         return [cp.empty(s, dtype=d) for s, d in zip(shapes, dtypes)]
-    return list(check_out(cp.ndarray, cp.cuda.Device().id, out, names, shapes, dtypes))
+    return list(check_out(cp.ndarray, cp.cuda.Device().id, out, names, shapes, dtypes, inputs))
 
 
 
@@ -589,7 +600,8 @@ def attention_forward(q, k, v, *, softmax_scale=None, causal=False, window_size=
         return_dropout_mask: also return the keep mask (computed by a separate small kernel
             with the same Philox function; all True when ``dropout_p`` is 0).
         out: optional (o, lse) buffers to write into instead of fresh arrays (o: any strides with
-            a unit last stride and 16-byte aligned rows; lse: C-contiguous float32).
+            a unit last stride and 16-byte aligned rows; lse: C-contiguous float32); neither may
+            share memory with an input or the other.
         cu_seqlens_q, cu_seqlens_k: group mode only: int32 [batch + 1] offsets (CuPy or NumPy;
             read back once to validate): sequence ``b`` is rows ``cu_seqlens_q[b]`` to
             ``cu_seqlens_q[b + 1]`` of q (and likewise of k, v). Lengths may be 0 anywhere.
@@ -629,8 +641,10 @@ def _run_forward(plan: FwdPlan, q, k, v, bias, alibi_slopes, out, cu_seqlens_q, 
     a plan made from stand-in offsets so that no host read happens on XLA's stream."""
     layout = plan.layout
     cp = _cupy()
-    q, k, v = (_prep(cp, n, a) for n, a in (("q", q), ("k", k), ("v", v)))
-    o, lse = _outputs(cp, out, ("o", "lse"), (plan.o_shape, plan.lse_shape), (q.dtype, np.float32))
+    read = (("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes),
+            ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    q, k, v = (_prep(cp, n, a, bool(plan.maps)) for n, a in (("q", q), ("k", k), ("v", v)))
+    o, lse = _outputs(cp, out, ("o", "lse"), (plan.o_shape, plan.lse_shape), (q.dtype, np.float32), read)
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     # slopes / bias_dev: the device copies the params point at, held until the launch is queued
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
@@ -701,7 +715,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             plane ``i`` of a [batch, nhead_q, max_seqlen_q, max_seqlen_k] fp32 workspace, the
             rest is 0; so entries of dbias outside every sequence's corner are 0.
         out: optional (dq, dk, dv) buffers to write into (shapes of q, k, v; unit last stride,
-            16-byte aligned rows); dbias is always a fresh array.
+            16-byte aligned rows; no memory shared with an input or each other, interleaved views
+            of one buffer are fine); dbias is always a fresh array.
         deterministic: bool. False (default): the dq_dk_dv CTAs add their dQ contributions into
             one fp32 accumulator [batch, nhead_q, seqlen_q, hdim_q] with float atomics, so dQ
             may differ in the last bits from run to run. True: dq, dk and dv are bit-identical
@@ -750,9 +765,12 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     """:func:`attention_backward` after its plan (see :func:`_run_forward`)."""
     layout = plan.layout
     cp = _cupy()
-    do, q, k, v, o = (_prep(cp, n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)))
+    read = (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("bias", bias),
+            ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    do, q, k, v, o = (_prep(cp, n, a, bool(plan.maps)) for n, a in (("do", do), ("q", q), ("k", k), ("v", v),
+                                                                     ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
-    dq, dk, dv = _outputs(cp, out, ("dq", "dk", "dv"), plan.grad_shapes, (q.dtype,) * 3)
+    dq, dk, dv = _outputs(cp, out, ("dq", "dk", "dv"), plan.grad_shapes, (q.dtype,) * 3, read)
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
     bias_arg, bias_dev = _bias(cp, plan, bias)

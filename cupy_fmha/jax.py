@@ -82,7 +82,8 @@ from . import api
 from . import launch as L
 from .dbias import reduce_dbias
 from .plan import _typed, plan_backward, plan_forward
-from .validate import check_dropout
+from .mask import check_causal
+from .validate import _check_scale, check_dropout, check_flag
 
 __all__ = ["attention", "attention_with_lse", "dropout_seed_offset"]
 
@@ -577,6 +578,10 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
     [batch, nhead_q, seqlen_q] (group mode: [batch, nhead_q, max_seqlen_q]). The gradient flows
     through ``o`` only (lse's cotangent is ignored)."""
     check_dropout(dropout_p, seed, offset)  # named errors for the static values before they are hashed
+    if softmax_scale is not None:  # (a traced or array value is refused here, by name)
+        softmax_scale = _check_scale(softmax_scale, 1)
+    check_causal(causal)  # (static values: a traced one is refused here, by name)
+    check_flag("deterministic", deterministic)
     if not isinstance(check_cu_seqlens, (bool, np.bool_)):
         raise TypeError(f"check_cu_seqlens: expected a bool, got {check_cu_seqlens!r}")
     if layout == "thd":

@@ -35,12 +35,16 @@ import numpy as np
 #: the largest magnitude of a mask size or window coordinate: window arithmetic stays in int64
 SIZE_MAX = 2**62
 
+#: MaskSpec's kinds
+MASK_KINDS = ("none", "top_left", "bottom_right", "generic")
+
 __all__ = [
     "SIZE_MAX",
     "MaskSpec",
     "Window",
     "parse_mask",
     "resolve_mask",
+    "check_causal",
     "dense_mask",
     "q_tile_range",
     "k_tile_range",
@@ -71,6 +75,23 @@ class MaskSpec:
     kind: str = "none"
     left: int = -1
     right: int = -1
+
+    def __post_init__(self):
+        """Refuse what no mask means: an unknown kind, sizes that are not ints (bools included) or
+        beyond ``SIZE_MAX``; NumPy ints become Python ints.
+
+        Raises:
+            ValueError, TypeError: naming ``mask``."""
+        if self.kind not in MASK_KINDS:
+            raise ValueError(f"mask: MaskSpec kind must be one of {MASK_KINDS}, got {self.kind!r}")
+        for field in ("left", "right"):
+            v = getattr(self, field)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"mask: MaskSpec {field} must be an int, got {v!r}")
+            if abs(int(v)) > SIZE_MAX:
+                raise ValueError(f"mask: MaskSpec {field}={v} is out of range (|size| <= 2**62; a size of at "
+                                 "least the sequence length already means unlimited)")
+            object.__setattr__(self, field, int(v))
 
     @property
     def is_none(self) -> bool:
@@ -126,12 +147,16 @@ def parse_mask(mask: str | int | None) -> MaskSpec:
 
     Raises:
         ValueError: naming ``mask`` when the string does not parse.
+        TypeError: naming ``mask`` when it is not a string, an int or a MaskSpec.
     """
     if mask is None:
         return MaskSpec()
     if isinstance(mask, MaskSpec):
         return mask
-    s = str(mask).strip()
+    if isinstance(mask, (bool, np.bool_)) or not isinstance(mask, (str, int, np.integer)):
+        raise TypeError(f"mask: expected a CK mask string (e.g. 't', 'b:64,0'), an int 0 / 1 / 2 or a MaskSpec, "
+                        f"got {mask!r}")
+    s = str(int(mask) if isinstance(mask, np.integer) else mask).strip()
     if s in ("0", "n", "none", ""):
         return MaskSpec()
     if s in ("1", "t"):
@@ -162,6 +187,18 @@ def parse_mask(mask: str | int | None) -> MaskSpec:
     )
 
 
+def check_causal(causal) -> bool:
+    """``causal`` as a bool: a Python or NumPy bool, or the ints 0 / 1.
+
+    Raises:
+        TypeError: naming ``causal`` for anything else (a traced JAX value included)."""
+    if not isinstance(causal, (bool, np.bool_)) and not (
+        isinstance(causal, (int, np.integer)) and causal in (0, 1)
+    ):
+        raise TypeError(f"causal: expected a bool, got {causal!r}")
+    return bool(causal)
+
+
 def resolve_mask(
     mask: str | MaskSpec | None = None,
     causal: bool = False,
@@ -174,7 +211,9 @@ def resolve_mask(
 
     Raises:
         ValueError: naming ``mask``, ``causal`` or ``window_size``.
+        TypeError: ``causal`` is not a bool (or 0 / 1), ``mask`` not a string, int or MaskSpec.
     """
+    causal = check_causal(causal)
     try:
         pair = tuple(window_size)
     except TypeError:

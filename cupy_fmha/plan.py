@@ -25,6 +25,7 @@ from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_bw
                    use_wg_skip)
 from .validate import (
     _BF16,
+    _check_head_dims,
     Dropout,
     VarlenProblem,
     check_alibi_slopes,
@@ -35,6 +36,8 @@ from .validate import (
     check_forward_inputs,
     check_return_dbias,
     check_varlen_inputs,
+    normalize_dtype,
+    require_lse,
 )
 
 __all__ = ["FwdPlan", "BwdPlan", "plan_forward", "plan_backward", "backward_workspace_bytes", "BIAS_KIND"]
@@ -209,7 +212,8 @@ def _base(p, layout, rows_q, rows_k, window, bias, alibi_slopes, kw) -> _Plan:
     drop = check_dropout(kw["dropout_p"], kw["seed"], kw["offset"])
     dtype = "bf16" if p.dtype == _BF16 else "fp16"
     bias_tma = 0
-    if bias_dt is not None and len(bias.shape) and int(bias.shape[-1]) > 1:
+    # (a zero key stride broadcasts along the keys as a last dimension of 1 does: not through TMA)
+    if bias_dt is not None and len(bias.shape) and int(bias.shape[-1]) > 1 and int(bias.strides[-1]) != 0:
         bias_tma = 4 if bias_dt == np.dtype(np.float32) else 2
     return _Plan(p, layout, dtype, p.batch, rows_q, rows_k, window, alibi_sb, bias_dt, drop, bias_tma)
 
@@ -270,6 +274,7 @@ def _check_backward(do, q, k, v, o, lse, bias, alibi_slopes, **kw) -> tuple[_Pla
     deterministic = kw["deterministic"]
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    require_lse(lse)
     p, rows_q, rows_k, window = _problem(q, k, v, [("o", o), ("do", do)], lse, kw)
     want_dbias = check_return_dbias(kw["return_dbias"], bias)
     base = _base(p, kw["layout"], rows_q, rows_k, window, bias, alibi_slopes, kw)
@@ -332,6 +337,33 @@ def dbias_stored_directly(bias_shape, scores: tuple, group_mode: bool) -> bool:
     return not group_mode and (1,) * (4 - len(shape)) + shape == tuple(scores)
 
 
+def _check_sizes_args(a: dict) -> tuple[str, bool]:
+    """:func:`backward_workspace_bytes`'s arguments (``a``: its locals) checked as the call's would be;
+    returns the dtype as 'fp16' / 'bf16' and ``deterministic``.
+
+    Raises:
+        TypeError, ValueError: naming the argument."""
+    for name, least in (("batch", 1), ("nhead_q", 1), ("seqlen_q", 0), ("seqlen_k", 0), ("nhead_k", 1), ("cc", 0)):
+        v = a[name]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {v!r}")
+        if v < least:
+            raise ValueError(f"{name}: expected an int >= {least}, got {v!r}")
+    for name in ("hdim_q", "hdim_v"):
+        if isinstance(a[name], (bool, np.bool_)) or not isinstance(a[name], (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {a[name]!r}")
+    _check_head_dims(int(a["hdim_q"]), int(a["hdim_v"]), ("hdim_q", "hdim_v"))
+    if a["nhead_q"] % a["nhead_k"]:
+        raise ValueError(f"nhead_k: {a['nhead_k']} must divide nhead_q={a['nhead_q']} (GQA/MQA)")
+    for name in ("deterministic", "return_dbias", "dropout", "bias", "alibi", "group_mode", "causal",
+                 "sliding_window"):
+        check_flag(name, a[name])
+    dt = normalize_dtype(a["dtype"])
+    if dt is None:
+        raise ValueError("dtype: expected 'float16' or 'bfloat16', got None")
+    return ("bf16" if dt == _BF16 else "fp16"), bool(a["deterministic"])
+
+
 def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int,
                              hdim_v: int | None = None, *, nhead_k: int | None = None, deterministic: bool = False,
                              return_dbias: bool = False, dtype: str = "bf16", cc: int = 90,
@@ -365,9 +397,16 @@ def backward_workspace_bytes(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: 
         ``{"delta": ..., "dq_accumulator": ..., "dkdv_gqa": ..., "dbias": ..., "total": ...}``.
         Group mode's GQA workspaces hold total_k rows instead of batch * seqlen_k: pass
         ``batch=1, seqlen_k=total_k`` for an exact figure there.
+
+    Raises:
+        TypeError, ValueError: naming the argument: sizes that are not ints (bools included) or below
+            1 (seqlens below 0), head dims the kernels do not take, ``nhead_k`` not dividing
+            ``nhead_q``, a flag that is not a bool, ``dtype`` other than fp16 / bf16 (``"float16"``,
+            ``"bfloat16"`` and the NumPy types are taken as by :func:`cupy_fmha.attention_forward`).
     """
     hdim_v = hdim_q if hdim_v is None else hdim_v
     nhead_k = nhead_q if nhead_k is None else nhead_k
+    dtype, deterministic = _check_sizes_args(locals())
     diagonal = use_bwd_ws_diagonal(bool(causal or sliding_window), bool(causal) and not sliding_window, seqlen_k, cc)
     specs = bwd_specs(dtype, hdim_q, hdim_v, cc, alibi=alibi, bias=bias, dropout=dropout,
                       deterministic=deterministic, bias_tma=2 if bias else 0, diagonal=diagonal)

@@ -226,6 +226,14 @@ def _check_lse(lse, shape: tuple[int, ...], what: str) -> None:
         raise ValueError(f"lse: expected shape {shape} ({what}), got {tuple(lse.shape)}")
 
 
+def require_lse(lse) -> None:
+    """The backward's ``lse`` is required (the forward's second output); ``None`` is refused here
+    because the shared checks skip an absent ``lse`` (the forward has none)."""
+    if lse is None:
+        raise TypeError("lse: expected the forward's float32 log-sum-exp array [batch, nhead_q, seqlen_q] "
+                        "([batch, nhead_q, max_seqlen_q] in layout 'thd'), got None")
+
+
 def _check_layout_and_devices(named, also_on_device=()) -> None:
     """Unit last stride and non-negative strides for each (name, array); one device for all."""
     for name, a in named:
@@ -247,7 +255,10 @@ def _check_scale(softmax_scale, hdim_q: int) -> float:
         return 1.0 / math.sqrt(hdim_q)
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale: expected a real number or None, got {softmax_scale!r}")
-    scale = float(softmax_scale)
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond float64
+        raise ValueError(f"softmax_scale: expected a finite nonzero number, got {softmax_scale!r}") from None
     if not math.isfinite(scale) or scale == 0.0:
         raise ValueError(f"softmax_scale: expected a finite nonzero number, got {softmax_scale!r}")
     with np.errstate(over="ignore"):
@@ -262,17 +273,11 @@ def _check_scale(softmax_scale, hdim_q: int) -> float:
 
 
 def _check_mask(mask, causal, window_size, seqlen_q: int, seqlen_k: int, allow_empty: bool):
-    if not isinstance(causal, (bool, np.bool_)) and not (
-        isinstance(causal, (int, np.integer)) and causal in (0, 1)
-    ):
-        raise TypeError(f"causal: expected a bool, got {causal!r}")
     if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__") or len(
         window_size
     ) != 2:
         raise ValueError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
-    if mask is not None and not isinstance(mask, (str, int, MaskSpec)):
-        raise TypeError(f"mask: expected a CK mask string or a MaskSpec, got {mask!r}")
-    spec = resolve_mask(mask, bool(causal), tuple(window_size))
+    spec = resolve_mask(mask, causal, tuple(window_size))
     if not allow_empty and not spec.is_none:
         from .flops import any_visible
 
@@ -332,9 +337,10 @@ def _check_qkv(q, k, v, layout, want, any_float, hdim_rule):
     return dq_, (b, sq, hq, d), (sk, hk, dv)
 
 
-def _check_head_dims(hdim_q: int, hdim_v: int) -> None:
-    """The kernels' head-dim rule: multiples of HDIM_STEP in [HDIM_MIN, HDIM_MAX] (q, then v)."""
-    for name, n in (("q", hdim_q), ("v", hdim_v)):
+def _check_head_dims(hdim_q: int, hdim_v: int, names: tuple[str, str] = ("q", "v")) -> None:
+    """The kernels' head-dim rule: multiples of HDIM_STEP in [HDIM_MIN, HDIM_MAX] (q, then v;
+    ``names``: the arguments that carry them)."""
+    for name, n in zip(names, (hdim_q, hdim_v)):
         if n % HDIM_STEP or not HDIM_MIN <= n <= HDIM_MAX:
             raise ValueError(
                 f"{name}: head dim must be a multiple of {HDIM_STEP} in "
@@ -343,12 +349,13 @@ def _check_head_dims(hdim_q: int, hdim_v: int) -> None:
 
 
 def check_kernel_limits(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int,
-                        names: tuple[str, str] = ("q", "k")) -> None:
+                        names: tuple[str, str] = ("q", "k"), batch_name: str = "q") -> None:
     """Reject sizes the GPU kernels cannot launch or index (see ``GRID_YZ_MAX``, ``SEQLEN_MAX``),
-    naming the argument (``names``: what carries seqlen_q / seqlen_k), instead of a CUDA launch
-    error or silently wrapped 32-bit indices."""
+    naming the argument (``names``: what carries seqlen_q / seqlen_k; ``batch_name``: the batch, in
+    group mode ``cu_seqlens_q``), instead of a CUDA launch error or silently wrapped 32-bit indices."""
     if batch > GRID_YZ_MAX:
-        raise ValueError(f"q: batch size {batch} exceeds the kernels' limit of {GRID_YZ_MAX} "
+        what = "batch size" if batch_name == "q" else "number of sequences"
+        raise ValueError(f"{batch_name}: {what} {batch} exceeds the kernels' limit of {GRID_YZ_MAX} "
                          "(CUDA grid dimension z); split the batch")
     if nhead_q > GRID_YZ_MAX:
         raise ValueError(f"q: {nhead_q} query heads exceed the kernels' limit of {GRID_YZ_MAX} "
@@ -452,6 +459,7 @@ def check_backward_inputs(
     or [b, hq, sq, dv] (``bhsd``) in the inputs' dtype, and ``lse`` float32 [b, hq, sq] (last
     dimension contiguous). Same errors.
     """
+    require_lse(lse)
     return _problem(
         q, k, v, [("o", o), ("do", do)], lse=lse, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, mask=mask, layout=layout, dtype=dtype,
@@ -711,15 +719,19 @@ def check_varlen_inputs(
     mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, [ck[i + 1] - ck[i] for i in range(batch)])
     named = [("q", q), ("k", k), ("v", v), *extra]
     if lse is not None:
-        if not _is_array(lse) or len(lse.shape) != 3:
-            raise TypeError("lse: expected a rank-3 float32 array [batch, nhead_q, max_seqlen_q]")
+        if not _is_array(lse):
+            raise TypeError("lse: expected a rank-3 float32 array [batch, nhead_q, max_seqlen_q], "
+                            f"got {type(lse).__module__}.{type(lse).__name__}")
+        if len(lse.shape) != 3:
+            raise ValueError("lse: expected a rank-3 float32 array [batch, nhead_q, max_seqlen_q], "
+                             f"got shape {tuple(lse.shape)}")
         _check_lse(lse, (batch, hq, mq), "[batch, nhead_q, max_seqlen_q]")
         named.append(("lse", lse))
     if strides:
         _check_layout_and_devices(
             named, [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)])
     if hdim_rule:  # the GPU API's checks (the reference relaxes hdim_rule)
-        check_kernel_limits(batch, hq, mq, mk, names=("max_seqlen_q", "max_seqlen_k"))
+        check_kernel_limits(batch, hq, mq, mk, names=("max_seqlen_q", "max_seqlen_k"), batch_name="cu_seqlens_q")
     scale = _check_scale(softmax_scale, d)
     spec = _check_mask(mask, causal, window_size, mq, mk, allow_empty=True)
     return VarlenProblem(batch, cq, ck, mq, mk, hq, hk, d, dv, dt, scale, spec)
@@ -749,7 +761,9 @@ def check_bias(bias, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, *,
     if dt == _U16:
         if not _is_bf16(normalize_dtype(dtype)):
             raise TypeError(
-                "bias: got a uint16 array; bf16 bits travel as uint16, pass dtype='bfloat16'"
+                "bias: got a uint16 array; uint16 is read as bf16 bits only with dtype='bfloat16', which "
+                "names q, k and v's type too; with float16 inputs pass the bias as a bfloat16 (CuPy 14, "
+                "ml_dtypes) or float32 array"
             )
         dt = _bf16()
     elif any_float:
@@ -836,10 +850,51 @@ def check_return_dbias(return_dbias, bias) -> bool:
     return flag
 
 
-def check_out(array_type, device_id: int, out, names, shapes, dtypes):
+_TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (numpy.exceptions from NumPy 1.25)
+
+
+def _byte_view(a) -> np.ndarray:
+    """A NumPy array at ``a``'s device address with its shape and strides, for NumPy's overlap
+    solver, which only does arithmetic on addresses: nothing is ever read through it."""
+    item = np.dtype(a.dtype).itemsize
+
+    class _At:
+        __array_interface__ = {"shape": tuple(int(n) for n in a.shape), "typestr": f"|V{item}",
+                               "data": (int(a.data.ptr), False), "strides": tuple(int(s) for s in a.strides),
+                               "version": 3}
+    return np.asarray(_At())
+
+
+def shares_memory(a, b) -> bool:
+    """Whether two device arrays have an element in common, decided exactly on their addresses,
+    shapes and strides (interleaved views of one buffer, e.g. dq / dk / dv of a packed [b, s, 3, h,
+    d] gradient, do not); True where NumPy's solver gives up (a bounded search)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    try:
+        return bool(np.shares_memory(_byte_view(a), _byte_view(b), max_work=1 << 20))
+    except _TOO_HARD:
+        return True
+
+
+def _overlaps_itself(a) -> bool:
+    """Whether two elements of ``a`` may share memory: a zero stride (a broadcast view), or strides
+    that do not nest (each, sorted, at least the span of the smaller ones: sufficient for distinct
+    elements, and true of every view of a dense buffer)."""
+    span = np.dtype(a.dtype).itemsize
+    for stride, n in sorted((abs(int(s)), int(n)) for n, s in zip(a.shape, a.strides) if int(n) > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
+
+
+def check_out(array_type, device_id: int, out, names, shapes, dtypes, inputs=()):
     """Caller-provided output buffers (``out=``): a tuple of ``array_type`` arrays (CuPy's
     ndarray) with the expected shapes and dtypes on device ``device_id``, unit last stride and
-    16-byte aligned rows (lse: C-contiguous). Returns ``out``.
+    16-byte aligned rows (lse: C-contiguous), whose elements are distinct and share no memory
+    with each other or with any of ``inputs`` (``(name, array)`` pairs: the arrays the call reads;
+    only those of ``array_type`` can alias). Returns ``out``.
 
     Raises:
         TypeError, ValueError: naming ``out`` and the buffer.
@@ -863,4 +918,16 @@ def check_out(array_type, device_id: int, out, names, shapes, dtypes):
         elif a.strides[-1] != a.itemsize or a.data.ptr % 16 or any(
                 (s // a.itemsize) % 8 for s in a.strides[:-1]):
             raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
+        if _overlaps_itself(a):
+            raise ValueError(f"out: {name}'s strides {tuple(a.strides)} (bytes) let elements share memory "
+                             f"(a broadcast view?); pass a buffer with one address per element")
+    written = [(n, a) for n, a in zip(names, out)]
+    for i, (name, a) in enumerate(written):
+        for other, b in written[:i]:
+            if shares_memory(a, b):
+                raise ValueError(f"out: {other} and {name} share memory; pass separate buffers")
+        for other, b in inputs:
+            if isinstance(b, array_type) and shares_memory(a, b):
+                raise ValueError(f"out: {name} shares memory with the input {other}, which the kernels "
+                                 f"read while they write it; pass a separate buffer")
     return out

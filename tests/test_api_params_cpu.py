@@ -14,7 +14,7 @@ import cupy_fmha
 from cupy_fmha import api
 from cupy_fmha import launch as L
 from cupy_fmha.launch import dq_dk_dv_blocks
-from fake_cupy import Recorder, fake_cupy
+from fake_cupy import FakeArray, Recorder, _fake, fake_cupy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LOG2E = 1.4426950408889634
@@ -829,3 +829,86 @@ def test_backward_wide_ws_maps(monkeypatch, d):
     assert m["args"]["dq_acc"].shape[-1] == 256 and m["args"]["dq_acc"].shape[-2] % 64 == 0
     assert m["spec"].macro("DQ_TILED") == 1 and int(m["args"]["dq_sem"]) == 0  # (no semaphores outside deterministic mode)
     api._tile_map.cache_clear()
+
+
+def _on_device(x):
+    """``x`` as a (stand-in) CuPy array, so that the API reads it in place instead of copying it."""
+    return _fake(np.ascontiguousarray(x) if not isinstance(x, FakeArray) else x)
+
+
+def _broadcast_view(x, shape):
+    return _fake(np.broadcast_to(_on_device(x), shape))
+
+
+def test_backward_refuses_a_missing_lse(rec):
+    q, k, v, do = _inputs("bshd")
+    with pytest.raises(TypeError, match="lse: expected the forward's float32 log-sum-exp"):
+        cupy_fmha.attention_backward(do, q, k, v, do, None)
+    cu = np.array([0, 5, 12], np.int32)
+    x = np.zeros((12, 4, 64), np.float16)
+    with pytest.raises(TypeError, match="lse: expected the forward's float32 log-sum-exp"):
+        cupy_fmha.attention_backward(x, x, x, x, x, None, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert not rec.launches
+
+
+def test_out_buffers_may_not_alias(rec):
+    """Outputs that share memory with an input the kernels read, with each other, or between their own
+    elements (a broadcast view) are refused before any launch, naming the buffer; interleaved views of
+    one buffer that share no element (dq, dk, dv of a packed [b, s, 3, h, d] gradient) are fine."""
+    q, k, v, do = (_on_device(x) for x in _inputs("bshd", sk=37, hk=4))  # each [2, 37, 4, 64]
+    lse = _on_device(np.zeros((2, 4, 37), np.float32))
+    v_before = np.array(v)
+
+    def fresh():
+        return _on_device(np.zeros(q.shape, np.float16))
+
+    def lse_buf():
+        return _on_device(np.zeros((2, 4, 37), np.float32))
+
+    with pytest.raises(ValueError, match="out: o shares memory with the input v"):
+        cupy_fmha.attention_forward(q, k, v, out=(v, lse_buf()))
+    with pytest.raises(ValueError, match="out: o shares memory with the input q"):  # q itself through a view
+        cupy_fmha.attention_forward(q, k, v, out=(_fake(q[:, :, :]), lse_buf()))
+    with pytest.raises(ValueError, match="out: lse shares memory with the input q"):  # lse inside q's bytes
+        inside_q = _fake(q.reshape(-1).view(np.float32)[:2 * 4 * 37].reshape(2, 4, 37))
+        cupy_fmha.attention_forward(q, k, v, out=(fresh(), inside_q))
+    x = fresh()
+    with pytest.raises(ValueError, match="out: dq and dk share memory"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, out=(x, x, fresh()))
+    with pytest.raises(ValueError, match="out: dk shares memory with the input k"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, out=(fresh(), k, fresh()))
+    with pytest.raises(ValueError, match="out: dv shares memory with the input do"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, out=(fresh(), fresh(), do))
+    with pytest.raises(ValueError, match="out: o's strides .* let elements share memory"):
+        cupy_fmha.attention_forward(q, k, v, out=(_broadcast_view(np.zeros((1, 37, 4, 64), np.float16), q.shape), lse))
+    assert not rec.launches and np.array_equal(v, v_before)
+    g = _on_device(np.zeros((2, 37, 3, 4, 64), np.float16))
+    views = tuple(_fake(g[:, :, i]) for i in range(3))
+    res = cupy_fmha.attention_backward(do, q, k, v, do, lse, out=views)
+    assert all(r is w for r, w in zip(res, views)) and rec.launches
+    rec.launches.clear()
+    o, lse2 = cupy_fmha.attention_forward(q, k, v, out=(_fake(g[:, :, 0]), lse))  # writes lse, which it only writes
+    assert rec.launches and lse2 is lse
+
+
+def test_broadcast_inputs(rec):
+    """Zero-stride (broadcast) q / k / v are read in place by the mma.sync kernels and from a dense copy
+    by the TMA kernels (tensor maps need positive strides); a bias broadcast along the keys by a zero
+    stride runs on the build without TMA bias loads, as a bias of shape [..., 1] does."""
+    q, k, v, do = (_on_device(x) for x in _inputs("bshd", hk=4))
+    kb, vb = _broadcast_view(k[:1], k.shape), _broadcast_view(v[:, :1], v.shape)
+    cupy_fmha.attention_forward(q, kb, vb)
+    (f,) = rec.launches
+    a, tma = f["args"], f["spec"].target == "sm90a"
+    assert (a["k_sb"] != 0, a["v_ss"] != 0) == (tma, tma)
+    assert (a["k"] is kb) == (not tma) and np.array_equal(a["k"], kb) and np.array_equal(a["v"], vb)
+    rec.launches.clear()
+    bias = _broadcast_view(np.linspace(-1, 1, 37, dtype=np.float32)[:, None], (37, 53))
+    cupy_fmha.attention_forward(q, k, v, bias=bias)
+    (f,) = rec.launches
+    assert f["spec"].macro("BIAS_TMA", 0) == 0 and f["maps"] in (0, 3)
+    assert (f["args"]["bias_sq"], f["args"]["bias_sk"]) == (1, 0) and f["args"]["bias"] is bias
+    rec.launches.clear()
+    lse = _on_device(np.zeros((2, 4, 37), np.float32))
+    g = cupy_fmha.attention_backward(do, q, k, v, do, lse, bias=bias, return_dbias=True)
+    assert g.dbias.shape == (37, 53) and any(x["spec"].source.startswith("fmha_bwd_dq_dk_dv") for x in rec.launches)

@@ -51,10 +51,25 @@ def test_gradient_traces_under_jit():
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"mask": "t", "causal": True}, "not both"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"layout": "thd"}, "max_seqlen_q: cupy_fmha.jax needs"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": float("nan")}, "softmax_scale"),
+    # what attention_forward refuses, refused here too, by name (float() used to take them)
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": "0.1"}, "softmax_scale: expected a real number"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": True}, "softmax_scale: expected a real number"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": np.array(0.2)}, "softmax_scale: expected a real"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"causal": "yes"}, "causal: expected a bool"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"deterministic": 1.0}, "deterministic: expected a bool"),
 ])
 def test_bad_arguments_are_refused_at_trace_time(make, kw, words):
     with pytest.raises((TypeError, ValueError), match=words):
         jax.eval_shape(lambda q, k, v: attention(q, k, v, **kw), *make())
+
+
+@pytest.mark.parametrize("name", ["softmax_scale", "causal"])
+def test_traced_static_options_are_refused_by_name(name):
+    """softmax_scale and causal are static: a traced value is a named TypeError, not JAX's tracer error."""
+    q = _spec((1, 16, 2, 64))
+    value = jnp.float32(0.1) if name == "softmax_scale" else jnp.bool_(True)
+    with pytest.raises(TypeError, match=f"{name}: expected a"):
+        jax.eval_shape(jax.jit(lambda q, x: attention(q, q, q, **{name: x})), q, value)
 
 
 # --------------------------------------------------------------------------- helpers

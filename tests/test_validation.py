@@ -211,7 +211,7 @@ def test_kernel_size_limits_group_mode():
     n = 65536  # sequences of one token each: batch 65536 > grid z
     q = np.zeros((n, 1, 8), np.float16)
     cu = np.arange(n + 1, dtype=np.int32)
-    with pytest.raises(ValueError, match="q: batch size 65536"):
+    with pytest.raises(ValueError, match="cu_seqlens_q: number of sequences 65536 exceeds"):
         check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
     check_varlen_inputs(q[:-1], q[:-1], q[:-1], cu_seqlens_q=cu[:-1], cu_seqlens_k=cu[:-1])
     check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, hdim_rule=False)
@@ -254,3 +254,92 @@ def test_fp16_checks_do_not_import_ml_dtypes():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# the arguments a user reaches less often: MaskSpec's fields, mask / causal types, huge scales,
+# backward_workspace_bytes, a uint16 bias with fp16 inputs, group mode's names
+
+
+@pytest.mark.parametrize("fields, exc, words", [
+    (("foo",), ValueError, r"mask: MaskSpec kind must be one of"),
+    (("generic", 1.5, 3), TypeError, r"mask: MaskSpec left must be an int, got 1.5"),
+    (("top_left", None, None), TypeError, r"mask: MaskSpec left must be an int, got None"),
+    (("generic", 3, float("nan")), TypeError, r"mask: MaskSpec right must be an int"),
+    (("bottom_right", True, 0), TypeError, r"mask: MaskSpec left must be an int, got True"),
+    (("generic", 2**70, 2**70), ValueError, r"mask: MaskSpec left=\d+ is out of range"),
+])
+def test_maskspec_fields_are_checked(fields, exc, words):
+    with pytest.raises(exc, match=words):
+        MaskSpec(*fields)
+
+
+def test_maskspec_takes_numpy_ints_as_ints():
+    m = MaskSpec("top_left", np.int64(4), np.int32(0))
+    assert (m.left, m.right) == (4, 0) and type(m.left) is int and m == MaskSpec("top_left", 4, 0)
+
+
+def test_mask_and_causal_types():
+    from cupy_fmha.mask import parse_mask, resolve_mask
+
+    assert parse_mask(np.int64(1)) == parse_mask(1) == MaskSpec("top_left", -1, 0)
+    q = np.zeros((1, 4, 1, 8), np.float16)
+    assert check_forward_inputs(q, q, q, mask=np.int64(2)).mask == MaskSpec("bottom_right", -1, 0)
+    for bad in (True, np.bool_(False), 1.0, [1]):
+        with pytest.raises(TypeError, match="mask: expected a CK mask string"):
+            check_forward_inputs(q, q, q, mask=bad)
+    with pytest.raises(TypeError, match="causal: expected a bool, got 'no'"):
+        resolve_mask(None, "no", (-1, -1))  # (truthy: it used to mean causal)
+    assert resolve_mask(None, np.bool_(True), (-1, -1)) == MaskSpec("bottom_right", -1, 0)
+
+
+def test_huge_int_scale_is_a_named_value_error():
+    q = np.zeros((1, 4, 1, 8), np.float16)
+    with pytest.raises(ValueError, match="softmax_scale: expected a finite nonzero number"):
+        check_forward_inputs(q, q, q, softmax_scale=10**400)
+
+
+@pytest.mark.parametrize("over, exc, words", [
+    ({"batch": -1}, ValueError, "batch: expected an int >= 1"),
+    ({"batch": 2.5}, TypeError, "batch: expected an int"),
+    ({"seqlen_k": True}, TypeError, "seqlen_k: expected an int"),
+    ({"hdim_q": 12}, ValueError, "hdim_q: head dim must be a multiple of 8"),
+    ({"hdim_v": 512}, ValueError, "hdim_v: head dim must be a multiple of 8"),
+    ({"nhead_k": 3}, ValueError, "nhead_k: 3 must divide nhead_q=16"),
+    ({"deterministic": "yes"}, TypeError, "deterministic: expected a bool"),
+    ({"cc": "90"}, TypeError, "cc: expected an int"),
+    ({"dtype": "float64"}, ValueError, "dtype: expected"),
+])
+def test_backward_workspace_bytes_checks_its_arguments(over, exc, words):
+    from cupy_fmha import backward_workspace_bytes
+
+    kw = dict(batch=2, nhead_q=16, seqlen_q=1000, seqlen_k=1000, hdim_q=128) | over
+    with pytest.raises(exc, match=words):
+        backward_workspace_bytes(**kw)
+
+
+def test_backward_workspace_bytes_takes_the_calls_dtype_names():
+    from cupy_fmha import backward_workspace_bytes
+
+    a = backward_workspace_bytes(2, 16, 1000, 1000, 128, dtype="bf16", deterministic=True)
+    assert backward_workspace_bytes(2, 16, 1000, 1000, 128, dtype="bfloat16", deterministic=True) == a
+    b = backward_workspace_bytes(2, 16, 1000, 1000, 128, dtype=np.float16, cc=80, deterministic=True)
+    assert b == backward_workspace_bytes(2, 16, 1000, 1000, 128, dtype="fp16", cc=80, deterministic=True)
+
+
+def test_uint16_bias_with_fp16_inputs_says_what_to_pass():
+    from cupy_fmha.validate import check_bias
+
+    with pytest.raises(TypeError, match="with float16 inputs pass the bias as a bfloat16 .* or float32 array"):
+        check_bias(np.zeros((4, 4), np.uint16), 1, 1, 4, 4, dtype="float16")
+
+
+def test_group_mode_names_cu_seqlens_and_lse():
+    from cupy_fmha.validate import check_varlen_inputs
+
+    q = np.zeros((5, 2, 8), np.float16)
+    cu = np.array([0, 2, 5], np.int32)
+    with pytest.raises(ValueError, match=r"lse: expected a rank-3 float32 array .* got shape \(2, 2\)"):
+        check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, lse=np.zeros((2, 2), np.float32))
+    with pytest.raises(TypeError, match="lse: expected a rank-3 float32 array .* got builtins.list"):
+        check_varlen_inputs(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, lse=[1.0])
