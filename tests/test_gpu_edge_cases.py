@@ -12,7 +12,10 @@ GPU against the NumPy reference. Where another file already covers an item, it i
 6. strided dO and q/k/v views into a packed qkv tensor: test_gpu_attention (test_strided_inputs_*);
 7. hdim 40, 72, 104: test_gpu_attention (CASES);
 8. GQA ratios 2, 3, 4 with seqlen_q 500, seqlen_k 251, causal, both layouts: here;
-9. more than 2^31 elements in one tensor: test_gpu_large_tensors.
+9. more than 2^31 elements in one tensor: test_gpu_large_tensors;
+10. broadcast (zero-stride) k / v and a bias broadcast along the keys by a zero stride (the Hopper
+    kernels read copies or the non-TMA bias build), and out= buffers that are interleaved views of
+    one packed buffer: here.
 
 Every case: fresh random inputs, NaN-poisoned ``out=`` buffers, :func:`cupy_fmha.verify.compare`
 against the float64 and ``precision="low"`` references; rows with no visible key must be exactly
@@ -24,12 +27,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import cupy_fmha
+
 try:
     import cupy as cp
 except Exception:  # pragma: no cover
     cp = None
 
-from conftest import BF16, F16, BiasInputs, Inputs, check, run, seed_for
+from conftest import BF16, F16, BiasInputs, Inputs, check, nan_like, run, seed_for
 from cupy_fmha import mask as M
 
 pytestmark = pytest.mark.gpu
@@ -139,3 +144,63 @@ def test_gqa_ratios_500x251_causal(ratio, layout, d, dtype):
     check(inp, o, lse, g, kw)
     # bottom-right causal with sq > sk: the first 249 rows see nothing
     _assert_empty_rows_zero(layout, inp.to_float(o), cp.asnumpy(lse), inp.to_float(g.dq), _empty_rows(kw, 500, 251))
+
+
+# --------------------------------------------------------------------------- 10. broadcast views, packed outputs
+
+
+def _broadcast(inp, name, axis, shape):
+    """Make ``inp``'s tensor ``name`` a zero-stride broadcast of its index 0 along ``axis``: on the
+    device a broadcast view, on the host (the reference) the same values materialized."""
+    cut = tuple(slice(0, 1) if i == axis else slice(None) for i in range(len(shape)))
+    inp.host[name] = np.ascontiguousarray(np.broadcast_to(inp.host[name][cut], shape))
+    view = cp.broadcast_to(inp.dev[name][cut], shape)
+    assert view.strides[axis] == 0
+    return view
+
+
+@pytest.mark.parametrize("d", [64, 128, 96])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["none", "causal"])
+def test_broadcast_kv_views(d, kw):
+    """k shared by every batch entry and v by every key, as zero-stride views (the sm_90 kernels'
+    tensor maps need positive strides: the API reads dense copies there), against the reference."""
+    inp = Inputs(F16, "bshd", 3, 200, 170, 4, 2, d, d, seed_for("edge-bcast", d, str(kw)))
+    dev = dict(inp.dev)
+    dev["k"] = _broadcast(inp, "k", 0, inp.host["k"].shape)
+    dev["v"] = _broadcast(inp, "v", 1, inp.host["v"].shape)
+    o, lse, g = run(inp, kw, dev=dev)
+    check(inp, o, lse, g, kw)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bias_broadcast_along_keys_by_zero_stride(d):
+    """A [b, h, sq, sk] bias whose key stride is 0 is a bias broadcast along the keys: the same
+    results as the reference with that bias materialized, dbias in the view's full shape."""
+    b, h, sq, sk = 2, 2, 150, 130
+    inp = BiasInputs(F16, np.float32, "bshd", b, sq, sk, h, h, d, d, (b, h, sq, 1), seed_for("edge-bias-k0", d))
+    view = cp.broadcast_to(inp.dev_bias, (b, h, sq, sk))
+    assert view.strides[-1] == 0
+    inp.bias = np.ascontiguousarray(np.broadcast_to(inp.bias, (b, h, sq, sk)))
+    kw = {"causal": True}
+    o, lse, g = run(inp, kw, bias=view, dbias=True)
+    check(inp, o, lse, g, kw, dbias=True)
+
+
+@pytest.mark.parametrize("d, dtype", [(64, F16), (128, BF16)], ids=["d64-f16", "d128-bf16"])
+def test_outputs_into_interleaved_views_of_one_buffer(d, dtype):
+    """o into slot 0 and dq, dk, dv into slots 0-2 of NaN-poisoned packed [b, s, 3, h, d] buffers
+    (views that share no element, which out= accepts), against the reference; the other slot
+    of the forward's buffer stays NaN."""
+    b, s, h = 2, 190, 4
+    inp = Inputs(dtype, "bshd", b, s, s, h, h, d, d, seed_for("edge-packed-out", d))
+    q, k, v, do = (inp.dev[n] for n in ("q", "k", "v", "do"))
+    fwd_buf = nan_like((b, s, 3, h, d), q.dtype)
+    kw = {"causal": True}
+    o, lse = cupy_fmha.attention_forward(q, k, v, **kw, dtype=inp.dtype_arg,
+                                         out=(fwd_buf[:, :, 1], nan_like((b, h, s), cp.float32)))
+    grad_buf = nan_like((b, s, 3, h, d), q.dtype)
+    g = cupy_fmha.attention_backward(do, q, k, v, o, lse, **kw, dtype=inp.dtype_arg,
+                                     out=tuple(grad_buf[:, :, i] for i in range(3)))
+    cp.cuda.get_current_stream().synchronize()
+    check(inp, o, lse, g, kw)
+    assert (fwd_buf[:, :, (0, 2)].view(cp.uint16) == 0xFFFF).all()  # written only where o lives
