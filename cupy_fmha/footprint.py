@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+import numpy as np
+
 __all__ = [
     "Sizes",
     "reference_host_bytes",
@@ -31,6 +33,14 @@ __all__ = [
 ]
 
 _MODES = ("fwd", "bwd")
+
+
+def _size(name: str, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name}: expected a size >= 0, got {value}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -53,10 +63,24 @@ class Sizes:
     seqlens_q: tuple[int, ...] | None = None
     seqlens_k: tuple[int, ...] | None = None
 
+    def __post_init__(self):
+        """Sizes are non-negative ints (NumPy ints become Python ints): a negative one would give
+        a negative estimate, which passes any memory limit.
+
+        Raises:
+            TypeError, ValueError: naming the field."""
+        for name in ("batch", "nhead_q", "nhead_k", "seqlen_q", "seqlen_k", "hdim_q", "hdim_v"):
+            object.__setattr__(self, name, _size(name, getattr(self, name)))
+        for name in ("seqlens_q", "seqlens_k"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, tuple(_size(f"{name}[{i}]", n) for i, n in enumerate(v)))
+
     @classmethod
     def group(cls, seqlens_q, seqlens_k, nhead_q: int, nhead_k: int, hdim_q: int,
               hdim_v: int) -> "Sizes":
-        lq, lk = tuple(int(n) for n in seqlens_q), tuple(int(n) for n in seqlens_k)
+        lq = tuple(_size(f"seqlens_q[{i}]", n) for i, n in enumerate(seqlens_q))
+        lk = tuple(_size(f"seqlens_k[{i}]", n) for i, n in enumerate(seqlens_k))
         if len(lq) != len(lk) or not lq:
             raise ValueError("seqlens_k: expected as many lengths as seqlens_q (at least one)")
         return cls(len(lq), nhead_q, nhead_k, max(lq), max(lk), hdim_q, hdim_v, lq, lk)

@@ -593,6 +593,16 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
             raise ValueError("dropout_key: give dropout_key or seed/offset, not both")
         if dropout_p > 0:
             words = _dropout_words(dropout_key)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not all(hasattr(x, a) for a in ("shape", "dtype")):
+            raise TypeError(f"{name}: expected a JAX array, got {type(x).__module__}.{type(x).__name__}")
+    for name, x in (("alibi_slopes", alibi_slopes), ("bias", bias)):
+        # (jnp.asarray would turn float64 into float32 where x64 is off; attention_forward refuses it)
+        if x is not None and np.dtype(getattr(x, "dtype", np.float32)) == np.float64:
+            raise TypeError(f"{name}: got float64; expected " + ("float32" if name == "alibi_slopes" else
+                                                                  "float16, bfloat16 or float32"))
+    if isinstance(window_size, np.ndarray):  # a hashable static value, checked as a pair of ints later
+        window_size = tuple(window_size.tolist())
     slopes, bias, cu_q, cu_k = (None if x is None else jnp.asarray(x)
                                 for x in (alibi_slopes, bias, cu_seqlens_q, cu_seqlens_k))
     opts = _Options(None if softmax_scale is None else float(softmax_scale), causal,

@@ -166,6 +166,9 @@ def _logical_dtype(name: str, a, want: np.dtype | None, any_float: bool) -> np.d
     if dt == _U16:
         if _is_bf16(want):
             return want
+        if any_float:  # the NumPy reference: it has no dtype= and takes ml_dtypes' bfloat16 itself
+            raise TypeError(f"{name}: got a uint16 array; the reference takes bf16 as ml_dtypes.bfloat16 "
+                            "arrays (view the bits with .view(ml_dtypes.bfloat16))")
         if want is None:
             raise TypeError(
                 f"{name}: got a uint16 array; pass dtype='bfloat16' to use it as raw bf16 bits (or pass "

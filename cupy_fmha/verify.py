@@ -8,14 +8,16 @@ The rule (all must hold):
 
 1. **Finite where expected.** No NaN anywhere (unwritten, poisoned outputs are NaN). ``-inf``
    (LSE of rows with no visible key) must appear in ``out`` exactly where it appears in ``ref``;
-   those entries are then left out of every norm. Any other infinity fails.
+   those entries are then left out of every norm. Any other infinity fails (in ``ref`` too).
 2. **Relative error** ``rel_err = ||out - ref|| / ||ref||`` (Frobenius; ``||out||`` when
    ``||ref|| == 0``; 0 when both are 0) below ``limit``: 1e-2, or 3e-2 for bf16 when
    ``max(hdim_q, hdim_v) > 128`` (CK's rule). When ``ref_low`` is given, ``rel_err`` may
    instead be at most ``2 * rel_err_low``: this escape only matters where the plain
    implementation itself is off by more than ``limit / 2``, i.e. where the exact result is
    nearly zero through cancellation (for example dQ and dK when every row sees one key, which
-   are exactly 0 in exact arithmetic); rule 3 still binds there.
+   are exactly 0 in exact arithmetic); rule 3 still binds there. A reference that is zero (root
+   mean square below ``ZERO_RMS`` = 1e-10: float64 noise) is judged by an absolute bound instead,
+   16 unit roundoffs for unit-scale inputs, or rule 3's bound where that is larger.
 3. **FlashAttention's rule** (when ``ref_low`` is given):
    ``max_err <= 2 * max_err_low + eps``, ``eps = 1e-5 + 2 * u * max|ref|`` with ``u`` the unit
    roundoff of the dtype (2^-11 fp16, 2^-8 bf16). ``eps`` is about two roundings of the largest
@@ -49,6 +51,11 @@ __all__ = ["Check", "compare", "rel_limit", "bf16_bits_to_float", "float_to_bf16
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F16 = np.dtype(np.float16)
 _UNIT_ROUNDOFF = {_F16: 2.0**-11, _BF16: 2.0**-8, np.dtype(np.float32): 2.0**-24}
+
+#: a reference whose root mean square is below this is taken as exactly zero (the float64 noise
+#: of a mathematically zero output) and judged by an absolute bound; anything larger by the
+#: relative rule
+ZERO_RMS = 1e-10
 
 
 @dataclass
@@ -88,9 +95,12 @@ def _dtype(dtype) -> np.dtype:
             return _BF16
         if key in ("float32", "fp32"):
             return np.dtype(np.float32)
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
     if dt not in _UNIT_ROUNDOFF:
-        raise ValueError(f"dtype: expected float16 or bfloat16, got {dtype!r}")
+        raise ValueError(f"dtype: expected float16, bfloat16 or float32, got {dtype!r}")
     return dt
 
 
@@ -105,6 +115,8 @@ def _f64(a) -> np.ndarray:
     a = np.asarray(a)
     if a.dtype == np.uint16:
         raise TypeError("compare: got uint16 (bf16 bits?); convert with bf16_bits_to_float first")
+    if a.dtype.kind not in "fiub" and a.dtype != _BF16:
+        raise TypeError(f"compare: expected a real array, got dtype {a.dtype}")
     return a.astype(np.float64)
 
 
@@ -154,6 +166,8 @@ def compare(name, out, ref, ref_low=None, *, dtype, hdim_q: int, hdim_v: int) ->
         reasons.append(f"{n_nan} NaN")
     if np.isnan(ref).any():
         reasons.append("NaN in the reference")
+    if np.isposinf(ref).any():  # (attention has none: lse's empty rows are -inf)
+        reasons.append("+inf in the reference")
     if not np.array_equal(np.isneginf(out), ref_ninf):
         reasons.append("-inf entries do not match the reference's")
     bad_inf = np.isinf(out) & keep
@@ -179,8 +193,12 @@ def compare(name, out, ref, ref_low=None, *, dtype, hdim_q: int, hdim_v: int) ->
     # e.g. dBias of a bias constant along the keys is exactly 0, but any implementation that
     # stores O in fp16 gets sum_j dS_ij = sum_j P dP - D of the order of fp16's rounding of O,
     # whatever the (fp32) bias dtype passed here.
+    # "Zero" means float64 rounding noise (about 1e-16 of the operands, whose scale is 1 in the
+    # tests), not a small result: below ZERO_RMS; a reference of rms 1e-7 (a scaled loss's
+    # gradients) is judged by the relative rule like any other (an absolute bound of 16 ulps of
+    # unit scale would pass anything there).
     ref_rms = float(np.sqrt(np.mean(ref[keep] ** 2))) if keep.any() else 0.0
-    if ref_rms < 1e-6:
+    if ref_rms < ZERO_RMS:
         atol = 16.0 * _UNIT_ROUNDOFF[dt]
         if low is not None:
             atol = max(atol, chk.max_limit)

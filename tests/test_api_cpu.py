@@ -61,6 +61,26 @@ def test_zero_reference_is_judged_by_absolute_error():
     noise = np.full((4, 8), 1e-3)
     assert compare("dq", noise, ref, dtype="float16", hdim_q=64, hdim_v=64).ok
     assert not compare("dq", noise * 100, ref, dtype="float16", hdim_q=64, hdim_v=64).ok
+    assert compare("dq", noise * 1e-13, ref + 1e-15, dtype="float16", hdim_q=64, hdim_v=64).ok  # float64 noise
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-4, 1e-7, 1e-9])
+def test_small_references_are_judged_relatively(scale):
+    """A reference that is small, not zero (a scaled loss's gradients), keeps the relative rule: a
+    5% error, a sign flip or a 100x output fail at every scale, a 0.1% one passes."""
+    ref = np.random.default_rng(1).standard_normal((16, 64)) * scale
+    judge = lambda out: compare("dq", out, ref, dtype="bfloat16", hdim_q=64, hdim_v=64).ok  # noqa: E731
+    assert judge(ref * 1.001)
+    assert not judge(ref * 1.05) and not judge(-ref) and not judge(ref * 100)
+
+
+def test_compare_refuses_complex_and_infinite_references():
+    ref = np.ones(8)
+    with pytest.raises(TypeError, match="expected a real array"):
+        compare("o", ref * 1j, ref, dtype="float16", hdim_q=64, hdim_v=64)
+    bad = ref.copy()
+    bad[3] = np.inf
+    assert "+inf in the reference" in compare("o", ref, bad, dtype="float16", hdim_q=64, hdim_v=64).reason
 
 
 @pytest.mark.parametrize("bad", [(1.5, 2), (True, 2), (1,), "ab", None])

@@ -57,10 +57,24 @@ def test_gradient_traces_under_jit():
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"softmax_scale": np.array(0.2)}, "softmax_scale: expected a real"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"causal": "yes"}, "causal: expected a bool"),
     (lambda: (_spec((1, 16, 2, 64)),) * 3, {"deterministic": 1.0}, "deterministic: expected a bool"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"bias": np.zeros((16, 16))}, "bias: got float64"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"alibi_slopes": np.ones(2)}, "alibi_slopes: got float64"),
+    (lambda: (_spec((1, 16, 2, 64)),) * 3, {"window_size": np.array([2.5, 0])}, "window_size: expected a pair"),
 ])
 def test_bad_arguments_are_refused_at_trace_time(make, kw, words):
     with pytest.raises((TypeError, ValueError), match=words):
         jax.eval_shape(lambda q, k, v: attention(q, k, v, **kw), *make())
+
+
+def test_window_size_may_be_a_numpy_pair():
+    q = _spec((1, 16, 2, 64))
+    a = jax.eval_shape(lambda q: attention(q, q, q, window_size=np.array([3, 0])), q)
+    assert a.shape == q.shape
+
+
+def test_non_arrays_are_named():
+    with pytest.raises(TypeError, match="q: expected a JAX array, got builtins.list"):
+        attention([[1.0]], [[1.0]], [[1.0]])
 
 
 @pytest.mark.parametrize("name", ["softmax_scale", "causal"])

@@ -193,3 +193,34 @@ def test_merge_layouts_agree():
     o1, l1 = merge_partials(parts, layout="bhsd")
     o2, l2 = merge_partials([(o.transpose(0, 2, 1, 3), lse) for o, lse in parts], layout="bshd")
     assert np.allclose(o1, o2.transpose(0, 2, 1, 3)) and np.allclose(l1, l2)
+
+
+def test_shard_axis_and_shards_are_checked():
+    """An axis outside [-ndim, ndim) is an error (it used to wrap and split another axis), and so
+    are a non-array, a non-int axis, and shards of mixed dtypes."""
+    x = np.zeros((1, 8, 4, 16))
+    assert shard(x, 0, 2, axis=-3).shape == (1, 4, 4, 16)  # negative counts from the end, as NumPy
+    for bad in (-5, 4, 7):
+        with pytest.raises(ValueError, match=f"axis: {bad} is out of range for x of rank 4"):
+            shard(x, 0, 2, axis=bad)
+    with pytest.raises(ValueError, match="axis: 7 is out of range for shards"):
+        unshard([x[:, :4], x[:, 4:]], axis=7)
+    with pytest.raises(TypeError, match="axis: expected an int"):
+        shard(x, 0, 2, axis=1.0)
+    with pytest.raises(TypeError, match="x: expected a NumPy or CuPy array"):
+        shard([[1, 2]], 0, 2)
+    with pytest.raises(TypeError, match="shards: rank 1's array .* is not of rank 0's kind"):
+        unshard([x[:, :4], x[:, 4:].astype(np.float32)])
+
+
+def test_merge_refuses_mismatched_shapes():
+    """merge_partials / merge_into broadcast nothing: an o or lse of another shape is an error."""
+    o, lse = np.ones((1, 4, 2, 3)), np.zeros((1, 2, 4))
+    with pytest.raises(ValueError, match="o_part: shape .* differs from o_acc's"):
+        merge_partials([(o, lse), (np.full((1, 4, 2, 1), 5.0), lse)])
+    with pytest.raises(ValueError, match=r"lse_part: expected shape \(1, 2, 4\)"):
+        merge_partials([(o, lse), (o, np.zeros((1, 2, 1)))])
+    with pytest.raises(ValueError, match=r"lse_acc: expected shape \(1, 4, 2\)"):
+        merge_partials([(o, lse)], layout="bhsd")
+    with pytest.raises(TypeError, match=r"parts\[0\]: expected an \(o, lse\) pair"):
+        merge_partials([o])

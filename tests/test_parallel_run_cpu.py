@@ -57,6 +57,11 @@ def test_launch_argument_errors():
         RUN.launch(report, 1.5)
     with pytest.raises(ValueError, match="devices"):
         RUN.launch(report, 2, devices=[0, 0], make_id=fake_id, make_comm=fake_comm)
+    for bad in ([-1], [0.7], ["a"]):  # (0.7 used to mean GPU 0, -1 to reach a rank process)
+        with pytest.raises(ValueError, match="devices: expected non-negative int GPU ids"):
+            RUN.launch(report, 1, devices=bad, make_id=fake_id, make_comm=fake_comm)
+    with pytest.raises(TypeError, match="devices: expected a list of 1 GPU ids"):
+        RUN.launch(report, 1, devices=5, make_id=fake_id, make_comm=fake_comm)
 
 
 def test_launch_needs_a_gpu_per_rank(monkeypatch):
@@ -70,6 +75,8 @@ def test_launch_needs_a_gpu_per_rank(monkeypatch):
     (["--nproc", "2", "-s", "1002"], "--seqlen/--scheme"),
     (["--nproc", "1", "--nhead", "6", "--nhead-k", "4"], "--nhead-k"),
     (["--nproc", "1", "--repeat", "0"], "--repeat"),
+    (["--nproc", "1", "-s", "8", "--hdim", "7"], "--hdim: head dim must be a multiple of 8"),
+    (["--nproc", "1", "-s", "8", "--window=-5,3"], "--window: sizes must be >= -1"),
 ])
 def test_cli_argument_errors(argv, message, capsys):
     assert RUN.main(argv) == 2
@@ -141,3 +148,11 @@ def test_bench_local_without_gpu_says_so():
         pass
     p = _bench("--local", "2", "--seqlen", "1024")
     assert p.returncode == 2 and "no usable CUDA GPU" in p.stderr
+
+
+def test_run_config_checks_types():
+    """bool('no') is True: a string causal used to mean causal; a float seqlen passed."""
+    with pytest.raises(ValueError, match="--causal: expected a bool, got 'no'"):
+        RUN.RunConfig(causal="no").validate(1)
+    with pytest.raises(ValueError, match="--seqlen: expected an integer, got 16.5"):
+        RUN.RunConfig(seqlen=16.5).validate(1)

@@ -94,6 +94,21 @@ def _xp(a):
     return np
 
 
+def _check_axis(axis, x, name: str) -> int:
+    """``axis`` of the array ``x`` (named ``name``) as a non-negative int; negative counts from the
+    end as in NumPy, but one outside [-ndim, ndim) is an error, not wrapped.
+
+    Raises:
+        TypeError: ``x`` is not an array, ``axis`` not an int; ValueError: ``axis`` out of range."""
+    if not all(hasattr(x, a) for a in ("shape", "ndim")):
+        raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis: expected an int, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis: {axis} is out of range for {name} of rank {x.ndim} (shape {tuple(x.shape)})")
+    return int(axis) % x.ndim
+
+
 def _take(x, start: int, stop: int, axis: int):
     idx = [slice(None)] * x.ndim
     idx[axis] = slice(start, stop)
@@ -107,9 +122,10 @@ def shard(x, rank: int, world: int, *, scheme: str = "zigzag", axis: int = 1):
 
     Raises:
         ValueError: the length along ``axis`` does not split into equal chunks; bad
-            ``rank``/``world``/``scheme``.
+            ``rank``/``world``/``scheme``; ``axis`` out of range.
+        TypeError: ``x`` not an array, ``axis`` not an int.
     """
-    axis = axis % x.ndim
+    axis = _check_axis(axis, x, "x")
     c = chunk_len(x.shape[axis], world, scheme, name="x")
     parts = [_take(x, j * c, (j + 1) * c, axis) for j in rank_chunks(rank, world, scheme)]
     return _xp(x).ascontiguousarray(_xp(x).concatenate(parts, axis=axis))
@@ -121,17 +137,22 @@ def unshard(shards, *, scheme: str = "zigzag", axis: int = 1):
 
     Raises:
         ValueError: an empty list, shards of different shapes, a shard length that does not
-            split into the scheme's chunks.
+            split into the scheme's chunks, ``axis`` out of range. TypeError: a shard that is not
+            an array, or of another dtype or array library than rank 0's; ``axis`` not an int.
     """
     shards = list(shards)
     if not shards:
         raise ValueError("shards: expected one array per rank, got none")
     world = len(shards)
     first = shards[0]
-    axis = axis % first.ndim
+    axis = _check_axis(axis, first, "shards[0]")
     for r, s in enumerate(shards):
+        _check_axis(axis, s, f"shards[{r}]")
         if tuple(s.shape) != tuple(first.shape):
             raise ValueError(f"shards: rank {r}'s shape {tuple(s.shape)} differs from rank 0's {tuple(first.shape)}")
+        if s.dtype != first.dtype or _xp(s) is not _xp(first):
+            raise TypeError(f"shards: rank {r}'s array ({type(s).__module__}, {s.dtype}) is not of rank 0's kind "
+                            f"({type(first).__module__}, {first.dtype})")
     per = chunks_per_rank(scheme)
     if first.shape[axis] % per:
         raise ValueError(f"shards: length {first.shape[axis]} along axis {axis} does not hold {per} equal chunks")

@@ -42,6 +42,22 @@ def lse_view(lse, layout: str):
     raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
 
 
+def _check_pair(o, lse, layout: str, o_name: str, lse_name: str) -> None:
+    """``o`` a rank-4 array in ``layout`` and ``lse`` [batch, heads, seqlen] of the same rows."""
+    for name, a, rank in ((o_name, o, 4), (lse_name, lse, 3)):
+        if not all(hasattr(a, x) for x in ("shape", "dtype", "astype")):
+            raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(a).__name__}")
+        if len(a.shape) != rank:
+            raise ValueError(f"{name}: expected rank {rank}, got shape {tuple(a.shape)}")
+    b, x1, x2, _ = (int(n) for n in o.shape)
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    want = (b, x2, x1) if layout == "bshd" else (b, x1, x2)
+    if tuple(int(n) for n in lse.shape) != want:
+        raise ValueError(f"{lse_name}: expected shape {want} ([batch, heads, seqlen] of {o_name}, {layout}), "
+                         f"got {tuple(lse.shape)}")
+
+
 def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
     """Fold one partial result into running accumulators, in place.
 
@@ -53,7 +69,15 @@ def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
         o_part: the partial output (any float dtype, e.g. bf16), o_acc's shape.
         lse_part: float32/float64 [batch, heads, seqlen], -inf for rows that saw no key.
         layout: ``"bshd"`` or ``"bhsd"``.
+
+    Raises:
+        TypeError, ValueError: an argument that is not an array, or of another shape than the
+            accumulators' (nothing is broadcast), or a bad ``layout``.
     """
+    _check_pair(o_acc, lse_acc, layout, "o_acc", "lse_acc")
+    _check_pair(o_part, lse_part, layout, "o_part", "lse_part")
+    if tuple(o_part.shape) != tuple(o_acc.shape):
+        raise ValueError(f"o_part: shape {tuple(o_part.shape)} differs from o_acc's {tuple(o_acc.shape)}")
     xp = _xp(o_acc)
     new = xp.logaddexp(lse_acc, lse_part.astype(lse_acc.dtype, copy=False))
     safe = xp.where(xp.isneginf(new), lse_acc.dtype.type(0), new)
@@ -67,10 +91,18 @@ def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
 
 def merge_partials(parts, layout: str = "bshd", dtype=np.float64):
     """``(o, lse)`` of attention over the union of the key sets of ``parts`` (a non-empty list of
-    ``(o_i, lse_i)``), accumulated in ``dtype``."""
+    ``(o_i, lse_i)`` of one shape), accumulated in ``dtype``.
+
+    Raises:
+        TypeError, ValueError: an empty list, an entry that is not a pair, shapes that differ
+            (see :func:`merge_into`).
+    """
     parts = list(parts)
     if not parts:
         raise ValueError("parts: expected at least one (o, lse) pair")
+    for i, p in enumerate(parts):
+        if not isinstance(p, (tuple, list)) or len(p) != 2:
+            raise TypeError(f"parts[{i}]: expected an (o, lse) pair, got {type(p).__name__}")
     xp = _xp(parts[0][0])
     o = xp.zeros(parts[0][0].shape, dtype=dtype)
     lse = xp.full(parts[0][1].shape, -np.inf, dtype=dtype)

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from .comm import NcclRing, nccl_unique_id
+from ..mask import check_causal, resolve_mask
+from ..validate import _check_head_dims
 from .layout import check_scheme, chunk_len
 
 __all__ = ["launch", "RunConfig", "run_rank", "run_many", "run_local", "timeline_report", "main"]
@@ -102,7 +104,15 @@ def launch(fn, nproc: int, args=(), *, devices=None, timeout: float | None = Non
     nproc = int(nproc)
     if nproc < 1:
         raise ValueError(f"nproc: expected at least 1, got {nproc}")
-    devices = list(range(nproc)) if devices is None else [int(d) for d in devices]
+    if devices is None:
+        devices = list(range(nproc))
+    else:
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+            raise TypeError(f"devices: expected a list of {nproc} GPU ids, got {devices!r}")
+        devices = list(devices)
+        if any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 0 for d in devices):
+            raise ValueError(f"devices: expected non-negative int GPU ids, got {devices}")
+        devices = [int(d) for d in devices]
     if len(devices) != nproc or len(set(devices)) != nproc:
         raise ValueError(f"devices: expected {nproc} distinct GPU ids, got {devices}")
     default_nccl = make_comm is None
@@ -178,10 +188,21 @@ class RunConfig:
         return {"causal": bool(self.causal), "window_size": tuple(self.window)}
 
     def validate(self, world: int) -> "RunConfig":
-        """Checks that need no GPU; ValueError naming the option."""
+        """Checks that need no GPU (the options the ranks' attention calls would refuse among them);
+        ValueError naming the option."""
+        for name in ("seqlen", "batch", "nhead", "hdim", "repeat", "warmup", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"--{name}: expected an integer, got {v!r}")
         for name in ("seqlen", "batch", "nhead", "hdim", "repeat"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"--{name}: expected a positive integer, got {getattr(self, name)}")
+        try:
+            _check_head_dims(self.hdim, self.hdim, ("--hdim", "--hdim"))
+            check_causal(self.causal)
+            resolve_mask(None, self.causal, tuple(self.window))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(str(exc).replace("causal:", "--causal:").replace("window_size:", "--window:")) from None
         if self.warmup < 0:
             raise ValueError(f"--warmup: expected >= 0, got {self.warmup}")
         hk = self.nhead if self.nhead_k is None else self.nhead_k
