@@ -13,6 +13,8 @@
 # into $OUT/then.tar.gz (a call brings back 8 files); e.g. on an H200, carrying .whl:
 #   THEN="fwd128 fwd64 fwd256 features fa3" bash bench/probe/suite_all_gpu.sh
 #   bash bench/probe/suite_all_gpu.sh      (one device call, limit 600 s)
+# TESTS="tests/test_gpu_a.py ..." runs those files only, KILL=seconds sets the kill (default 585): a call with less
+# device time left than the whole suite needs.
 # The kernel cache: the run packs CuPy's kernel cache into $OUT/kcache.tar.gz.* (15 MiB parts); copied into .kcache/
 # (ignored: `echo /.kcache/ >> .git/info/exclude`) and carried, a later call starts from it, so the suite compiles
 # only kernels whose source or options changed (CuPy's cache key holds the arch, options, NVRTC version and source:
@@ -33,7 +35,7 @@ t "python3 -m pytest -m gpu -n 16 $DIST tests"
 # what holds the run: CPU (vmstat: us / sy / id / wa) and GPU utilization every 20 s
 (vmstat 20 > $OUT/vmstat.txt 2>&1 &); (nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -l 20 > $OUT/gpu-util.txt 2>&1 &)
 (for i in $(seq 20); do sleep 30; { date +%T; top -H -b -n1 -w 200 | sed -n 7,26p; } >> $OUT/threads.txt 2>&1; done &)
-timeout -s KILL 585 python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 $DIST --durations=40 tests > $OUT/suite-all.txt 2>&1
+timeout -s KILL ${KILL:-585} python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 $DIST --durations=40 ${TESTS:-tests} > $OUT/suite-all.txt 2>&1
 echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $OUT/suite-all.txt
 pkill vmstat; pkill -f 'nvidia-smi --query-gpu=utilization'
 echo "kernel cache: $(ls $C/*.cubin 2>/dev/null | wc -l) cubins, $(ls $C | wc -l) files, $(ls $C/cupy_fmha-*.lock 2>/dev/null | wc -l) compile locks, $(du -sh $C | cut -f1)"
