@@ -214,3 +214,15 @@ def test_causal_backward_groups_heads_up_to_8192_keys(d, monkeypatch):
         monkeypatch.setenv("CUPY_FMHA_BWD_WS_TILES", f"HEADS_X={BWD_WS_HEADS_GROUP}")
         with pytest.raises(ValueError, match="nhead_q=3 is no multiple"):
             resolve(200, 3)
+
+
+def test_small_cancellation_noise_keeps_the_absolute_bound():
+    """Below 1e-6 a reference that the same-precision reference misses by the relative limit too is
+    noise from cancellation (dQ with a nearly one-hot P): the absolute bound judges it, as before;
+    one the same-precision reference reproduces is judged relatively."""
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal(256) * 1e-8
+    low = ref + rng.standard_normal(256) * 1e-6  # the plain implementation: noise 100x the value
+    out = ref + rng.standard_normal(256) * 3e-6
+    assert compare("dq", out, ref, low, dtype="bfloat16", hdim_q=64, hdim_v=64).ok
+    assert not compare("dq", out, ref, ref * 1.001, dtype="bfloat16", hdim_q=64, hdim_v=64).ok
