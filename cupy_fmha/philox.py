@@ -43,6 +43,7 @@ columns per call, this project's mask before bench/NOTES.md step 68) cost twice 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -83,6 +84,31 @@ DROPOUT_ROUNDS = 7
 KEEP_RANGE, KEYS_PER_CALL, SPAN_KEYS = 256, 8, 32
 
 
+def _words(name: str, x) -> np.ndarray:
+    """``x`` as an array of 32-bit words; a value outside [0, 2**32) or a non-integer is an error
+    (a cast would wrap or truncate it into another word)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer words in [0, 2**32), got dtype {a.dtype}")
+    if a.size and (int(a.min()) < 0 or int(a.max()) > 0xFFFFFFFF):
+        raise ValueError(f"{name}: words must be in [0, 2**32), got values in [{int(a.min())}, {int(a.max())}]")
+    return a
+
+
+def _index(name: str, x, upper: int | None = None) -> np.ndarray:
+    """``x`` (an int or an integer array) as int64, each value >= 0 (and < ``upper``)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got {x!r}" if a.ndim == 0 else
+                        f"{name}: expected an integer array, got dtype {a.dtype}")
+    a = a.astype(np.int64)
+    if a.size and int(a.min()) < 0:
+        raise ValueError(f"{name}: expected values >= 0, got {int(a.min())}")
+    if upper is not None and a.size and int(a.max()) >= upper:
+        raise ValueError(f"{name}: expected values below {upper}, got {int(a.max())}")
+    return a
+
+
 def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
     """Philox-4x32-``rounds`` of every counter under its key.
 
@@ -96,12 +122,14 @@ def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
     Returns:
         uint32 array [..., 4] (leading dimensions broadcast).
     """
-    c = np.asarray(counter)
-    k = np.asarray(key)
+    c = _words("counter", counter)
+    k = _words("key", key)
     if c.shape[-1:] != (4,) or k.shape[-1:] != (2,):
         raise ValueError(
             f"philox4x32: counter must be [..., 4] and key [..., 2], got {c.shape} and {k.shape}"
         )
+    if isinstance(rounds, (bool, np.bool_)) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+        raise ValueError(f"rounds: expected an int >= 0, got {rounds!r}")
     c = c.astype(np.uint32).astype(np.uint64)
     k = k.astype(np.uint32).astype(np.uint64)
     lead = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
@@ -121,6 +149,8 @@ def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
 
 def keep_threshold(p: float) -> int:
     """``floor((1 - p) * 256 + 0.5)``: an element is kept iff its uint8 draw is below it."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a number in [0, 1), got {p!r}")
     p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p: expected a number in [0, 1), got {p!r}")
@@ -147,6 +177,18 @@ def check_uint64(name: str, x) -> int:
     if not 0 <= x <= _U64_MAX:
         raise ValueError(f"{name}: expected an integer in [0, 2**64), got {x}")
     return x
+
+
+def _positive(name: str, x) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
+    return int(x)
+
+
+def _count(name: str, x) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {x!r}")
+    return int(x)
 
 
 def _indices(*xs):
@@ -186,7 +228,9 @@ def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
     """Philox counters [..., 4] and key [2] for the elements (batch_index, head, rows, cols)
     (integers or integer arrays, broadcast together)."""
     seed, offset = check_uint64("seed", seed), check_uint64("offset", offset)
-    b, h, i, j = _indices(batch_index, head, rows, cols)
+    nhead_q = int(_positive("nhead_q", nhead_q))
+    b, h, i, j = _indices(_index("batch_index", batch_index), _index("head", head, nhead_q),
+                          _index("rows", rows), _index("cols", cols))
     with np.errstate(over="ignore"):
         t = (
             np.uint64(offset)
@@ -224,7 +268,11 @@ def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.
 def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads=None):
     """uint8 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per row pair
     and call; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
-    heads = np.arange(nhead_q) if heads is None else np.asarray(heads, dtype=np.int64)
+    nhead_q = _positive("nhead_q", nhead_q)
+    heads = np.arange(nhead_q) if heads is None else _index("heads", heads, nhead_q)
+    if heads.ndim != 1:
+        raise ValueError(f"heads: expected a 1-D list of head indices, got shape {heads.shape}")
+    seqlen_q, seqlen_k = _count("seqlen_q", seqlen_q), _count("seqlen_k", seqlen_k)
     na = -(-int(seqlen_q) // 16)  # 16-row tiles
     ns = -(-int(seqlen_k) // SPAN_KEYS)  # 32-key spans
     h = heads[:, None, None, None, None]

@@ -178,3 +178,28 @@ def test_seed_offset_checks():
         with pytest.raises(TypeError, match="seed"):
             P.dropout_random(bad, 0, 0, 1, 0, 0, 0)
     assert P.dropout_random(np.uint64(2**64 - 1), np.int32(5), 0, 1, 0, 0, 0).dtype == np.uint8
+
+
+def test_odd_arguments_are_refused_not_wrapped():
+    """Words outside 32 bits, float indices, negative sizes and heads beyond nhead_q used to wrap,
+    truncate or come back empty."""
+    from cupy_fmha import philox as P
+
+    with pytest.raises(ValueError, match=r"counter: words must be in \[0, 2\*\*32\)"):
+        P.philox4x32([2**32, 0, 0, 0], [0, 0])
+    with pytest.raises(ValueError, match="key: words must be in"):
+        P.philox4x32([0, 0, 0, 0], [-1, 0])
+    with pytest.raises(TypeError, match="counter: expected integer words"):
+        P.philox4x32([1.7, 0, 0, 0], [0, 0])
+    with pytest.raises(ValueError, match="rounds: expected an int >= 0"):
+        P.philox4x32([0, 0, 0, 0], [0, 0], rounds=-1)
+    with pytest.raises(ValueError, match="head: expected values below 2"):
+        P.dropout_random(1, 2, 0, 2, 3, 0, 0)
+    with pytest.raises(TypeError, match="rows: expected integers"):
+        P.dropout_random(1, 2, 0, 2, 0, 1.9, 0)
+    with pytest.raises(ValueError, match="seqlen_q: expected an int >= 0"):
+        P.dropout_random_block(1, 2, 0, 2, -5, 4)
+    with pytest.raises(ValueError, match="heads: expected values below 2"):
+        P.dropout_random_block(1, 2, 0, 2, 5, 4, heads=[7])
+    with pytest.raises(TypeError, match="dropout_p: expected a number"):
+        P.keep_threshold("0.5")
