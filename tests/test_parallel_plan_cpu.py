@@ -224,3 +224,14 @@ def test_merge_refuses_mismatched_shapes():
         merge_partials([(o, lse)], layout="bhsd")
     with pytest.raises(TypeError, match=r"parts\[0\]: expected an \(o, lse\) pair"):
         merge_partials([o])
+
+
+def test_plan_arguments_are_typed():
+    with pytest.raises(TypeError, match="window: expected a Window or None"):
+        plan_rank(0, 2, 8, (9, 1))
+    with pytest.raises(TypeError, match="spec: expected a MaskSpec or None"):
+        global_window("t", 8)
+    with pytest.raises(TypeError, match="seqlen: expected an int sequence length, got 8.5"):
+        plan_rank(0, 2, 8.5, None)
+    with pytest.raises(TypeError, match="seqlen: expected an int sequence length"):
+        shard_positions(0, 2, "8")

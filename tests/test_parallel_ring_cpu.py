@@ -190,6 +190,14 @@ def test_errors_name_the_argument():
         local_ring_attention_forward(q, [x.astype(np.float32) for x in k], v)
     with pytest.raises(ValueError, match="v: 1 shards"):
         local_ring_attention_forward(q, k, v[:1])
+    # one rank's shard unlike rank 0's: named before any exchange (it was the ring's buffer error,
+    # or accepted where only q's heads differed)
+    with pytest.raises(ValueError, match="q: rank 1's shard .* differs from rank 0's"):
+        local_ring_attention_forward([q[0], np.concatenate([q[1], q[1]], axis=2), *q[2:]], k, v)
+    with pytest.raises(ValueError, match="k: rank 1's shard .* float32 differs from rank 0's"):
+        local_ring_attention_forward(q, [k[0], k[1].astype(np.float32)], v)
+    with pytest.raises(TypeError, match="bias: not an option of ring_attention_forward"):
+        local_ring_attention_forward(q, k, v, bias=np.zeros(1))
     with pytest.raises(TypeError, match="q: expected a list"):
         local_ring_attention_forward(q[0], k, v)
     with pytest.raises(TypeError, match="q: ring attention takes CuPy arrays"):

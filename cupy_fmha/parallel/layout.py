@@ -71,6 +71,8 @@ def rank_chunks(rank: int, world: int, scheme: str = "zigzag") -> tuple[int, ...
 def chunk_len(seqlen: int, world: int, scheme: str = "zigzag", name: str = "seqlen") -> int:
     """Tokens per chunk; ValueError naming ``name`` when ``seqlen`` does not split evenly."""
     n = num_chunks(world, scheme)
+    if isinstance(seqlen, (bool, np.bool_)) or not isinstance(seqlen, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int sequence length, got {seqlen!r}")
     seqlen = int(seqlen)
     if seqlen <= 0 or seqlen % n:
         raise ValueError(f"{name}: the sequence length {seqlen} must be a positive multiple of {n} "

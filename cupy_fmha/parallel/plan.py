@@ -103,6 +103,8 @@ def global_window(spec: MaskSpec | None, seqlen: int) -> Window | None:
     """The global problem's window (``seqlen_q == seqlen_k == seqlen``); None = no mask."""
     if spec is None:
         return None
+    if not isinstance(spec, MaskSpec):
+        raise TypeError(f"spec: expected a MaskSpec or None (cupy_fmha.mask.resolve_mask), got {spec!r}")
     return spec.window(int(seqlen), int(seqlen))
 
 
@@ -219,6 +221,8 @@ def plan_rank(rank: int, world: int, seqlen: int, window: Window | None, scheme:
     """
     check_world(world, rank)
     check_scheme(scheme)
+    if window is not None and not isinstance(window, Window):
+        raise TypeError(f"window: expected a Window or None (global_window), got {window!r}")
     c = chunk_len(seqlen, world, scheme)
     steps = tuple(_plan_step(int(rank), s, int(world), c, scheme, window) for s in range(int(world)))
     return RankPlan(int(rank), int(world), int(seqlen), scheme, c, window, steps)

@@ -434,6 +434,30 @@ def _shard_lists(named):
     return [x for _, x in lists]
 
 
+def _same_on_every_rank(named_lists) -> None:
+    """Every rank's shard of each tensor has rank 0's shape and dtype (the ring exchanges K/V
+    buffers of one shape, and one problem is split across the ranks)."""
+    def desc(x):
+        return tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))
+
+    for name, shards in named_lists:
+        want = desc(shards[0])
+        for r, x in enumerate(shards[1:], 1):
+            if desc(x) != want:
+                raise ValueError(f"{name}: rank {r}'s shard {desc(x)[0]} {desc(x)[1]} differs from rank 0's "
+                                 f"{want[0]} {want[1]}")
+
+
+def _check_keywords(kw, fn) -> None:
+    """``kw`` holds only ``fn``'s keyword options (not comm / timeline, which the local ring sets)."""
+    import inspect
+
+    allowed = {n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY} - {"timeline"}
+    for name in kw:
+        if name not in allowed:
+            raise TypeError(f"{name}: not an option of {fn.__name__} (expected one of {', '.join(sorted(allowed))})")
+
+
 def _timelines(timelines, n):
     if timelines is None:
         return [None] * n
@@ -461,6 +485,8 @@ def local_ring_attention_forward(q, k, v, *, ring=None, timelines=None, **kw):
         anything runs.
     """
     qs, ks, vs = _shard_lists([("q", q), ("k", k), ("v", v)])
+    _check_keywords(kw, ring_attention_forward)
+    _same_on_every_rank([("q", qs), ("k", ks), ("v", vs)])
     ring = _local_ring(ring, qs)
     tls = _timelines(timelines, len(qs))
     with ring.rank_context(0):
@@ -473,6 +499,8 @@ def local_ring_attention_backward(do, q, k, v, o, lse, *, ring=None, timelines=N
     """:func:`ring_attention_backward` for every rank of an in-process ring (lists of shards, as
     :func:`local_ring_attention_forward`). Returns a list of (dq, dk, dv), one per rank."""
     dos, qs, ks, vs, os_, lses = _shard_lists([("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)])
+    _check_keywords(kw, ring_attention_backward)
+    _same_on_every_rank([("do", dos), ("q", qs), ("k", ks), ("v", vs), ("o", os_), ("lse", lses)])
     ring = _local_ring(ring, qs)
     tls = _timelines(timelines, len(qs))
     with ring.rank_context(0):
