@@ -868,11 +868,23 @@ def _byte_view(a) -> np.ndarray:
     return np.asarray(_At())
 
 
+def _extent(a) -> tuple[int, int]:
+    """The device byte range [lo, hi) a non-empty array's elements lie in."""
+    lo = hi = int(a.data.ptr)
+    for n, st in zip(a.shape, a.strides):
+        reach = int(st) * (int(n) - 1)
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + np.dtype(a.dtype).itemsize
+
+
 def shares_memory(a, b) -> bool:
     """Whether two device arrays have an element in common, decided exactly on their addresses,
     shapes and strides (interleaved views of one buffer, e.g. dq / dk / dv of a packed [b, s, 3, h,
     d] gradient, do not); True where NumPy's solver gives up (a bounded search)."""
     if a.size == 0 or b.size == 0:
+        return False
+    (alo, ahi), (blo, bhi) = _extent(a), _extent(b)
+    if ahi <= blo or bhi <= alo:  # (separate allocations: decided here, without NumPy's solver)
         return False
     try:
         return bool(np.shares_memory(_byte_view(a), _byte_view(b), max_work=1 << 20))
@@ -924,13 +936,19 @@ def check_out(array_type, device_id: int, out, names, shapes, dtypes, inputs=())
         if _overlaps_itself(a):
             raise ValueError(f"out: {name}'s strides {tuple(a.strides)} (bytes) let elements share memory "
                              f"(a broadcast view?); pass a buffer with one address per element")
-    written = [(n, a) for n, a in zip(names, out)]
-    for i, (name, a) in enumerate(written):
-        for other, b in written[:i]:
-            if shares_memory(a, b):
-                raise ValueError(f"out: {other} and {name} share memory; pass separate buffers")
-        for other, b in inputs:
-            if isinstance(b, array_type) and shares_memory(a, b):
-                raise ValueError(f"out: {name} shares memory with the input {other}, which the kernels "
+    # byte ranges once per array; NumPy's exact solver only where two ranges meet
+    written = [(n, a, _extent(a)) for n, a in zip(names, out) if a.size]
+    read = [(n, b, _extent(b)) for n, b in inputs if isinstance(b, array_type) and b.size]
+
+    def meet(x, y):
+        return x[2][0] < y[2][1] and y[2][0] < x[2][1] and shares_memory(x[1], y[1])
+
+    for i, w in enumerate(written):
+        for other in written[:i]:
+            if meet(w, other):
+                raise ValueError(f"out: {other[0]} and {w[0]} share memory; pass separate buffers")
+        for r in read:
+            if meet(w, r):
+                raise ValueError(f"out: {w[0]} shares memory with the input {r[0]}, which the kernels "
                                  f"read while they write it; pass a separate buffer")
     return out
