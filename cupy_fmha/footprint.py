@@ -23,6 +23,8 @@ from math import prod
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = [
     "Sizes",
     "reference_host_bytes",
@@ -36,11 +38,7 @@ _MODES = ("fwd", "bwd")
 
 
 def _size(name: str, value) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name}: expected a size >= 0, got {value}")
-    return int(value)
+    return check_int(name, value, 0)
 
 
 @dataclass(frozen=True)

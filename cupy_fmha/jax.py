@@ -80,6 +80,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from . import api
 from . import launch as L
+from ._checks import check_int
 from .dbias import reduce_dbias
 from .plan import _typed, plan_backward, plan_forward
 from .mask import check_causal
@@ -563,11 +564,7 @@ def _static_max_seqlen(name: str, value) -> int:
         raise ValueError(f"{name}: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k as Python ints in group mode "
                          "(layout='thd'): cu_seqlens are device values, unknown when the function is traced, and "
                          "the max lengths fix lse's shape and the launch grid")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected a Python int (a static value in cupy_fmha.jax), got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative int, got {value}")
-    return int(value)
+    return check_int(name, value, 0, what="a Python int (a static value in cupy_fmha.jax)")
 
 
 def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), mask=None,

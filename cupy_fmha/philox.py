@@ -47,6 +47,8 @@ import numbers
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = [
     "PHILOX_M0",
     "PHILOX_M1",
@@ -128,8 +130,7 @@ def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS) -> np.ndarray:
         raise ValueError(
             f"philox4x32: counter must be [..., 4] and key [..., 2], got {c.shape} and {k.shape}"
         )
-    if isinstance(rounds, (bool, np.bool_)) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
-        raise ValueError(f"rounds: expected an int >= 0, got {rounds!r}")
+    rounds = check_int("rounds", rounds, 0)
     c = c.astype(np.uint32).astype(np.uint64)
     k = k.astype(np.uint32).astype(np.uint64)
     lead = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
@@ -179,18 +180,6 @@ def check_uint64(name: str, x) -> int:
     return x
 
 
-def _positive(name: str, x) -> int:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
-    return int(x)
-
-
-def _count(name: str, x) -> int:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {x!r}")
-    return int(x)
-
-
 def _indices(*xs):
     return np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in xs))
 
@@ -228,7 +217,7 @@ def dropout_counter_key(seed, offset, batch_index, nhead_q, head, rows, cols):
     """Philox counters [..., 4] and key [2] for the elements (batch_index, head, rows, cols)
     (integers or integer arrays, broadcast together)."""
     seed, offset = check_uint64("seed", seed), check_uint64("offset", offset)
-    nhead_q = int(_positive("nhead_q", nhead_q))
+    nhead_q = check_int("nhead_q", nhead_q, 1)
     b, h, i, j = _indices(_index("batch_index", batch_index), _index("head", head, nhead_q),
                           _index("rows", rows), _index("cols", cols))
     with np.errstate(over="ignore"):
@@ -268,11 +257,11 @@ def dropout_keep(seed, offset, batch_index, nhead_q, head, rows, cols, p) -> np.
 def dropout_random_block(seed, offset, batch_index, nhead_q, seqlen_q, seqlen_k, heads=None):
     """uint8 draws [len(heads), seqlen_q, seqlen_k] of one batch entry (one Philox call per row pair
     and call; same values as :func:`dropout_random`). ``heads`` defaults to all query heads."""
-    nhead_q = _positive("nhead_q", nhead_q)
+    nhead_q = check_int("nhead_q", nhead_q, 1)
     heads = np.arange(nhead_q) if heads is None else _index("heads", heads, nhead_q)
     if heads.ndim != 1:
         raise ValueError(f"heads: expected a 1-D list of head indices, got shape {heads.shape}")
-    seqlen_q, seqlen_k = _count("seqlen_q", seqlen_q), _count("seqlen_k", seqlen_k)
+    seqlen_q, seqlen_k = check_int("seqlen_q", seqlen_q, 0), check_int("seqlen_k", seqlen_k, 0)
     na = -(-int(seqlen_q) // 16)  # 16-row tiles
     ns = -(-int(seqlen_k) // SPAN_KEYS)  # 32-key spans
     h = heads[:, None, None, None, None]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch as L
+from ._checks import check_int
 from .spec import (BwdSpecs, KernelSpec, bwd_specs, fwd_spec, tuning_key, use_bwd_ws_diagonal, use_fwd_ws_short, use_heads_x,
                    use_wg_skip)
 from .validate import (
@@ -343,15 +344,9 @@ def _check_sizes_args(a: dict) -> tuple[str, bool]:
 
     Raises:
         TypeError, ValueError: naming the argument."""
-    for name, least in (("batch", 1), ("nhead_q", 1), ("seqlen_q", 0), ("seqlen_k", 0), ("nhead_k", 1), ("cc", 0)):
-        v = a[name]
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {v!r}")
-        if v < least:
-            raise ValueError(f"{name}: expected an int >= {least}, got {v!r}")
-    for name in ("hdim_q", "hdim_v"):
-        if isinstance(a[name], (bool, np.bool_)) or not isinstance(a[name], (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {a[name]!r}")
+    for name, least in (("batch", 1), ("nhead_q", 1), ("seqlen_q", 0), ("seqlen_k", 0), ("nhead_k", 1), ("cc", 0),
+                        ("hdim_q", None), ("hdim_v", None)):
+        check_int(name, a[name], least)
     _check_head_dims(int(a["hdim_q"]), int(a["hdim_v"]), ("hdim_q", "hdim_v"))
     if a["nhead_q"] % a["nhead_k"]:
         raise ValueError(f"nhead_k: {a['nhead_k']} must divide nhead_q={a['nhead_q']} (GQA/MQA)")

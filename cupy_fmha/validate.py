@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import check_int
 from .mask import MaskSpec, Window, resolve_mask
 from .philox import check_uint64, keep_scale, keep_threshold
 
@@ -614,9 +615,7 @@ def _check_max_seqlen(name: str, value, lengths) -> int:
     longest = max(lengths) if lengths else 0
     if value is None:
         return longest
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int or None, got {value!r}")
-    value = int(value)
+    value = check_int(name, value, what="an int or None")
     if value < longest:
         raise ValueError(f"{name}: {value} is less than the longest sequence ({longest})")
     return value

@@ -139,10 +139,10 @@ def test_sizes_are_non_negative_ints():
     """A negative size gave a negative estimate, which passes any memory limit; floats gave float bytes."""
     from cupy_fmha.footprint import Sizes
 
-    with pytest.raises(ValueError, match="batch: expected a size >= 0, got -2"):
+    with pytest.raises(ValueError, match="batch: expected an int >= 0, got -2"):
         Sizes(-2, 16, 16, 1024, 1024, 128, 128)
     with pytest.raises(TypeError, match="hdim_q: expected an int, got 2.5"):
         Sizes(2, 16, 16, 1024, 1024, 2.5, 128)
-    with pytest.raises(ValueError, match=r"seqlens_q\[1\]: expected a size >= 0, got -3"):
+    with pytest.raises(ValueError, match=r"seqlens_q\[1\]: expected an int >= 0, got -3"):
         Sizes.group([5, -3], [5, 3], 2, 2, 64, 64)
     assert type(Sizes(np.int64(2), 16, 16, 1024, 1024, 128, 128).batch) is int

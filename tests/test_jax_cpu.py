@@ -159,7 +159,7 @@ def test_group_mode_empty_sequences_and_zero_max_fit():
     (dict(layout="thd", max_seqlen_k=40), ValueError, "max_seqlen_q: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k"),
     (dict(layout="thd", max_seqlen_q=30), ValueError, "max_seqlen_k: cupy_fmha.jax needs"),
     (dict(layout="thd", max_seqlen_q=30.0, max_seqlen_k=40), TypeError, "max_seqlen_q: expected a Python int"),
-    (dict(layout="thd", max_seqlen_q=-1, max_seqlen_k=40), ValueError, "max_seqlen_q: expected a non-negative"),
+    (dict(layout="thd", max_seqlen_q=-1, max_seqlen_k=40), ValueError, r"max_seqlen_q: expected a Python int \(a static value in cupy_fmha.jax\) >= 0, got -1"),
     (dict(layout="thd", max_seqlen_q=16, max_seqlen_k=40), ValueError,
      "cu_seqlens_q: 50 packed tokens .q's first dimension. cannot be 3 sequences of at most max_seqlen=16"),
     (dict(layout="thd", max_seqlen_q=30, max_seqlen_k=20), ValueError, "cu_seqlens_k: 70 packed tokens"),

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_int
+
 __all__ = ["SCHEMES", "check_scheme", "chunks_per_rank", "num_chunks", "rank_chunks", "chunk_len",
            "shard_positions", "shard", "unshard"]
 
@@ -38,16 +40,11 @@ def check_scheme(scheme) -> str:
 def check_world(world, rank=None) -> int:
     """``world`` as an int >= 1 (and ``0 <= rank < world`` when given), else ValueError/TypeError
     naming the argument."""
-    if isinstance(world, bool) or not isinstance(world, (int, np.integer)):
-        raise TypeError(f"world_size: expected an int, got {world!r}")
-    if world < 1:
-        raise ValueError(f"world_size: expected at least 1, got {world}")
+    world = check_int("world_size", world, 1)
     if rank is not None:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise TypeError(f"rank: expected an int, got {rank!r}")
-        if not 0 <= rank < world:
+        if not 0 <= check_int("rank", rank) < world:
             raise ValueError(f"rank: expected 0 <= rank < world_size = {world}, got {rank}")
-    return int(world)
+    return world
 
 
 def chunks_per_rank(scheme: str) -> int:
@@ -71,9 +68,7 @@ def rank_chunks(rank: int, world: int, scheme: str = "zigzag") -> tuple[int, ...
 def chunk_len(seqlen: int, world: int, scheme: str = "zigzag", name: str = "seqlen") -> int:
     """Tokens per chunk; ValueError naming ``name`` when ``seqlen`` does not split evenly."""
     n = num_chunks(world, scheme)
-    if isinstance(seqlen, (bool, np.bool_)) or not isinstance(seqlen, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int sequence length, got {seqlen!r}")
-    seqlen = int(seqlen)
+    seqlen = check_int(name, seqlen, what="an int sequence length")
     if seqlen <= 0 or seqlen % n:
         raise ValueError(f"{name}: the sequence length {seqlen} must be a positive multiple of {n} "
                          f"({scheme} scheme over {world} ranks: {n} equal chunks); pad the sequence")
@@ -104,11 +99,10 @@ def _check_axis(axis, x, name: str) -> int:
         TypeError: ``x`` is not an array, ``axis`` not an int; ValueError: ``axis`` out of range."""
     if not all(hasattr(x, a) for a in ("shape", "ndim")):
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"axis: expected an int, got {axis!r}")
+    axis = check_int("axis", axis)
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis: {axis} is out of range for {name} of rank {x.ndim} (shape {tuple(x.shape)})")
-    return int(axis) % x.ndim
+    return axis % x.ndim
 
 
 def _take(x, start: int, stop: int, axis: int):

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from .._checks import check_int
 from .comm import NcclRing, nccl_unique_id
 from ..mask import check_causal, resolve_mask
 from ..validate import _check_head_dims
@@ -99,11 +100,7 @@ def launch(fn, nproc: int, args=(), *, devices=None, timeout: float | None = Non
     """
     import multiprocessing as mp
 
-    if isinstance(nproc, bool) or not isinstance(nproc, (int, np.integer)):
-        raise TypeError(f"nproc: expected an int, got {nproc!r}")
-    nproc = int(nproc)
-    if nproc < 1:
-        raise ValueError(f"nproc: expected at least 1, got {nproc}")
+    nproc = check_int("nproc", nproc, 1)
     if devices is None:
         devices = list(range(nproc))
     else:
@@ -191,12 +188,11 @@ class RunConfig:
         """Checks that need no GPU (the options the ranks' attention calls would refuse among them);
         ValueError naming the option."""
         for name in ("seqlen", "batch", "nhead", "hdim", "repeat", "warmup", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise ValueError(f"--{name}: expected an integer, got {v!r}")
-        for name in ("seqlen", "batch", "nhead", "hdim", "repeat"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"--{name}: expected a positive integer, got {getattr(self, name)}")
+            try:
+                check_int(f"--{name}", getattr(self, name), 1 if name in ("seqlen", "batch", "nhead", "hdim", "repeat")
+                          else None, what="an integer")
+            except TypeError as exc:
+                raise ValueError(str(exc)) from None
         try:
             _check_head_dims(self.hdim, self.hdim, ("--hdim", "--hdim"))
             check_causal(self.causal)
