@@ -44,9 +44,13 @@ def visible_pairs(mask_spec: MaskSpec | Window | str | None, seqlen_q: int, seql
     win = _window(mask_spec, seqlen_q, seqlen_k)
     if win is None:
         return seqlen_q * seqlen_k
+    # a window side beyond the sequences is the same as one just past them; clamped, int64 cannot
+    # overflow for any size (windows up to SIZE_MAX = 2**62 reach here)
+    x = min(max(int(win.x), -(seqlen_q + 1)), seqlen_k + 1)
+    y = min(max(int(win.y), -(seqlen_k + 1)), seqlen_q + 1)
     i = np.arange(seqlen_q, dtype=np.int64)
-    lo = np.maximum(i - (int(win.y) - 1), 0)
-    hi = np.minimum(i + int(win.x), seqlen_k)
+    lo = np.maximum(i - (y - 1), 0)
+    hi = np.minimum(i + x, seqlen_k)
     return int(np.maximum(hi - lo, 0).sum())
 
 

@@ -35,6 +35,22 @@ def test_visible_pairs_strings(text):
         assert visible_pairs(text, sq, sk) == int(dense_mask(parse_mask(text), sq, sk).sum())
 
 
+@settings(max_examples=300, deadline=None)
+@given(y=st.integers(-80, 80), x=st.integers(-80, 80), sq=st.integers(0, 30), sk=st.integers(0, 30),
+       far=st.sampled_from([0, 2**62, 2**80]))
+def test_visible_pairs_huge_windows(y, x, sq, sk, far):
+    """Window sides far beyond the sequences (MaskSpec allows up to 2**62; a Window any int) count
+    like ones just past them: the int64 sums used to overflow into nonsense."""
+    from cupy_fmha.mask import Window
+
+    def grow(n):
+        return n if abs(n) <= 40 or not far else (far if n > 0 else -far)
+
+    y2, x2 = grow(y), grow(x)
+    want = sum(1 for i in range(sq) for j in range(sk) if i - y2 + 1 <= j < i + x2)
+    assert visible_pairs(Window(y2, x2), sq, sk) == want
+
+
 def test_visible_pairs_fast_for_million_rows():
     t = time.perf_counter()
     n = visible_pairs(parse_mask("b:4096,0"), 1 << 20, 1 << 20)
