@@ -190,11 +190,12 @@ def _broadcast(a) -> bool:
 
 
 def _prep(cp, name: str, a, tma: bool = False):
-    """``a`` on the device as the kernels read it: a copy where its last stride is not 1, its rows
-    are not 16-byte aligned, or (``tma``: the kernel reads it through tensor maps) it is a
-    broadcast view; else ``a`` itself."""
+    """``a`` on the device as the kernels read it: a copy where its last stride is not 1, a stride
+    is negative (a reversed view), its rows are not 16-byte aligned, or (``tma``: the kernel reads
+    it through tensor maps) it is a broadcast view; else ``a`` itself."""
     a = _to_device(cp, name, a)
-    if a.strides[-1] != a.itemsize or not _aligned(a) or (tma and _broadcast(a)):
+    if (a.strides[-1] != a.itemsize or any(int(s) < 0 for s in a.strides) or not _aligned(a)
+            or (tma and _broadcast(a))):
         a = cp.ascontiguousarray(a)  # a copy; the caller's array is untouched
         if not _aligned(a):  # e.g. an odd-sized leading view: pad-free copy fixes alignment
             a = a.copy()

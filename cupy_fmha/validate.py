@@ -196,10 +196,7 @@ def _check_strides(name: str, a) -> None:
     shape = tuple(int(n) for n in a.shape)
     if 0 in shape:  # an empty array (group mode: every sequence empty) addresses nothing
         return
-    if any(s < 0 for s in strides):
-        raise ValueError(
-            f"{name}: negative strides are not supported (strides {strides} bytes); pass a copy"
-        )
+    # negative strides are fine: the API copies such an input before the kernels read it
     if any(s % itemsize for s in strides):
         raise ValueError(
             f"{name}: strides {strides} bytes are not multiples of the element size {itemsize}; "
@@ -239,7 +236,7 @@ def require_lse(lse) -> None:
 
 
 def _check_layout_and_devices(named, also_on_device=()) -> None:
-    """Unit last stride and non-negative strides for each (name, array); one device for all."""
+    """Unit last stride and strides in whole elements for each (name, array); one device for all."""
     for name, a in named:
         _check_strides(name, a)
     _check_devices(list(named) + list(also_on_device))
@@ -433,7 +430,7 @@ def check_forward_inputs(
         TypeError: not an array, wrong/mixed dtype, uint16 without ``dtype="bfloat16"``,
             non-number ``softmax_scale``, non-bool ``causal``.
         ValueError: bad layout, rank, shape mismatch, zero-size dimension, head dim not a multiple
-            of 8 in [8, 256], ``nhead_q % nhead_k != 0``, non-unit last stride, negative strides,
+            of 8 in [8, 256], ``nhead_q % nhead_k != 0``, non-unit last stride,
             arrays on different GPUs, bad ``softmax_scale``, bad or empty mask/window.
     """
     return _problem(
@@ -932,6 +929,9 @@ def check_out(array_type, device_id: int, out, names, shapes, dtypes, inputs=())
         elif a.strides[-1] != a.itemsize or a.data.ptr % 16 or any(
                 (s // a.itemsize) % 8 for s in a.strides[:-1]):
             raise ValueError(f"out: {name} needs a unit last stride and 16-byte aligned rows")
+        if any(s < 0 for s in a.strides):  # the TMA stores take positive strides only
+            raise ValueError(f"out: {name} has negative strides {tuple(a.strides)} (bytes); pass a buffer "
+                             "with non-negative strides")
         if _overlaps_itself(a):
             raise ValueError(f"out: {name}'s strides {tuple(a.strides)} (bytes) let elements share memory "
                              f"(a broadcast view?); pass a buffer with one address per element")

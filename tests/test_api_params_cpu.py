@@ -912,3 +912,32 @@ def test_broadcast_inputs(rec):
     lse = _on_device(np.zeros((2, 4, 37), np.float32))
     g = cupy_fmha.attention_backward(do, q, k, v, do, lse, bias=bias, return_dbias=True)
     assert g.dbias.shape == (37, 53) and any(x["spec"].source.startswith("fmha_bwd_dq_dk_dv") for x in rec.launches)
+
+
+def test_reversed_inputs_are_copied_and_reversed_outputs_refused(rec):
+    """A reversed view (negative stride) of q / k / v / o / do is copied before the kernels read it
+    (it used to be refused with "pass a copy", although NumPy inputs are copied anyway); an ``out=``
+    buffer with a negative stride is refused by name before any launch (TMA stores take positive
+    strides only)."""
+    q, k, v, do = (_on_device(x) for x in _inputs("bshd", sk=37, hk=4))
+    k_rev = _fake(_on_device(np.ascontiguousarray(k[:, ::-1]))[:, ::-1])  # equal to k, strides negative
+    assert k_rev.strides[1] < 0 and np.array_equal(k_rev, k)
+    cupy_fmha.attention_forward(q, k_rev, v)
+    (f,) = rec.launches
+    assert f["args"]["k"] is not k_rev and np.array_equal(f["args"]["k"], k) and f["args"]["k_ss"] > 0
+    rec.launches.clear()
+    o, lse = cupy_fmha.attention_forward(q, k, v)
+    rec.launches.clear()
+    o_rev = _fake(_on_device(np.ascontiguousarray(o[:, :, ::-1]))[:, :, ::-1])
+    cupy_fmha.attention_backward(do, q, k, v, o_rev, lse)
+    assert rec.launches and all(x["args"].get("o") is not o_rev for x in rec.launches)
+    rec.launches.clear()
+    buf = _on_device(np.full(q.shape, np.nan, np.float16))
+    lse_buf = _on_device(np.zeros(lse.shape, np.float32))
+    with pytest.raises(ValueError, match=r"out: o has negative strides"):
+        cupy_fmha.attention_forward(q, k, v, out=(_fake(buf[:, ::-1]), lse_buf))
+    with pytest.raises(ValueError, match=r"out: dv has negative strides"):
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, out=(_on_device(np.zeros(q.shape, np.float16)),
+                                                            _on_device(np.zeros(k.shape, np.float16)),
+                                                            _fake(_on_device(np.zeros(v.shape, np.float16))[:, :, ::-1])))
+    assert not rec.launches and np.isnan(buf).all()
