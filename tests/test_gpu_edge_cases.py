@@ -173,6 +173,23 @@ def test_broadcast_kv_views(d, kw):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["none", "causal"])
+def test_reversed_views(d, kw):
+    """q reversed along the sequence, k along the heads and do along the batch, as negative-stride
+    views (the API copies them before the kernels read them), against the reference on the same
+    values."""
+    inp = Inputs(F16, "bshd", 2, 190, 150, 4, 2, d, d, seed_for("edge-reversed", d, str(kw)))
+    dev = dict(inp.dev)
+    for name, axis in (("q", 1), ("k", 2), ("do", 0)):
+        idx = tuple(slice(None, None, -1) if i == axis else slice(None) for i in range(4))
+        dev[name] = inp.dev[name][idx]
+        inp.host[name] = np.ascontiguousarray(inp.host[name][idx])
+        assert dev[name].strides[axis] < 0
+    o, lse, g = run(inp, kw, dev=dev)
+    check(inp, o, lse, g, kw)
+
+
+@pytest.mark.parametrize("d", [64, 128])
 def test_bias_broadcast_along_keys_by_zero_stride(d):
     """A [b, h, sq, sk] bias whose key stride is 0 is a bias broadcast along the keys: the same
     results as the reference with that bias materialized, dbias in the view's full shape."""
