@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-import numpy as np
-
 from ._checks import check_int
 
 __all__ = [
