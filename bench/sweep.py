@@ -672,10 +672,11 @@ def main(
     if modes is None:
         raise typer.BadParameter("--mode: fwd, bwd or both")
 
-    try:
-        import cupy  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        con.print(f"[red]the sweep needs CuPy and a GPU: {_err(exc)}[/]")
+    from cupy_fmha import device
+
+    why = device.gpu_problem()
+    if why:  # before any file is written: every point would fail
+        con.print(f"[red]the sweep needs CuPy and a CUDA GPU: {why}[/]")
         raise typer.Exit(2)
 
     ours = None
@@ -761,6 +762,10 @@ def main(
         pngs = []
         con.print(f"[yellow]plot failed: {_err(exc)}[/]")
     con.print(f"wrote {json_path}" + "".join(f", {x}" for x in pngs) + f" in {meta['elapsed_s']:.0f} s")
+    failed = sum("error" in r for r in records)
+    if records and failed == len(records):
+        con.print(f"[red]every point failed ({failed})[/]")
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ that block starts in the full problem, so the reference draws exactly the full p
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -56,6 +57,16 @@ def _gpu_possible() -> bool:
     return any(os.path.exists(p) for p in _GPU_NODES)
 
 
+def _why_no_gpu() -> str | None:
+    """The reason for the ``--backend cupy`` refusal, cheapest check first (importing CuPy takes
+    seconds)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed; install cupy-fmha[cuda13] (or [cuda12])"
+    if not _gpu_possible():
+        return "no GPU device node on this machine"
+    return device.gpu_problem()
+
+
 def gpu_usable() -> bool:
     return _gpu_possible() and device.gpu_available()
 
@@ -63,8 +74,9 @@ def gpu_usable() -> bool:
 def pick_backend(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its backend resolved: ``auto`` -> cupy when a GPU is usable, else numpy."""
     if cfg.backend == "cupy" and not gpu_usable():
-        raise UsageProblem("--backend cupy: no usable CUDA GPU was found; use --backend numpy "
-                           "(or auto)")
+        why = _why_no_gpu()
+        raise UsageProblem(f"--backend cupy: no usable CUDA GPU was found{f' ({why})' if why else ''}; "
+                           "use --backend numpy (or auto)")
     if cfg.backend == "auto":
         return with_backend(cfg, "cupy" if gpu_usable() else "numpy")
     if cfg.backend not in ("cupy", "numpy"):

@@ -10,31 +10,45 @@ import functools
 import os
 import platform
 
-__all__ = ["gpu_available", "describe"]
+__all__ = ["gpu_available", "gpu_problem", "describe"]
 
 
 @functools.lru_cache(maxsize=1)
-def gpu_available() -> bool:
-    """True when CuPy imports, sees at least one CUDA device, and a tiny allocation and kernel
-    run on it. Never raises; the answer is cached for the life of the process.
+def gpu_problem() -> str | None:
+    """Why this process cannot use a GPU, in a few words (``None`` when it can: CuPy imports, sees
+    at least one CUDA device, and a tiny allocation and kernel run on it). Never raises; the answer
+    is cached for the life of the process.
 
-    Setting the environment variable ``CUPY_FMHA_NO_GPU=1`` forces ``False`` (useful to run the
-    NumPy backend on a machine that has a GPU).
+    The reasons: ``CUPY_FMHA_NO_GPU`` is set (``=1`` forces the answer, useful to run the NumPy
+    backend on a machine that has a GPU); CuPy is not importable (with the install hint); no NVIDIA
+    driver or CUDA device; or the CUDA runtime's own error.
     """
     if os.environ.get("CUPY_FMHA_NO_GPU", "").strip() not in ("", "0"):
-        return False
+        return "CUPY_FMHA_NO_GPU is set"
     try:
         import cupy
-
+    except Exception as exc:  # noqa: BLE001 - missing, or a broken install
+        return f"CuPy is not importable ({type(exc).__name__}); install cupy-fmha[cuda13] (or [cuda12])"
+    try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
-            return False
+            return "no CUDA device found"
         a = cupy.arange(4, dtype=cupy.float32)
         a += 1
         ok = float(a.sum()) == 10.0
         cupy.cuda.Device().synchronize()
-        return ok
-    except Exception:  # noqa: BLE001 - any failure means "no usable GPU"
-        return False
+    except Exception as exc:  # noqa: BLE001 - CUDA runtime errors of every kind
+        text = str(exc)
+        # without an NVIDIA driver the runtime answers "insufficient driver": not a hint to
+        # upgrade one, there is none
+        if "InsufficientDriver" in text or "NoDevice" in text:
+            return "no NVIDIA driver or CUDA device found"
+        return f"{type(exc).__name__}: {text}"
+    return None if ok else "a test kernel on the device gave a wrong sum"
+
+
+def gpu_available() -> bool:
+    """True when :func:`gpu_problem` finds none. Never raises; cached with it."""
+    return gpu_problem() is None
 
 
 def _try(fn, default=None):
@@ -134,5 +148,5 @@ def describe() -> dict:
         smem = props.get("sharedMemPerBlockOptin")
         info["max_shared_mem_per_block_kib"] = smem // 1024 if smem else None
     elif "note" not in info:
-        info["note"] = "no usable CUDA GPU found; only the numpy backend works"
+        info["note"] = f"no usable CUDA GPU found ({gpu_problem() or 'gpu_available() is False'}); only the numpy backend works"
     return info

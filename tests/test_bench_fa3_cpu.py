@@ -108,3 +108,17 @@ def test_sweep_run_fa3_reports_a_missing_peer():
     if doc.get("available"):
         pytest.skip("the peer is installed here")
     assert doc["available"] is False and doc["error"]
+
+
+def test_sweep_without_a_gpu_stops_before_writing(tmp_path, monkeypatch):
+    # every point would fail: the sweep says why and exits 2, leaving no JSON behind (it used to
+    # print one CUDA error per point, write the file and exit 0)
+    from typer.testing import CliRunner
+
+    from cupy_fmha import device
+
+    monkeypatch.setattr(device, "gpu_problem", lambda: "no NVIDIA driver or CUDA device found")
+    res = CliRunner().invoke(sweep.app, ["--quick", "--out-dir", str(tmp_path), "--peers", ""])
+    assert res.exit_code == 2, res.output
+    assert "the sweep needs CuPy and a CUDA GPU: no NVIDIA driver" in res.output
+    assert list(tmp_path.iterdir()) == []

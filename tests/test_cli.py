@@ -782,6 +782,26 @@ def test_no_gpu_notice_is_plain(no_gpu):
     assert "driver" not in res.stderr.lower()
 
 
+def test_backend_cupy_without_cupy_says_so(no_gpu, monkeypatch):
+    # a plain `pip install -e .` has no CuPy: the refusal names that and the extra to install, not
+    # a missing GPU
+    real = run.importlib.util.find_spec
+    monkeypatch.setattr(run.importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
+    res = invoke("fwd", "-b", 1, "--nhead", 1, "-s", 16, "-d", 8, "--backend", "cupy")
+    assert_usage_error(res, "--backend cupy: no usable CUDA GPU was found (CuPy is not installed; "
+                            "install cupy-fmha[cuda13]")
+
+
+def test_gpu_problem_names_the_switch(monkeypatch):
+    monkeypatch.setenv("CUPY_FMHA_NO_GPU", "1")
+    device.gpu_problem.cache_clear()
+    try:
+        assert device.gpu_problem() == "CUPY_FMHA_NO_GPU is set" and device.gpu_available() is False
+    finally:
+        monkeypatch.delenv("CUPY_FMHA_NO_GPU")
+        device.gpu_problem.cache_clear()
+
+
 def test_refusal_imports_neither_cupy_nor_ml_dtypes():
     # importing CuPy or ml_dtypes takes seconds each on a small machine: the up-front refusal of
     # a too-big numpy run must not need them
