@@ -559,6 +559,29 @@ def _dropout_words(dropout_key):
     return jax.random.bits(dropout_key, (4,), jnp.uint32)
 
 
+#: JAX's platform names for the devices the callbacks run on
+_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _check_on_gpu(name: str, x) -> None:
+    """An eager call with an array on another device (JAX's CPU backend) is refused by name here:
+    run, the callback would fail inside XLA with a long wrapped traceback. Traced values (jit,
+    grad, vmap, eval_shape) have no device yet and pass; a jitted program placed on the CPU still
+    fails in the callback, with this library's "no usable CUDA GPU" message last."""
+    tracer = getattr(jax.core, "Tracer", None)
+    if tracer is not None and isinstance(x, tracer):
+        return
+    try:
+        platforms = {d.platform for d in x.devices()}
+    except Exception:  # noqa: BLE001 - not a placed jax.Array (a tracer of another kind, NumPy)
+        return
+    other = sorted(platforms - _GPU_PLATFORMS)
+    if other:
+        raise RuntimeError(f"{name}: on JAX's {other[0]} device; cupy_fmha.jax runs its kernels on a CUDA GPU "
+                           "(JAX with CUDA, jax[cuda13]); on the CPU use jax.nn.dot_product_attention or "
+                           "cupy_fmha.reference")
+
+
 def _static_max_seqlen(name: str, value) -> int:
     if value is None:
         raise ValueError(f"{name}: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k as Python ints in group mode "
@@ -593,6 +616,7 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not all(hasattr(x, a) for a in ("shape", "dtype")):
             raise TypeError(f"{name}: expected a JAX array, got {type(x).__module__}.{type(x).__name__}")
+        _check_on_gpu(name, x)
     for name, x in (("alibi_slopes", alibi_slopes), ("bias", bias)):
         # (jnp.asarray would turn float64 into float32 where x64 is off; attention_forward refuses it)
         if x is not None and np.dtype(getattr(x, "dtype", np.float32)) == np.float64:

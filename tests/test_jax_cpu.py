@@ -338,3 +338,16 @@ def test_run_time_plan_from_standin_offsets_matches_the_trace(cc):
     bad = dict(real, cu_seqlens_q=np.array([0, 31, 31, 50], np.int32))  # a sequence above max_seqlen_q
     with pytest.raises(ValueError, match="max_seqlen_q: 30 is less than the longest sequence"):
         plan_forward(q, k, v, cc=lambda: cc, return_dropout_mask=False, **fj._runtime_kw(opts, bad, offsets))
+
+
+def test_eager_call_on_cpu_arrays_is_refused_by_name():
+    # run, the callback would fail inside XLA with a long wrapped traceback; the eager call says
+    # which argument sits where before anything is traced
+    cpu = jax.devices("cpu")[0]
+    q = jax.device_put(jnp.ones((1, 16, 2, 64), jnp.bfloat16), cpu)
+    with pytest.raises(RuntimeError, match="q: on JAX's cpu device; cupy_fmha.jax runs its kernels on a CUDA GPU"):
+        attention(q, q, q, causal=True)
+    with pytest.raises(RuntimeError, match="k: on JAX's cpu device"):
+        attention_with_lse(np.ones((1, 16, 2, 64), np.float16), q, q)  # (a NumPy q has no device)
+    # traced values have no device yet: tracing on the CPU still works
+    assert jax.eval_shape(lambda q: attention(q, q, q), q).shape == q.shape
