@@ -114,8 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- plot mode
 
 
-def plot(paths: list[Path], png: Path) -> None:
-    """Loss curves of the runs into ``png``; step-time table on stdout (no JAX needed)."""
+def plot(paths: list[Path], png: Path) -> int:
+    """Loss curves of the runs into ``png``; step-time table on stdout (no JAX needed). Returns the
+    exit status: 2 (and no PNG) without matplotlib, after the table."""
     runs = [json.loads(p.read_text()) for p in paths]
     base = runs[0]["median_step_s"]
     print(f"{'run':<32} {'attention':<14} {'median ms':>10} {'p10-p90 ms':>15} {'tok/s':>10} "
@@ -131,8 +132,12 @@ def plot(paths: list[Path], png: Path) -> None:
         n = min(len(first), len(r["losses"]))
         diff = max(abs(a - b) for a, b in zip(first[:n], r["losses"][:n]))
         print(f"max |loss difference| {paths[0].name} vs {p.name} over {n} steps: {diff:.4f}")
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"--plot: drawing {png} needs matplotlib (pip install matplotlib, or cupy-fmha's bench extra); "
+              "the table above does not", file=sys.stderr)
+        return 2
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -153,6 +158,7 @@ def plot(paths: list[Path], png: Path) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     print(f"wrote {png}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- data
@@ -438,7 +444,7 @@ def train(args) -> dict:
         import cupy_fmha
 
         res.update(cupy_version=cupy.__version__, cupy_fmha_version=cupy_fmha.__version__)
-    print(f"median step {1e3 * med:.3f} ms over {len(timed)} steps after {args.warmup} warm-up "
+    print(f"median step {1e3 * med:.3f} ms over {len(timed)} steps after {len(times) - len(timed)} warm-up "
           f"({res['tokens_per_s']:.0f} tokens/s); final train loss {losses[-1]:.4f}; eval loss "
           + ("not run" if eval_loss is None else f"{eval_loss:.4f}"))
     return res
@@ -447,8 +453,7 @@ def train(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.plot is not None:
-        plot(args.plot, args.png)
-        return 0
+        return plot(args.plot, args.png)
     res = train(args)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
