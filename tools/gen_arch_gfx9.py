@@ -4,6 +4,7 @@ tests/test_gfx9_layout.py reads), so the C++ layer and the model cannot drift ap
 
     python tools/gen_arch_gfx9.py            # rewrite the header
     python tools/gen_arch_gfx9.py --check    # exit 1 if the header differs
+    python tools/gen_arch_gfx9.py --out PATH # write elsewhere
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import _gen  # noqa: E402  (tools/_gen.py: the generators' shared command line)
 from cupy_fmha.backends.gfx9_layout import LAYOUTS, TR16, WAVE  # noqa: E402
 
 HEADER = ROOT / "kernels" / "arch" / "gfx9" / "layout.cuh"
@@ -83,15 +85,8 @@ inline constexpr int WAVE_LANES = {WAVE};
 """
 
 
-def main() -> int:
-    text = render()
-    if "--check" in sys.argv:
-        same = HEADER.is_file() and HEADER.read_text() == text
-        print("up to date" if same else f"{HEADER} differs from the table: run tools/gen_arch_gfx9.py")
-        return 0 if same else 1
-    HEADER.write_text(text)
-    print(f"wrote {HEADER}")
-    return 0
+def main(argv=None) -> int:
+    return _gen.main(__doc__, HEADER, render, argv)
 
 
 if __name__ == "__main__":

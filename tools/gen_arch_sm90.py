@@ -7,11 +7,15 @@ copies, named barriers; tile.cuh: the blocked tile layout) is hand-written.
 tests/test_gen_arch.py checks that the generated file in the tree is this script's output, byte for
 byte.
 
-Run: python tools/gen_arch_sm90.py [--out PATH]   (default: the file in the tree)
+Run: python tools/gen_arch_sm90.py [--out PATH] [--check]   (default: the file in the tree; --check writes
+nothing and exits 1 if it differs)
 """
 
-import argparse
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _gen  # noqa: E402  (tools/_gen.py: the generators' shared command line)
 
 NS = (32, 64, 80, 96, 112, 128, 176, 192, 256)
 
@@ -123,13 +127,9 @@ def generate() -> str:
     return HEAD + "".join(ss(n) + rs(n) for n in NS) + dispatch() + "\n}  // namespace fmha\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=TARGET, help="where to write (default: %(default)s)")
-    path = ap.parse_args().out
-    path.write_text(generate())
-    print(f"wrote {path}")
+def main(argv=None) -> int:
+    return _gen.main(__doc__, TARGET, generate, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
