@@ -161,7 +161,8 @@ class _OneLineErrors(TyperGroup):
         except _ClickException as e:
             if not standalone_mode:
                 raise
-            _err(e.format_message())
+            # (Typer's option validation goes through pydantic, whose messages start "Value error, ")
+            _err(e.format_message().replace("Value error, ", ""))
             sys.exit(e.exit_code)
         except _Abort:
             if not standalone_mode:

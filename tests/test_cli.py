@@ -782,6 +782,12 @@ def test_no_gpu_notice_is_plain(no_gpu):
     assert "driver" not in res.stderr.lower()
 
 
+def test_bad_choice_message_is_plain():
+    res = invoke("bwd", "--dtype", "fp32")
+    assert_usage_error(res, "--dtype", "'fp32'")
+    assert "Value error" not in res.stderr
+
+
 def test_backend_cupy_without_cupy_says_so(no_gpu, monkeypatch):
     # a plain `pip install -e .` has no CuPy: the refusal names that and the extra to install, not
     # a missing GPU
