@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import device
 from . import launch as L
 from . import params as P
 from .compile import get_function
@@ -96,13 +97,7 @@ def _cupy():
             n = cupy.cuda.runtime.getDeviceCount()
             _GPU_ERROR.append("" if n > 0 else "no CUDA device found")
         except Exception as exc:  # noqa: BLE001 - CUDA runtime errors of every kind
-            text = str(exc)
-            # without an NVIDIA driver the runtime answers "insufficient driver": not a hint to
-            # upgrade one, there is none
-            if "InsufficientDriver" in text or "NoDevice" in text:
-                _GPU_ERROR.append("no NVIDIA driver or CUDA device found")
-            else:
-                _GPU_ERROR.append(f"{type(exc).__name__}: {text}")
+            _GPU_ERROR.append(device.runtime_problem(exc))
     if _GPU_ERROR[0]:
         raise RuntimeError(f"cupy_fmha: no usable CUDA GPU ({_GPU_ERROR[0]}); "
                            "cupy_fmha.reference runs the same functions on the CPU")

@@ -37,13 +37,17 @@ def gpu_problem() -> str | None:
         ok = float(a.sum()) == 10.0
         cupy.cuda.Device().synchronize()
     except Exception as exc:  # noqa: BLE001 - CUDA runtime errors of every kind
-        text = str(exc)
-        # without an NVIDIA driver the runtime answers "insufficient driver": not a hint to
-        # upgrade one, there is none
-        if "InsufficientDriver" in text or "NoDevice" in text:
-            return "no NVIDIA driver or CUDA device found"
-        return f"{type(exc).__name__}: {text}"
+        return runtime_problem(exc)
     return None if ok else "a test kernel on the device gave a wrong sum"
+
+
+def runtime_problem(exc: BaseException) -> str:
+    """A CUDA runtime error as a reason for having no GPU. Without an NVIDIA driver the runtime
+    answers "insufficient driver": not a hint to upgrade one, there is none."""
+    text = str(exc)
+    if "InsufficientDriver" in text or "NoDevice" in text:
+        return "no NVIDIA driver or CUDA device found"
+    return f"{type(exc).__name__}: {text}"
 
 
 def gpu_available() -> bool:
