@@ -9,7 +9,7 @@
 # H100 with the GPU idle (0-1 % in every sample) and all 16 cores busy (run queue 60-210): the suite is CPU-bound.
 # cupy_fmha.compile now lets one worker compile a kernel the others need at the same time (a file lock); the
 # threads sample below says which threads hold the cores, the cache count how many kernels were compiled.
-# THEN="parts" runs bench/probe/s32_gpu.sh's parts in the time the suite leaves (until 590 s), their files packed
+# THEN="parts" runs bench/probe/s32_gpu.sh's parts in the time the suite leaves (until END s, default 590: less on a call with a shorter limit), their files packed
 # into $OUT/then.tar.gz (a call brings back 8 files); e.g. on an H200, carrying .whl:
 #   THEN="fwd128 fwd64 fwd256 features fa3" bash bench/probe/suite_all_gpu.sh
 #   bash bench/probe/suite_all_gpu.sh      (one device call, limit 600 s)
@@ -40,7 +40,7 @@ echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/suite-all.txt | head -20; tail -1 $O
 pkill vmstat; pkill -f 'nvidia-smi --query-gpu=utilization'
 echo "kernel cache: $(ls $C/*.cubin 2>/dev/null | wc -l) cubins, $(ls $C | wc -l) files, $(ls $C/cupy_fmha-*.lock 2>/dev/null | wc -l) compile locks, $(du -sh $C | cut -f1)"
 tar czf - -C $C . | split -b 15m - $OUT/kcache.tar.gz. && ls -l $OUT/kcache.tar.gz.*
-left=$(( 590 - ($(date +%s) - T0) ))
+left=$(( ${END:-590} - ($(date +%s) - T0) ))
 if [ -n "$THEN" ] && [ $left -gt 60 ]; then
   t "then: s32_gpu.sh $THEN (DEADLINE $left)"
   mkdir -p /tmp/then; OUT=/tmp/then DEADLINE=$left bash bench/probe/s32_gpu.sh $THEN
