@@ -213,6 +213,17 @@ def test_shard_axis_and_shards_are_checked():
         unshard([x[:, :4], x[:, 4:].astype(np.float32)])
 
 
+def test_unshard_refuses_one_array():
+    """unshard(o) with one array (not a list of shards) used to iterate over its batch axis and
+    return a silently wrong array of another rank: [2, 8, 4, 4] -> [8, 8, 4]."""
+    x = np.random.default_rng(0).standard_normal((2, 8, 4, 4))
+    with pytest.raises(TypeError, match=r"shards: expected a list with one array per rank, got ndarray \(one array"):
+        unshard(x)
+    with pytest.raises(TypeError, match="shards: expected a list with one array per rank, got NoneType"):
+        unshard(None)
+    assert np.array_equal(unshard(tuple(shard(x, r, 2) for r in range(2))), x)
+
+
 def test_merge_refuses_mismatched_shapes():
     """merge_partials / merge_into broadcast nothing: an o or lse of another shape is an error."""
     o, lse = np.ones((1, 4, 2, 3)), np.zeros((1, 2, 4))

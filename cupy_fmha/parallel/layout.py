@@ -133,9 +133,14 @@ def unshard(shards, *, scheme: str = "zigzag", axis: int = 1):
 
     Raises:
         ValueError: an empty list, shards of different shapes, a shard length that does not
-            split into the scheme's chunks, ``axis`` out of range. TypeError: a shard that is not
-            an array, or of another dtype or array library than rank 0's; ``axis`` not an int.
+            split into the scheme's chunks, ``axis`` out of range. TypeError: ``shards`` an
+            array rather than a list of them (it would be split along its first axis), or not
+            iterable; a shard that is not an array, or of another dtype or array library than
+            rank 0's; ``axis`` not an int.
     """
+    if hasattr(shards, "shape") or isinstance(shards, (str, bytes)) or not hasattr(shards, "__iter__"):
+        raise TypeError(f"shards: expected a list with one array per rank, got {type(shards).__name__}"
+                        + (" (one array; pass [shard_0, shard_1, ...])" if hasattr(shards, "shape") else ""))
     shards = list(shards)
     if not shards:
         raise ValueError("shards: expected one array per rank, got none")
