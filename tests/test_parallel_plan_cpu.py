@@ -12,6 +12,7 @@ import pytest
 from cupy_fmha.mask import MaskSpec, Window, dense_mask, resolve_mask
 from cupy_fmha.parallel import (
     global_window,
+    merge_into,
     merge_partials,
     plan_rank,
     plan_ring,
@@ -229,12 +230,40 @@ def test_merge_refuses_mismatched_shapes():
     o, lse = np.ones((1, 4, 2, 3)), np.zeros((1, 2, 4))
     with pytest.raises(ValueError, match="o_part: shape .* differs from o_acc's"):
         merge_partials([(o, lse), (np.full((1, 4, 2, 1), 5.0), lse)])
-    with pytest.raises(ValueError, match=r"lse_part: expected shape \(1, 2, 4\)"):
+    with pytest.raises(ValueError, match=r"parts\[1\]\[1\]: expected shape \(1, 2, 4\)"):
         merge_partials([(o, lse), (o, np.zeros((1, 2, 1)))])
-    with pytest.raises(ValueError, match=r"lse_acc: expected shape \(1, 4, 2\)"):
+    with pytest.raises(ValueError, match=r"parts\[0\]\[1\]: expected shape \(1, 4, 2\)"):
         merge_partials([(o, lse)], layout="bhsd")
+    with pytest.raises(ValueError, match=r"lse_part: expected shape \(1, 2, 4\)"):
+        merge_into(np.zeros_like(o), np.zeros_like(lse), o, np.zeros((1, 2, 1)))
     with pytest.raises(TypeError, match=r"parts\[0\]: expected an \(o, lse\) pair"):
         merge_partials([o])
+
+
+def test_merge_checks_the_accumulators_before_writing():
+    """An int lse_acc used to take the merged lse truncated to an integer, silently; a read-only
+    lse_acc failed only after o_acc had been rescaled. merge_partials' entries and dtype used to
+    fail inside NumPy (an AttributeError for a non-array)."""
+    o_part, lse_part = np.ones((1, 3, 2, 4)), np.zeros((1, 2, 3))
+    o_acc, lse_acc = np.full((1, 3, 2, 4), 3.0), np.zeros((1, 2, 3), dtype=np.int64)
+    with pytest.raises(TypeError, match="lse_acc: expected a float32 or float64 accumulator, got dtype int64"):
+        merge_into(o_acc, lse_acc, o_part, lse_part)
+    lse_acc = np.zeros((1, 2, 3))
+    lse_acc.flags.writeable = False
+    with pytest.raises(ValueError, match="lse_acc: the accumulator is read-only"):
+        merge_into(o_acc, lse_acc, o_part, lse_part)
+    assert np.all(o_acc == 3.0)  # untouched
+    with pytest.raises(TypeError, match="lse_acc: dtype float64 differs from o_acc's float32"):
+        merge_into(o_acc.astype(np.float32), np.zeros((1, 2, 3)), o_part, lse_part)
+    with pytest.raises(TypeError, match=r"parts\[1\]\[0\]: expected a NumPy or CuPy array, got int"):
+        merge_partials([(o_part, lse_part), (1, 2)])
+    with pytest.raises(TypeError, match="parts: expected a list of"):
+        merge_partials(None)
+    for bad in (int, np.float16, "foo"):
+        with pytest.raises(TypeError, match="dtype: expected float32 or float64"):
+            merge_partials([(o_part, lse_part)], dtype=bad)
+    o, lse = merge_partials([(o_part, lse_part), (o_part, lse_part)], dtype=np.float32)
+    assert o.dtype == lse.dtype == np.float32 and np.allclose(lse, np.log(2)) and np.allclose(o, 1)
 
 
 def test_plan_arguments_are_typed():

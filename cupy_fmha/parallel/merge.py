@@ -58,6 +58,22 @@ def _check_pair(o, lse, layout: str, o_name: str, lse_name: str) -> None:
                          f"got {tuple(lse.shape)}")
 
 
+_ACC_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _check_acc(o_acc, lse_acc) -> None:
+    """The accumulators: float32 or float64, one dtype for both, writable (checked before
+    anything is written: a failure half-way would leave o_acc scaled but lse_acc not)."""
+    for name, a in (("o_acc", o_acc), ("lse_acc", lse_acc)):
+        if np.dtype(a.dtype) not in _ACC_DTYPES:
+            raise TypeError(f"{name}: expected a float32 or float64 accumulator, got dtype {a.dtype}")
+        if not getattr(getattr(a, "flags", None), "writeable", True):
+            raise ValueError(f"{name}: the accumulator is read-only (merge_into writes it in place)")
+    if np.dtype(lse_acc.dtype) != np.dtype(o_acc.dtype):
+        raise TypeError(f"lse_acc: dtype {lse_acc.dtype} differs from o_acc's {o_acc.dtype} (one accumulation "
+                        "dtype for both)")
+
+
 def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
     """Fold one partial result into running accumulators, in place.
 
@@ -72,10 +88,12 @@ def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
 
     Raises:
         TypeError, ValueError: an argument that is not an array, or of another shape than the
-            accumulators' (nothing is broadcast), or a bad ``layout``.
+            accumulators' (nothing is broadcast), or a bad ``layout``; accumulators that are not
+            float32/float64 of one dtype, or read-only. Nothing is written then.
     """
     _check_pair(o_acc, lse_acc, layout, "o_acc", "lse_acc")
     _check_pair(o_part, lse_part, layout, "o_part", "lse_part")
+    _check_acc(o_acc, lse_acc)
     if tuple(o_part.shape) != tuple(o_acc.shape):
         raise ValueError(f"o_part: shape {tuple(o_part.shape)} differs from o_acc's {tuple(o_acc.shape)}")
     xp = _xp(o_acc)
@@ -91,21 +109,30 @@ def merge_into(o_acc, lse_acc, o_part, lse_part, layout: str = "bshd") -> None:
 
 def merge_partials(parts, layout: str = "bshd", dtype=np.float64):
     """``(o, lse)`` of attention over the union of the key sets of ``parts`` (a non-empty list of
-    ``(o_i, lse_i)`` of one shape), accumulated in ``dtype``.
+    ``(o_i, lse_i)`` of one shape), accumulated in ``dtype`` (float32 or float64).
 
     Raises:
-        TypeError, ValueError: an empty list, an entry that is not a pair, shapes that differ
-            (see :func:`merge_into`).
+        TypeError, ValueError: an empty list, an entry that is not a pair of arrays, shapes that
+            differ (see :func:`merge_into`), a ``dtype`` other than float32/float64.
     """
+    if hasattr(parts, "shape") or not hasattr(parts, "__iter__"):
+        raise TypeError(f"parts: expected a list of (o, lse) pairs, got {type(parts).__name__}")
     parts = list(parts)
     if not parts:
         raise ValueError("parts: expected at least one (o, lse) pair")
     for i, p in enumerate(parts):
         if not isinstance(p, (tuple, list)) or len(p) != 2:
             raise TypeError(f"parts[{i}]: expected an (o, lse) pair, got {type(p).__name__}")
+        _check_pair(p[0], p[1], layout, f"parts[{i}][0]", f"parts[{i}][1]")
+    try:
+        acc = np.dtype(dtype)
+    except TypeError:
+        acc = np.dtype(object)
+    if acc not in _ACC_DTYPES:
+        raise TypeError(f"dtype: expected float32 or float64 (the accumulation dtype), got {dtype!r}")
     xp = _xp(parts[0][0])
-    o = xp.zeros(parts[0][0].shape, dtype=dtype)
-    lse = xp.full(parts[0][1].shape, -np.inf, dtype=dtype)
+    o = xp.zeros(parts[0][0].shape, dtype=acc)
+    lse = xp.full(parts[0][1].shape, -np.inf, dtype=acc)
     for o_i, lse_i in parts:
         merge_into(o, lse, o_i, lse_i, layout)
     return o, lse
