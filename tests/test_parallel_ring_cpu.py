@@ -221,6 +221,10 @@ def test_backward_errors_name_the_argument():
         local_ring_attention_backward([x[:, :2] for x in o], q, k, v, o, lse, causal=True)
     with pytest.raises(TypeError, match="deterministic"):
         local_ring_attention_backward(o, q, k, v, o, lse, causal=True, deterministic="yes")
+    # the CPU model took an int lse (truncated: silently wrong gradients) and a complex one
+    for dt in (np.int64, np.complex128, np.bool_):
+        with pytest.raises(TypeError, match=f"lse: expected a floating-point array .*got dtype {np.dtype(dt)}"):
+            local_ring_attention_backward(o, q, k, v, o, [x.astype(dt) for x in lse], causal=True)
 
 
 def test_single_rank_host_ring_runs_alone():

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import _check_mask, check_backward_inputs, check_forward_inputs, check_reference_inputs
+from ..validate import _check_mask, _is_bf16, check_backward_inputs, check_forward_inputs, check_reference_inputs
 from .comm import Communicator, LocalRank, LocalRing
 from .layout import check_scheme, chunks_per_rank
 from .merge import merge_into
@@ -188,6 +188,9 @@ def _check_backward(do, q, k, v, o, lse, comm, *, causal=False, window_size=(-1,
         want = (prob.batch, prob.nhead_q, prob.seqlen_q)
         if lse.ndim != 3 or tuple(lse.shape) != want:
             raise ValueError(f"lse: expected shape {want} ([batch, nhead_q, seqlen_q]), got {tuple(lse.shape)}")
+        # an int lse would be used truncated, a complex one without its imaginary part
+        if lse.dtype.kind != "f" and not _is_bf16(lse.dtype):
+            raise TypeError(f"lse: expected a floating-point array (the forward's lse), got dtype {lse.dtype}")
     else:
         prob = check_backward_inputs(do, q, k, v, o, lse, softmax_scale=softmax_scale, layout=layout)
     return _setup(ops, prob, comm, causal=causal, window_size=window_size, mask=mask, scheme=scheme,
