@@ -227,6 +227,19 @@ def test_backward_errors_name_the_argument():
             local_ring_attention_backward(o, q, k, v, o, [x.astype(dt) for x in lse], causal=True)
 
 
+def test_nan_lse_is_not_a_row_without_keys():
+    """partial_backward treated every non-finite lse as a row that sees no key: a NaN lse gave
+    zero gradients, silently, where the kernels give NaN. Only -inf means no key."""
+    q, k, v = _shards()
+    fw = local_ring_attention_forward(q, k, v, causal=True)
+    o, lse = [f[0] for f in fw], [f[1].copy() for f in fw]
+    lse[1][0, 1, 3] = np.nan
+    bw = local_ring_attention_backward(o, q, k, v, o, lse, causal=True)
+    dq1 = bw[1][0]  # [1, 4, 2, 8]: row 3, head 1 is the NaN one
+    assert np.isnan(dq1[0, 3, 1]).all() and not np.isnan(dq1[0, 3, 0]).any()
+    assert not np.isnan(np.delete(dq1, 3, axis=1)).any() and not np.isnan(bw[0][0]).any()
+
+
 def test_single_rank_host_ring_runs_alone():
     q, k, v = _shards(n=1)
     o, lse = ring_attention_forward(q[0], k[0], v[0], LocalRing(1).ranks[0], causal=True)

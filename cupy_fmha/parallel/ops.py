@@ -58,7 +58,7 @@ def partial_backward(do, q, k, v, o, lse, *, mask: MaskSpec, softmax_scale: floa
     Kx, Vx = np.repeat(K, g, axis=1), np.repeat(V, g, axis=1)
     vis = dense_mask(mask, sq, sk)
     s = np.where(vis, softmax_scale * np.matmul(Q, Kx.transpose(0, 1, 3, 2)), -np.inf)
-    live = np.isfinite(L)[..., None]
+    live = ~np.isneginf(L)[..., None]  # a NaN lse gives NaN, as the kernels do, not a silent 0
     p = np.where(live, np.exp(s - np.where(live, L[..., None], 0.0)), 0.0)
     D = np.sum(dO * O, axis=-1, keepdims=True)
     dv = np.matmul(p.transpose(0, 1, 3, 2), dO)
