@@ -204,6 +204,9 @@ def test_errors_name_the_argument():
         local_ring_attention_forward([x.tolist() for x in q], k, v)
     with pytest.raises(ValueError, match="ring: a LocalRing of 3 ranks"):
         local_ring_attention_forward(q, k, v, ring=LocalRing(3))
+    for bad in (1, Timeline()):  # used to fail with Python's "'int' object is not iterable"
+        with pytest.raises(TypeError, match="timelines: expected a list of 2 Timeline objects"):
+            local_ring_attention_forward(q, k, v, timelines=bad)
     ring = LocalRing(2)
     with pytest.raises(TypeError, match="comm"):
         ring_attention_forward(q[0], k[0], v[0], object())

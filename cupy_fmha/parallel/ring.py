@@ -464,6 +464,8 @@ def _check_keywords(kw, fn) -> None:
 def _timelines(timelines, n):
     if timelines is None:
         return [None] * n
+    if isinstance(timelines, (str, bytes)) or not hasattr(timelines, "__iter__"):
+        raise TypeError(f"timelines: expected a list of {n} Timeline objects, got {type(timelines).__name__}")
     timelines = list(timelines)
     if len(timelines) != n or not all(isinstance(t, Timeline) for t in timelines):
         raise ValueError(f"timelines: expected a list of {n} Timeline objects")
