@@ -275,3 +275,29 @@ def test_plan_arguments_are_typed():
         plan_rank(0, 2, 8.5, None)
     with pytest.raises(TypeError, match="seqlen: expected an int sequence length"):
         shard_positions(0, 2, "8")
+
+
+def test_plan_checks_do_not_depend_on_the_cache():
+    """plan_rank's checks ran inside its lru_cache: after plan_rank(1, 2, 8, None), a call with
+    rank=True or seqlen=8.0 (equal keys) got the cached plan instead of the TypeError; a list
+    window or scheme failed with "unhashable type". global_window took seqlen "8" or 8.7 (int())."""
+    plan_rank(1, 2, 8, None)
+    plan_rank(0, 2, 8, None)
+    with pytest.raises(TypeError, match="rank: expected an int, got True"):
+        plan_rank(True, 2, 8, None)
+    with pytest.raises(TypeError, match="seqlen: expected an int sequence length, got 8.0"):
+        plan_rank(0, 2, 8.0, None)
+    with pytest.raises(TypeError, match="window: expected a Window or None"):
+        plan_rank(0, 2, 8, [3, 1])
+    with pytest.raises(ValueError, match="scheme: expected one of"):
+        plan_rank(0, 2, 8, None, ["zigzag"])
+    with pytest.raises(TypeError, match="window.y: expected an int, got 3.5"):
+        plan_rank(0, 2, 8, Window(3.5, 1))
+    spec = MaskSpec("top_left", -1, 0)
+    for bad in ("8", 8.7):
+        with pytest.raises(TypeError, match="seqlen: expected an int sequence length"):
+            global_window(spec, bad)
+    with pytest.raises(ValueError, match="seqlen: expected an int sequence length >= 1, got 0"):
+        global_window(spec, 0)
+    assert plan_rank(np.int64(1), np.int32(2), np.int64(8), global_window(spec, 8)) == \
+        plan_rank(1, 2, 8, global_window(spec, 8))

@@ -32,9 +32,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from .._checks import check_int
 from ..flops import visible_pairs
 from ..mask import MaskSpec, Window
-from .layout import check_scheme, check_world, chunk_len, rank_chunks
+from .layout import check_scheme, check_world, chunk_len, num_chunks, rank_chunks
 
 __all__ = ["Call", "Step", "RankPlan", "global_window", "region_window", "plan_rank", "plan_ring"]
 
@@ -100,12 +101,14 @@ class RankPlan:
 
 
 def global_window(spec: MaskSpec | None, seqlen: int) -> Window | None:
-    """The global problem's window (``seqlen_q == seqlen_k == seqlen``); None = no mask."""
+    """The global problem's window (``seqlen_q == seqlen_k == seqlen``, an int >= 1); None = no
+    mask."""
     if spec is None:
         return None
     if not isinstance(spec, MaskSpec):
         raise TypeError(f"spec: expected a MaskSpec or None (cupy_fmha.mask.resolve_mask), got {spec!r}")
-    return spec.window(int(seqlen), int(seqlen))
+    seqlen = check_int("seqlen", seqlen, 1, what="an int sequence length")
+    return spec.window(seqlen, seqlen)
 
 
 def _cap(a, b):
@@ -206,7 +209,6 @@ def _plan_step(rank: int, step: int, world: int, c: int, scheme: str, window: Wi
     return Step(step, source, best[1])  # one call per pair always fits, so best is set
 
 
-@functools.lru_cache(maxsize=256)
 def plan_rank(rank: int, world: int, seqlen: int, window: Window | None, scheme: str = "zigzag") -> RankPlan:
     """The calls rank ``rank`` makes at every step (cached).
 
@@ -217,15 +219,24 @@ def plan_rank(rank: int, world: int, seqlen: int, window: Window | None, scheme:
         scheme: ``"zigzag"`` or ``"contiguous"`` (:mod:`cupy_fmha.parallel.layout`).
 
     Raises:
-        ValueError, TypeError: bad rank/world/scheme, seqlen not splitting into equal chunks.
+        ValueError, TypeError: bad rank/world/scheme/window, seqlen not splitting into equal
+            chunks (checked on every call, before the cache: ``True == 1`` and ``8.0 == 8`` as
+            cache keys).
     """
-    check_world(world, rank)
+    world = check_world(world, rank)
     check_scheme(scheme)
-    if window is not None and not isinstance(window, Window):
-        raise TypeError(f"window: expected a Window or None (global_window), got {window!r}")
+    if window is not None:
+        if not isinstance(window, Window):
+            raise TypeError(f"window: expected a Window or None (global_window), got {window!r}")
+        window = Window(check_int("window.y", window.y), check_int("window.x", window.x))
     c = chunk_len(seqlen, world, scheme)
-    steps = tuple(_plan_step(int(rank), s, int(world), c, scheme, window) for s in range(int(world)))
-    return RankPlan(int(rank), int(world), int(seqlen), scheme, c, window, steps)
+    return _plan_rank(int(rank), world, c, window, scheme)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_rank(rank: int, world: int, c: int, window: Window | None, scheme: str) -> RankPlan:
+    steps = tuple(_plan_step(rank, s, world, c, scheme, window) for s in range(world))
+    return RankPlan(rank, world, c * num_chunks(world, scheme), scheme, c, window, steps)
 
 
 def plan_ring(world: int, seqlen: int, window: Window | None, scheme: str = "zigzag") -> tuple[RankPlan, ...]:
