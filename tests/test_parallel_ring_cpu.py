@@ -293,6 +293,20 @@ def test_nccl_ring_without_nccl_says_so():
     assert LY.chunks_per_rank("zigzag") == 2
 
 
+def test_ring_device_is_an_int():
+    """device=True / 0.5 / "0" went through int() (GPU 1, GPU 0, GPU 0) or into CUDA; -1 into
+    CUDA. They are refused, naming device, before CUDA or NCCL is touched."""
+    from cupy_fmha.parallel import NcclRing
+
+    for bad in (True, 0.5, "0"):
+        with pytest.raises(TypeError, match="device: expected a CUDA device id"):
+            LocalRing(2, device=bad)
+        with pytest.raises(TypeError, match="device: expected a CUDA device id"):
+            NcclRing(1, 0, b"x", device=bad)
+    with pytest.raises(ValueError, match="device: expected a CUDA device id \\(int\\) >= 0, got -1"):
+        LocalRing(2, device=-1)
+
+
 def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
     """The GPU path's CupyOps, with NumPy standing in for CuPy and the API's two functions
     replaced by the reference maths: the ring's results must not change, so CupyOps passes each

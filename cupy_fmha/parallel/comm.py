@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from .._checks import check_int
 from .layout import check_world
 
 __all__ = ["Communicator", "NcclRing", "LocalRing", "LocalRank", "nccl_unique_id", "nccl_available"]
@@ -118,18 +119,19 @@ class NcclRing(Communicator):
     construct its communicator (``ncclCommInitRank`` blocks until all have joined).
 
     Raises:
-        TypeError, ValueError: bad ``world_size`` / ``rank``.
+        TypeError, ValueError: bad ``world_size`` / ``rank`` / ``device`` (a non-negative int).
         RuntimeError: NCCL not available.
     """
 
     def __init__(self, world_size: int, rank: int, unique_id, *, device: int | None = None):
         self.world_size = check_world(world_size, rank)
         self.rank = int(rank)
+        device = None if device is None else check_int("device", device, 0, what="a CUDA device id (int)")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         nccl = _nccl()
         import cupy
 
-        self.device = cupy.cuda.Device().id if device is None else int(device)
+        self.device = cupy.cuda.Device().id if device is None else device
         with cupy.cuda.Device(self.device):
             self._comm = nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
             self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -211,9 +213,9 @@ class LocalRing:
 
     Args:
         world_size: ranks (>= 1).
-        device: None for host (NumPy) arrays; a CUDA device id for CuPy arrays on that device
-            (every rank's arrays live there; each rank gets a compute stream and a communication
-            stream of its own, non-blocking).
+        device: None for host (NumPy) arrays; a CUDA device id (an int >= 0) for CuPy arrays
+            on that device (every rank's arrays live there; each rank gets a compute stream and
+            a communication stream of its own, non-blocking).
 
     ``ranks[r]`` is rank r's :class:`Communicator`; :meth:`drive` runs one generator per rank in
     lockstep (each generator yields right after posting an exchange; when every rank has posted,
@@ -222,7 +224,7 @@ class LocalRing:
 
     def __init__(self, world_size: int, *, device: int | None = None, _cuda=None):
         self.world_size = check_world(world_size)
-        self.device = None if device is None else int(device)
+        self.device = None if device is None else check_int("device", device, 0, what="a CUDA device id (int)")
         self.comm_streams = self.compute_streams = None
         self._cuda = None
         if self.device is not None:
