@@ -64,6 +64,21 @@ def test_launch_argument_errors():
         RUN.launch(report, 1, devices=5, make_id=fake_id, make_comm=fake_comm)
 
 
+def test_launch_checks_timeout_before_starting(monkeypatch):
+    """timeout="5" failed with "unsupported operand type(s) for +" after the ranks had started;
+    a NaN timeout never expired, a negative one expired at the first wait."""
+    import multiprocessing as mp
+
+    def no_spawn(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(mp, "get_context", no_spawn)
+    for bad, err in (("5", TypeError), (True, TypeError), (-5, ValueError), (0, ValueError),
+                     (float("nan"), ValueError)):
+        with pytest.raises(err, match="timeout: expected a number of seconds"):
+            RUN.launch(report, 1, make_id=fake_id, make_comm=fake_comm, timeout=bad)
+
+
 def test_launch_needs_a_gpu_per_rank(monkeypatch):
     monkeypatch.setattr(RUN, "_visible_gpus", lambda: 1)
     with pytest.raises(ValueError, match="need 2 visible GPUs, found 1"):

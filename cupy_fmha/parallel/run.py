@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import os
 import sys
 import time
@@ -90,17 +91,23 @@ def launch(fn, nproc: int, args=(), *, devices=None, timeout: float | None = Non
         devices: the GPU of each rank (default ``range(nproc)``); distinct (NCCL refuses two
             ranks on one GPU: use :class:`~cupy_fmha.parallel.comm.LocalRing` to emulate a ring
             on one GPU).
-        timeout: seconds to wait for all results (None: no limit).
+        timeout: seconds to wait for all results, a number > 0 (None: no limit).
         make_id, make_comm: for tests: replace :func:`~cupy_fmha.parallel.comm.nccl_unique_id`
             and the NcclRing constructor ``make_comm(world_size, rank, unique_id, device)``.
 
     Raises:
-        TypeError, ValueError: bad ``nproc`` / ``devices``, fewer GPUs than ranks (with NCCL).
+        TypeError, ValueError: bad ``nproc`` / ``devices`` / ``timeout``, fewer GPUs than ranks
+            (with NCCL); before any process starts.
         RuntimeError: a rank failed (its traceback in the message), died, or the wait timed out.
     """
     import multiprocessing as mp
 
     nproc = check_int("nproc", nproc, 1)
+    if timeout is not None:
+        if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout: expected a number of seconds or None, got {timeout!r}")
+        if not timeout > 0:  # NaN too: it never compared past the deadline
+            raise ValueError(f"timeout: expected a number of seconds > 0, got {timeout!r}")
     if devices is None:
         devices = list(range(nproc))
     else:
