@@ -171,3 +171,22 @@ def test_run_config_checks_types():
         RUN.RunConfig(causal="no").validate(1)
     with pytest.raises(ValueError, match="--seqlen: expected an integer, got 16.5"):
         RUN.RunConfig(seqlen=16.5).validate(1)
+
+
+
+def test_run_config_refuses_what_the_ranks_would_fail_on():
+    """A negative (or >= 2**64) --seed passed and made cupy.random.RandomState raise in every
+    rank after the launch; nhead_k=2.0 reached the shapes (a float dimension), nhead_k=True meant
+    one K/V head; check="no" meant checking."""
+    for seed in (-1, 2 ** 64):
+        with pytest.raises(ValueError, match="--seed: expected 0 <= seed < 2\\*\\*64"):
+            RUN.RunConfig(seed=seed).validate(1)
+    for hk in (2.0, True):
+        with pytest.raises(ValueError, match="--nhead-k: expected an integer"):
+            RUN.RunConfig(nhead_k=hk).validate(1)
+    with pytest.raises(ValueError, match="--check: expected a bool, got 'no'"):
+        RUN.RunConfig(check="no").validate(1)
+    with pytest.raises(ValueError, match="--single: expected a bool"):
+        RUN.RunConfig(single=1).validate(1)
+    assert RUN.RunConfig(seed=2 ** 64 - 1, nhead_k=4).validate(2).nhead_k == 4
+    assert RUN.main(["--nproc", "1", "-s", "8", "--seed", "-1"]) == 2

@@ -208,7 +208,17 @@ class RunConfig:
             raise ValueError(str(exc).replace("causal:", "--causal:").replace("window_size:", "--window:")) from None
         if self.warmup < 0:
             raise ValueError(f"--warmup: expected >= 0, got {self.warmup}")
-        hk = self.nhead if self.nhead_k is None else self.nhead_k
+        if not 0 <= self.seed < 2 ** 64:  # cupy.random.RandomState's range; it raised in every rank
+            raise ValueError(f"--seed: expected 0 <= seed < 2**64, got {self.seed}")
+        for name in ("check", "single"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"--{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.nhead_k is not None:
+            try:
+                check_int("--nhead-k", self.nhead_k, what="an integer")
+            except TypeError as exc:
+                raise ValueError(str(exc)) from None
+        hk = self.nhead if self.nhead_k is None else int(self.nhead_k)
         if hk < 1 or self.nhead % hk:
             raise ValueError(f"--nhead-k: {hk} must divide --nhead {self.nhead}")
         if self.dtype not in ("bf16", "fp16"):
