@@ -104,6 +104,16 @@ def test_cli_without_enough_gpus(monkeypatch, capsys):
     assert "visible GPUs" in capsys.readouterr().err
 
 
+def test_cli_window_with_an_unlimited_side():
+    """--window -1,0 (-1 = unlimited, as the help says) failed in argparse with "argument
+    --window: expected one argument": it took -1,0 for an option."""
+    p = RUN.build_parser()
+    assert p.parse_args(["--nproc", "2", "--window", "-1,0"]).window == (-1, 0)
+    assert p.parse_args(["--nproc", "2", "--window", "-1,-1", "--no-causal"]).window == (-1, -1)
+    assert p.parse_args(["--nproc", "2", "--window=3,-1"]).window == (3, -1)
+    assert p.parse_args(["--window", "4,2", "--nproc", "2"]).window == (4, 2)
+
+
 def test_cli_help():
     with pytest.raises(SystemExit) as ex:
         RUN.build_parser().parse_args(["--help"])

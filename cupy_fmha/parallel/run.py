@@ -23,6 +23,7 @@ import argparse
 import json
 import numbers
 import os
+import re
 import sys
 import time
 import traceback
@@ -456,9 +457,27 @@ def _window(text: str) -> tuple[int, int]:
     return left, right
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse takes the ``-1,0`` of ``--window -1,0`` for an option (it starts with ``-`` and is
+    not a plain negative number) and reports that --window expected one argument; such a value
+    is joined to its option (``--window=-1,0``) first."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        out, i = [], 0
+        while i < len(args):
+            if args[i] == "--window" and i + 1 < len(args) and re.fullmatch(r"\s*-\d+\s*,\s*-?\d+\s*", args[i + 1]):
+                out.append(f"--window={args[i + 1]}")
+                i += 2
+            else:
+                out.append(args[i])
+                i += 1
+        return super().parse_known_args(out, namespace)
+
+
 def build_parser(prog: str = "python -m cupy_fmha.parallel.run") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Ring attention over NCCL, one process per GPU: check "
-                                "against one-GPU attention and time forward and backward.")
+    p = _Parser(prog=prog, description="Ring attention over NCCL, one process per GPU: check "
+                "against one-GPU attention and time forward and backward.")
     p.add_argument("--nproc", type=int, required=True, help="ranks (processes, one GPU each)")
     p.add_argument("--seqlen", "-s", type=int, default=RunConfig.seqlen, help="global sequence length")
     p.add_argument("--batch", "-b", type=int, default=RunConfig.batch)
