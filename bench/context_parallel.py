@@ -37,7 +37,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from cupy_fmha.parallel.run import RunConfig, _window, launch, run_local, run_many  # noqa: E402
+from cupy_fmha.parallel.run import RunConfig, _Parser, _window, launch, run_local, run_many  # noqa: E402
 
 
 def _seqlens(text: str) -> list[int]:
@@ -51,7 +51,8 @@ def _seqlens(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    # run's parser: it takes `--window -1,0` (plain argparse reads -1,0 as an option)
+    p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--nproc", type=int, help="ranks over NCCL, one process per GPU")
     mode.add_argument("--local", type=int, help="ranks emulated in one process on one GPU (LocalRing)")

@@ -156,6 +156,15 @@ def test_bench_plan_only(tmp_path):
     assert "balance 1.0" in p.stdout
 
 
+def test_bench_window_with_an_unlimited_side(tmp_path):
+    """`--window -1,0` (as the CLI and run.py take it): plain argparse read -1,0 as an option and
+    exited 2 with "expected one argument"."""
+    out = tmp_path / "plan.json"
+    p = _bench("--plan-only", "--nproc", "2", "--seqlen", "4096", "--window", "-1,0", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["plan"]
+
+
 def test_bench_argument_errors():
     p = _bench("--nproc", "2", "--seqlen", "1002")
     assert p.returncode == 2 and "--seqlen/--scheme" in p.stderr
