@@ -582,6 +582,25 @@ def _check_on_gpu(name: str, x) -> None:
                            "cupy_fmha.reference")
 
 
+#: what each static option must be, for :func:`_check_static`'s message
+_STATIC = {"window_size": "a pair of Python ints (left, right)",
+           "mask": "a CK mask string, an int or a MaskSpec",
+           "layout": "'bshd', 'bhsd' or 'thd'",
+           "max_seqlen_q": "a Python int", "max_seqlen_k": "a Python int"}
+
+
+def _check_static(name: str, value) -> None:
+    """The options are the custom_vjp's static (hashable) argument: a traced value (an argument
+    of a jitted or vmapped function, or a pair holding one) is refused here by name. Past this,
+    JAX's UnexpectedTracerError about ``nondiff_argnums`` named neither the option nor the fix."""
+    tracer = getattr(jax.core, "Tracer", None)
+    parts = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if tracer is not None and any(isinstance(x, tracer) for x in parts):
+        raise TypeError(f"{name}: expected {_STATIC[name]}, a static value in cupy_fmha.jax (fixed when the "
+                        f"call is traced), got the traced value {value!r}; pass a Python value (under jax.jit: "
+                        "static_argnums / static_argnames)")
+
+
 def _static_max_seqlen(name: str, value) -> int:
     if value is None:
         raise ValueError(f"{name}: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k as Python ints in group mode "
@@ -604,6 +623,9 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
     check_flag("deterministic", deterministic)
     if not isinstance(check_cu_seqlens, (bool, np.bool_)):
         raise TypeError(f"check_cu_seqlens: expected a bool, got {check_cu_seqlens!r}")
+    for name, value in (("window_size", window_size), ("mask", mask), ("layout", layout),
+                        ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        _check_static(name, value)
     if layout == "thd":
         max_seqlen_q = _static_max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _static_max_seqlen("max_seqlen_k", max_seqlen_k)
@@ -677,7 +699,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
 
     Raises:
         TypeError, ValueError: at trace time, with :mod:`cupy_fmha.validate`'s named messages
-            (and those above for max_seqlen_q/k, dropout_key, check_cu_seqlens).
+            (and those above for max_seqlen_q/k, dropout_key, check_cu_seqlens); a traced value
+            (under ``jit`` or ``vmap``) for a static option is a TypeError naming it.
 
     Method: FlashAttention-2's algorithm (Dao, 2023) forward; the backward is CK's
     ``block_fmha_bwd_dq_dk_dv`` pipeline (see :func:`cupy_fmha.attention_backward`).

@@ -351,3 +351,18 @@ def test_eager_call_on_cpu_arrays_is_refused_by_name():
         attention_with_lse(np.ones((1, 16, 2, 64), np.float16), q, q)  # (a NumPy q has no device)
     # traced values have no device yet: tracing on the CPU still works
     assert jax.eval_shape(lambda q: attention(q, q, q), q).shape == q.shape
+
+
+@pytest.mark.parametrize("name,make", [
+    ("window_size", lambda x: (x, 0)),                       # a pair holding a tracer
+    ("window_size", lambda x: jnp.stack([x, x])),            # a traced pair
+    ("mask", lambda x: x),
+    ("layout", lambda x: x),
+    ("max_seqlen_q", lambda x: x),                           # (outside group mode too)
+])
+def test_traced_window_mask_layout_max_seqlen_are_refused_by_name(name, make):
+    """These options are static too: a traced value was JAX's UnexpectedTracerError about
+    nondiff_argnums, naming neither the option nor the fix."""
+    q = _spec((1, 16, 2, 64))
+    with pytest.raises(TypeError, match=f"{name}: expected .*a static value in cupy_fmha.jax"):
+        jax.eval_shape(jax.jit(lambda q, x: attention(q, q, q, **{name: make(x)})), q, jnp.int32(1))
