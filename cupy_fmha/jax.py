@@ -556,7 +556,20 @@ def _dropout_words(dropout_key):
     if not hasattr(dropout_key, "dtype") or not hasattr(dropout_key, "shape"):
         raise TypeError("dropout_key: expected a JAX PRNG key (jax.random.key(...) or jax.random.PRNGKey(...)), "
                         f"got {type(dropout_key).__module__}.{type(dropout_key).__name__}")
-    return jax.random.bits(dropout_key, (4,), jnp.uint32)
+    try:
+        typed = jax.dtypes.issubdtype(dropout_key.dtype, jax.dtypes.prng_key)
+    except TypeError:  # not a dtype JAX knows: jax.random.bits below says why, named
+        typed = False
+    shape = tuple(dropout_key.shape)
+    if shape != () if typed else len(shape) != 1:
+        raise ValueError(f"dropout_key: expected one PRNG key (a typed key of shape (), or a raw uint32 key of "
+                         f"shape (2,)), got a {'typed' if typed else 'raw'} key array of shape {shape}; "
+                         "for a key per vmapped element, jax.vmap over the keys")
+    try:
+        return jax.random.bits(dropout_key, (4,), jnp.uint32)
+    except (TypeError, ValueError) as e:  # a raw key of the wrong dtype or length
+        raise TypeError(f"dropout_key: expected a JAX PRNG key (jax.random.key(...) or jax.random.PRNGKey(...)), "
+                        f"got {dropout_key.dtype} of shape {shape}: {e}") from None
 
 
 #: JAX's platform names for the devices the callbacks run on
@@ -680,7 +693,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         dropout_p: dropout probability in [0, 1) (static).
         seed, offset: static Python ints in [0, 2**64): the Philox key and counter offset (the
             same values reproduce the same mask; new values retrace).
-        dropout_key: instead of seed/offset, a JAX PRNG key (typed or raw uint32); seed and
+        dropout_key: instead of seed/offset, one JAX PRNG key (typed, shape (), or raw uint32,
+            shape (2,); for a key per element, ``jax.vmap`` over a batch of keys); seed and
             offset are drawn from it on the device (see :func:`dropout_seed_offset`) and read back
             to the host, 16 bytes, in the forward and in the backward callback. Ignored when
             ``dropout_p`` is 0.

@@ -366,3 +366,28 @@ def test_traced_window_mask_layout_max_seqlen_are_refused_by_name(name, make):
     q = _spec((1, 16, 2, 64))
     with pytest.raises(TypeError, match=f"{name}: expected .*a static value in cupy_fmha.jax"):
         jax.eval_shape(jax.jit(lambda q, x: attention(q, q, q, **{name: make(x)})), q, jnp.int32(1))
+
+
+@pytest.mark.parametrize("key,exc,words", [
+    (jax.random.split(jax.random.key(0), 2), ValueError, r"dropout_key: expected one PRNG key .* typed key array of shape \(2,\); for a key per vmapped element, jax.vmap"),
+    (jax.random.split(jax.random.PRNGKey(0), 2), ValueError, r"dropout_key: expected one PRNG key .* raw key array of shape \(2, 2\)"),
+    (jnp.uint32(3), ValueError, r"dropout_key: expected one PRNG key .* shape \(\)"),
+    (jnp.zeros(3, jnp.uint32), TypeError, r"dropout_key: expected a JAX PRNG key .* got uint32 of shape \(3,\)"),
+    (jnp.zeros(2, jnp.float32), TypeError, r"dropout_key: expected a JAX PRNG key .* got float32 of shape \(2,\)"),
+])
+def test_bad_dropout_keys_are_named(key, exc, words):
+    """A batch of keys, a scalar or a raw key of the wrong length or dtype were jax.random.bits'
+    errors ('bits accepts a single key', 'invalid PRNG key data'), naming no argument."""
+    with pytest.raises(exc, match=words):
+        jax.eval_shape(lambda q, k, v: attention(q, k, v, dropout_p=0.1, dropout_key=key), Q, K, V)
+    with pytest.raises(exc, match="dropout_key: "):
+        dropout_seed_offset(key)
+
+
+def test_raw_key_of_numpy_and_vmapped_keys_still_work():
+    o = jax.eval_shape(lambda q, k, v: attention(q, k, v, dropout_p=0.1, dropout_key=np.array([0, 7], np.uint32)),
+                       Q, K, V)
+    assert o.shape == Q.shape
+    qs = _spec((3,) + Q.shape)
+    f = jax.vmap(lambda q, key: attention(q, q, q, dropout_p=0.1, dropout_key=key))
+    assert jax.eval_shape(f, qs, jax.random.split(jax.random.PRNGKey(0), 3)).shape == qs.shape
