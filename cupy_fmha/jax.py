@@ -66,6 +66,9 @@ Features and what they cost:
   ``vmap_method="sequential"``, a loop in the compiled program), for every feature. A vmapped
   batch of batch-mode inputs runs faster folded into the batch dimension; an unbatched
   ``dropout_key`` gives every vmapped element the same mask.
+* Not supported: forward mode (``jax.jvp``, ``jax.jacfwd``: JAX refuses a ``custom_vjp``
+  function), higher-order derivatives (grad of grad, ``jax.hessian``: a TypeError naming
+  :func:`attention` at trace time), gradients for the ALiBi slopes or lse.
 """
 
 from __future__ import annotations
@@ -472,6 +475,17 @@ def _callback(kind: str, opts: _Options, named: dict, outs: tuple, offsets, want
 # --------------------------------------------------------------------------- the two passes
 
 
+def _no_derivative(*_):
+    """The derivative rule of the two passes: only a derivative of :func:`attention`'s own
+    derivative reaches it (``custom_vjp`` runs the forward on primal values and the backward is
+    not differentiated), and there JAX's error for a buffer callback ("Buffer callbacks do not
+    support JVP. Please use jax.custom_jvp") told the user to rewrite the library."""
+    raise TypeError("cupy_fmha.jax.attention: higher-order derivatives (a derivative of its gradient: grad of "
+                    "grad, jax.hessian, jax.jvp of jax.grad) are not supported: its forward and backward run "
+                    "this library's kernels, which have no derivative of their own")
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _forward(opts: _Options, q, k, v, slopes, bias, cu_q, cu_k, words):
     offsets = _plan_offsets(opts, q, k, cu_q, cu_k)
     plan = plan_forward(_Abstract(q), _Abstract(k), _Abstract(v), bias=_abstract(bias), alibi_slopes=_abstract(slopes),
@@ -482,6 +496,7 @@ def _forward(opts: _Options, q, k, v, slopes, bias, cu_q, cu_k, words):
     return buffer_callback(run, types, vmap_method="sequential")(*args)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _backward(opts: _Options, want_dbias: bool, do, q, k, v, o, lse, slopes, bias, cu_q, cu_k, words):
     offsets = _plan_offsets(opts, q, k, cu_q, cu_k)
     plan_backward(*(_Abstract(x) for x in (do, q, k, v, o, lse)), bias=_abstract(bias), alibi_slopes=_abstract(slopes),
@@ -492,6 +507,10 @@ def _backward(opts: _Options, want_dbias: bool, do, q, k, v, o, lse, slopes, bia
                                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, dropout_words=words),
                              types, offsets, want_dbias)
     return buffer_callback(run, types, vmap_method="sequential")(*args)
+
+
+_forward.defjvp(_no_derivative)
+_backward.defjvp(_no_derivative)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

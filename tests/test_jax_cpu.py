@@ -391,3 +391,19 @@ def test_raw_key_of_numpy_and_vmapped_keys_still_work():
     qs = _spec((3,) + Q.shape)
     f = jax.vmap(lambda q, key: attention(q, q, q, dropout_p=0.1, dropout_key=key))
     assert jax.eval_shape(f, qs, jax.random.split(jax.random.PRNGKey(0), 3)).shape == qs.shape
+
+
+@pytest.mark.parametrize("transform", [
+    lambda L: jax.grad(lambda q, k, v: jax.grad(L)(q, k, v).astype(jnp.float32).sum()),   # grad of grad
+    lambda L: jax.hessian(L),
+    lambda L: lambda q, k, v: jax.jvp(jax.grad(L), (q, k, v), (q, k, v)),
+])
+def test_higher_order_derivatives_are_refused_by_name(transform):
+    """They were JAX's 'Buffer callbacks do not support JVP. Please use jax.custom_jvp', advice
+    for the library's author; first-order gradients and remat are unchanged."""
+    q = _spec((1, 16, 2, 16))
+    L = _loss(causal=True)
+    with pytest.raises(TypeError, match="cupy_fmha.jax.attention: higher-order derivatives .* are not supported"):
+        jax.eval_shape(transform(L), q, q, q)
+    grads = jax.eval_shape(jax.jit(jax.grad(jax.checkpoint(L), argnums=(0, 1, 2))), q, q, q)
+    assert [g.shape for g in grads] == [q.shape] * 3
