@@ -633,6 +633,18 @@ def _check_static(name: str, value) -> None:
                         "static_argnums / static_argnames)")
 
 
+def _as_array(name: str, x):
+    """``x`` (a JAX or NumPy array, or what NumPy makes one of) as a JAX array, None kept; what
+    ``jnp.asarray`` refuses is named here (its own message names no argument)."""
+    if x is None:
+        return None
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name}: expected a JAX or NumPy array, got {type(x).__module__}.{type(x).__name__} "
+                        f"({e})") from None
+
+
 def _static_max_seqlen(name: str, value) -> int:
     if value is None:
         raise ValueError(f"{name}: cupy_fmha.jax needs max_seqlen_q and max_seqlen_k as Python ints in group mode "
@@ -671,15 +683,17 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
         if not all(hasattr(x, a) for a in ("shape", "dtype")):
             raise TypeError(f"{name}: expected a JAX array, got {type(x).__module__}.{type(x).__name__}")
         _check_on_gpu(name, x)
-    for name, x in (("alibi_slopes", alibi_slopes), ("bias", bias)):
-        # (jnp.asarray would turn float64 into float32 where x64 is off; attention_forward refuses it)
+    for name, x in (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("bias", bias)):
+        # (JAX turns a NumPy float64 into float32 where x64 is off: the library's check would then
+        # name the wrong dtype; attention_forward refuses float64)
         if x is not None and np.dtype(getattr(x, "dtype", np.float32)) == np.float64:
             raise TypeError(f"{name}: got float64; expected " + ("float32" if name == "alibi_slopes" else
+                                                                  "float16 or bfloat16" if name in ("q", "k", "v") else
                                                                   "float16, bfloat16 or float32"))
     if isinstance(window_size, np.ndarray):  # a hashable static value, checked as a pair of ints later
         window_size = tuple(window_size.tolist())
-    slopes, bias, cu_q, cu_k = (None if x is None else jnp.asarray(x)
-                                for x in (alibi_slopes, bias, cu_seqlens_q, cu_seqlens_k))
+    slopes, bias, cu_q, cu_k = (_as_array(name, x) for name, x in (
+        ("alibi_slopes", alibi_slopes), ("bias", bias), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)))
     opts = _Options(None if softmax_scale is None else float(softmax_scale), causal,
                     tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size, mask, layout,
                     float(dropout_p), int(seed), int(offset), deterministic, max_seqlen_q, max_seqlen_k,

@@ -407,3 +407,24 @@ def test_higher_order_derivatives_are_refused_by_name(transform):
         jax.eval_shape(transform(L), q, q, q)
     grads = jax.eval_shape(jax.jit(jax.grad(jax.checkpoint(L), argnums=(0, 1, 2))), q, q, q)
     assert [g.shape for g in grads] == [q.shape] * 3
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(bias="x"), "bias: expected a JAX or NumPy array, got builtins.str"),
+    (dict(alibi_slopes={"h": 1.0}), "alibi_slopes: expected a JAX or NumPy array, got builtins.dict"),
+    (dict(bias=[[0.0] * 16, [0.0] * 15]), "bias: expected a JAX or NumPy array, got builtins.list"),  # ragged
+    (dict(layout="thd", cu_seqlens_q="abc", cu_seqlens_k=np.array([0, 16], np.int32), max_seqlen_q=16,
+          max_seqlen_k=16), "cu_seqlens_q: expected a JAX or NumPy array"),
+])
+def test_operands_jax_cannot_convert_are_named(kw, words):
+    """jnp.asarray's own refusal ('Value 'x' with dtype <U1 is not a valid JAX array type')
+    named no argument."""
+    with pytest.raises(TypeError, match=words):
+        jax.eval_shape(lambda q: attention(q, q, q, **kw), _spec((1, 16, 2, 64)))
+
+
+def test_float64_numpy_q_names_its_own_dtype():
+    """JAX turned it into float32 first, and the library's check said 'got dtype float32'."""
+    x = np.zeros((1, 16, 2, 64))
+    with pytest.raises(TypeError, match="q: got float64; expected float16 or bfloat16"):
+        attention(x, x, x)
