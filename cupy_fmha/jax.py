@@ -670,6 +670,8 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
     for name, value in (("window_size", window_size), ("mask", mask), ("layout", layout),
                         ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         _check_static(name, value)
+    if check_cu_seqlens and layout != "thd":  # (it would only send every call down the general path)
+        raise ValueError(f"check_cu_seqlens: True checks group mode's offsets (layout='thd'), got layout {layout!r}")
     if layout == "thd":
         max_seqlen_q = _static_max_seqlen("max_seqlen_q", max_seqlen_q)
         max_seqlen_k = _static_max_seqlen("max_seqlen_k", max_seqlen_k)
@@ -739,7 +741,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
             longest sequence (``ValueError`` naming them when missing).
         check_cu_seqlens: group mode: False (default) trusts the offsets (no device read; offsets
             that break the rules give undefined results); True lets the library read them back and
-            check them in each callback (a synchronization of XLA's stream).
+            check them in each callback (a synchronization of XLA's stream). True in another
+            layout is a ValueError.
 
     Returns:
         o: like q with head dim hdim_v, in q's dtype.

@@ -165,6 +165,7 @@ def test_group_mode_empty_sequences_and_zero_max_fit():
     (dict(layout="thd", max_seqlen_q=30, max_seqlen_k=20), ValueError, "cu_seqlens_k: 70 packed tokens"),
     (dict(layout="bshd"), ValueError, "cu_seqlens_q: variable-length inputs need layout='thd'"),
     (dict(THD, check_cu_seqlens=1), TypeError, "check_cu_seqlens: expected a bool"),
+    (dict(layout="bshd", check_cu_seqlens=True), ValueError, "check_cu_seqlens: True checks group mode's offsets"),
 ])
 def test_group_mode_bad_arguments(kw, exc, words):
     with pytest.raises(exc, match=words):
@@ -369,8 +370,10 @@ def test_traced_window_mask_layout_max_seqlen_are_refused_by_name(name, make):
 
 
 @pytest.mark.parametrize("key,exc,words", [
-    (jax.random.split(jax.random.key(0), 2), ValueError, r"dropout_key: expected one PRNG key .* typed key array of shape \(2,\); for a key per vmapped element, jax.vmap"),
-    (jax.random.split(jax.random.PRNGKey(0), 2), ValueError, r"dropout_key: expected one PRNG key .* raw key array of shape \(2, 2\)"),
+    (jax.random.split(jax.random.key(0), 2), ValueError,
+     r"dropout_key: expected one PRNG key .* typed key array of shape \(2,\); for a key per vmapped element, jax.vmap"),
+    (jax.random.split(jax.random.PRNGKey(0), 2), ValueError,
+     r"dropout_key: expected one PRNG key .* raw key array of shape \(2, 2\)"),
     (jnp.uint32(3), ValueError, r"dropout_key: expected one PRNG key .* shape \(\)"),
     (jnp.zeros(3, jnp.uint32), TypeError, r"dropout_key: expected a JAX PRNG key .* got uint32 of shape \(3,\)"),
     (jnp.zeros(2, jnp.float32), TypeError, r"dropout_key: expected a JAX PRNG key .* got float32 of shape \(2,\)"),
@@ -428,3 +431,12 @@ def test_float64_numpy_q_names_its_own_dtype():
     x = np.zeros((1, 16, 2, 64))
     with pytest.raises(TypeError, match="q: got float64; expected float16 or bfloat16"):
         attention(x, x, x)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_check_cu_seqlens_outside_group_mode_is_refused(layout):
+    """It was taken silently (and sent every call down the general path: views, a new plan)."""
+    with pytest.raises(ValueError, match=f"check_cu_seqlens: True checks group mode's offsets .*got layout '{layout}'"):
+        jax.eval_shape(lambda q: attention(q, q, q, layout=layout, check_cu_seqlens=True), _spec((1, 16, 2, 64)))
+    assert jax.eval_shape(lambda q: attention(q, q, q, layout=layout, check_cu_seqlens=False),
+                          _spec((1, 16, 2, 64))).shape == (1, 16, 2, 64)
