@@ -68,7 +68,8 @@ Features and what they cost:
   ``dropout_key`` gives every vmapped element the same mask.
 * Not supported: forward mode (``jax.jvp``, ``jax.jacfwd``: JAX refuses a ``custom_vjp``
   function), higher-order derivatives (grad of grad, ``jax.hessian``: a TypeError naming
-  :func:`attention` at trace time), gradients for the ALiBi slopes or lse.
+  :func:`attention` at trace time), gradients for the ALiBi slopes or lse, symbolic shapes
+  (``jax.export``'s shape polymorphism: a ValueError naming the operand).
 """
 
 from __future__ import annotations
@@ -696,6 +697,13 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
         window_size = tuple(window_size.tolist())
     slopes, bias, cu_q, cu_k = (_as_array(name, x) for name, x in (
         ("alibi_slopes", alibi_slopes), ("bias", bias), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)))
+    for name, x in (("q", q), ("k", k), ("v", v), ("alibi_slopes", slopes), ("bias", bias), ("cu_seqlens_q", cu_q),
+                    ("cu_seqlens_k", cu_k)):
+        if x is not None and not all(isinstance(n, (int, np.integer)) for n in x.shape):
+            # (a symbolic dimension of jax.export's shape polymorphism: past here int() of it raised
+            # InconclusiveDimensionOperation from deep inside the planning)
+            raise ValueError(f"{name}: shape {tuple(x.shape)} has a symbolic dimension; cupy_fmha.jax plans its "
+                             "kernels for concrete shapes (no shape polymorphism)")
     opts = _Options(None if softmax_scale is None else float(softmax_scale), causal,
                     tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size, mask, layout,
                     float(dropout_p), int(seed), int(offset), deterministic, max_seqlen_q, max_seqlen_k,

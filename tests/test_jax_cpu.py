@@ -440,3 +440,15 @@ def test_check_cu_seqlens_outside_group_mode_is_refused(layout):
         jax.eval_shape(lambda q: attention(q, q, q, layout=layout, check_cu_seqlens=True), _spec((1, 16, 2, 64)))
     assert jax.eval_shape(lambda q: attention(q, q, q, layout=layout, check_cu_seqlens=False),
                           _spec((1, 16, 2, 64))).shape == (1, 16, 2, 64)
+
+
+def test_symbolic_shapes_are_refused_by_name():
+    """jax.export's shape polymorphism: a symbolic batch raised InconclusiveDimensionOperation
+    from inside the planning (int() of the dimension), naming no argument."""
+    from jax import export
+
+    (b,) = export.symbolic_shape("b")
+    with pytest.raises(ValueError, match=r"q: shape \(b, 16, 2, 64\) has a symbolic dimension"):
+        jax.eval_shape(lambda q, k: attention(q, k, k), _spec((b, 16, 2, 64)), _spec((2, 16, 2, 64)))
+    with pytest.raises(ValueError, match=r"bias: shape \(b, 16\) has a symbolic dimension"):
+        jax.eval_shape(lambda q, x: attention(q, q, q, bias=x), _spec((1, 16, 2, 64)), _spec((b, 16), jnp.float32))
