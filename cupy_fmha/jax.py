@@ -68,7 +68,8 @@ Features and what they cost:
   ``dropout_key`` gives every vmapped element the same mask.
 * Not supported: forward mode (``jax.jvp``, ``jax.jacfwd``: JAX refuses a ``custom_vjp``
   function), higher-order derivatives (grad of grad, ``jax.hessian``: a TypeError naming
-  :func:`attention` at trace time), gradients for the ALiBi slopes or lse, symbolic shapes
+  :func:`attention` at trace time), gradients for the ALiBi slopes or lse (a loss that depends
+  on lse is a TypeError, see :func:`attention_with_lse`), symbolic shapes
   (``jax.export``'s shape polymorphism: a ValueError naming the operand).
 """
 
@@ -548,8 +549,13 @@ def _attention_fwd(opts, q, k, v, slopes, bias, cu_q, cu_k, words):
 
 def _attention_bwd(opts, saved, cotangents):
     q, k, v, o, lse, slopes, bias, cu_q, cu_k, words = saved.arrays
-    do, _ = cotangents  # LSE's cotangent is not propagated (it is a by-product for the caller)
-    if isinstance(do, jax.custom_derivatives.SymbolicZero):  # only lse was used: nothing flows back
+    do, dlse = cotangents
+    if not isinstance(dlse, jax.custom_derivatives.SymbolicZero):
+        # the backward has no lse term: dropping this cotangent gave a silently wrong gradient
+        raise TypeError("attention_with_lse: lse has no gradient here, but the value being differentiated "
+                        "depends on lse; wrap lse in jax.lax.stop_gradient where a zero gradient through it is "
+                        "meant (jax.vjp: differentiate a function returning o only, such as attention)")
+    if isinstance(do, jax.custom_derivatives.SymbolicZero):  # neither output was used: nothing flows back
         return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None,
                 None if bias is None else jnp.zeros_like(bias), None, None, None)
     grads = _backward(opts, saved.want_dbias, do.astype(o.dtype), q, k, v, o, lse, slopes, bias, cu_q, cu_k, words)
@@ -660,7 +666,8 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
                        max_seqlen_q=None, max_seqlen_k=None, check_cu_seqlens=False):
     """:func:`attention` that also returns the log-sum-exp rows, ``(o, lse)``, lse float32
     [batch, nhead_q, seqlen_q] (group mode: [batch, nhead_q, max_seqlen_q]). The gradient flows
-    through ``o`` only (lse's cotangent is ignored)."""
+    through ``o`` only: differentiating a value that depends on lse (not through
+    ``jax.lax.stop_gradient``) is a TypeError when the gradient is traced."""
     check_dropout(dropout_p, seed, offset)  # named errors for the static values before they are hashed
     if softmax_scale is not None:  # (a traced or array value is refused here, by name)
         softmax_scale = _check_scale(softmax_scale, 1)

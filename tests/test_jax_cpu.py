@@ -219,10 +219,27 @@ def test_dbias_only_when_the_bias_is_differentiated():
     assert len(bwd.params["result_avals"]) == 3
 
 
-def test_gradient_through_lse_only_runs_no_backward():
-    f = lambda q, k, v: attention_with_lse(q, k, v)[1].sum()  # noqa: E731
+def test_gradient_through_a_stopped_lse_only_runs_no_backward():
+    f = lambda q, k, v: jax.lax.stop_gradient(attention_with_lse(q, k, v)[1]).sum() + q.sum()  # noqa: E731
     assert len(_callbacks(jax.grad(f), Q, K, V)) == 1
     assert jax.eval_shape(jax.grad(f), Q, K, V).shape == Q.shape
+
+
+@pytest.mark.parametrize("loss", [
+    lambda o, lse: lse.sum(),                                   # lse only: the gradient was zeros
+    lambda o, lse: o.astype(jnp.float32).sum() + lse.sum(),     # both: the lse term was dropped
+])
+def test_a_loss_depending_on_lse_is_refused_not_silently_wrong(loss):
+    """The backward has no lse term; its cotangent used to be dropped, a silently wrong gradient."""
+    f = lambda q, k, v: loss(*attention_with_lse(q, k, v))  # noqa: E731
+    with pytest.raises(TypeError, match="attention_with_lse: lse has no gradient here"):
+        jax.eval_shape(jax.grad(f), Q, K, V)
+    # lse as an aux output, or unused, is fine
+    g = jax.grad(lambda q: (lambda o, lse: (o.astype(jnp.float32).sum(), lse))(*attention_with_lse(q, K, V)),
+                 has_aux=True)
+    assert [x.shape for x in jax.eval_shape(g, Q)] == [Q.shape, (2, 4, 100)]
+    vg = jax.vmap(jax.grad(lambda q: attention_with_lse(q, q, q)[0].astype(jnp.float32).sum()))
+    assert jax.eval_shape(vg, _spec((3,) + Q.shape)).shape == (3,) + Q.shape
 
 
 @pytest.mark.parametrize("bias,kw,exc,words", [
