@@ -10,7 +10,7 @@ Maths (per batch b and query head h; K/V head ``h // (nhead_q // nhead_k)``)::
     D   = rowsum(dO * O)
     dV  = (P * Z)^T dO              (summed over each GQA group)
     dP  = (dO V^T) * Z
-    dS  = P * (dP - D)
+    dS  = P * (dP - D + g)          (g = dLSE, the cotangent of LSE: dLSE_i / dS_ij = P_ij; 0 by default)
     dQ  = scale * dS K
     dK  = scale * dS^T Q            (summed over each GQA group)
     dB  = dS                        (summed over the bias's broadcast dimensions)
@@ -246,6 +246,22 @@ def _forward_one(q, k, v, visible, scale, group, rnd, work, add=None, z=None):
     return p, pz, o, lse, kx, vx
 
 
+def _dlse(dlse, shape: tuple, what: str):
+    """The reference backward's ``dlse`` on the host (None kept): any float array of lse's
+    ``shape`` [batch, nhead_q, ``what``]."""
+    if dlse is None:
+        return None
+    if not all(hasattr(dlse, a) for a in ("shape", "dtype")):
+        raise TypeError(f"dlse: expected a float array of lse's shape {shape} or None, got "
+                        f"{type(dlse).__module__}.{type(dlse).__name__}")
+    dlse = _host("dlse", dlse)
+    if not (dlse.dtype.kind == "f" or dlse.dtype == _BF16):
+        raise TypeError(f"dlse: expected a floating-point array, got dtype {dlse.dtype}")
+    if tuple(dlse.shape) != shape:
+        raise ValueError(f"dlse: expected lse's shape {shape} [batch, nhead_q, {what}], got {tuple(dlse.shape)}")
+    return dlse
+
+
 def _to_layout(a, layout):
     return a if layout == "bhsd" else a.transpose(0, 2, 1, 3)
 
@@ -369,6 +385,7 @@ def attention_backward(
     cu_seqlens_k=None,
     max_seqlen_q=None,
     max_seqlen_k=None,
+    dlse=None,
 ):
     """Reference attention backward (recomputes the forward; no o/lse needed).
 
@@ -379,6 +396,11 @@ def attention_backward(
             alibi_slopes, dropout_p, seed, offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k: as :func:`attention_forward`.
         return_dbias: also return dbias (needs ``bias``).
+        dlse: optional cotangent of the forward's lse (the gradient of the loss with respect to
+            lse, lse in natural-log units): any float array [b, hq, sq] (varlen: [b, hq,
+            max_seqlen_q]; entries past each sequence's length are ignored). Since
+            dLSE_i / dS_ij = P_ij, it adds g_i P_ij to dS: dS = P * (dP - D + g) (FlashAttention's
+            D with the lse term of the softmax gradient). None (default): zero.
 
     Returns:
         ``(dq, dk, dv)`` or, with ``return_dbias``, ``(dq, dk, dv, dbias)``; float64 in the
@@ -388,8 +410,8 @@ def attention_backward(
         Rows with no visible key contribute nothing (zero dq rows), never NaN.
 
     Raises:
-        TypeError, ValueError: as :func:`attention_forward`, plus do's shape/dtype and
-            ``return_dbias`` without ``bias``.
+        TypeError, ValueError: as :func:`attention_forward`, plus do's shape/dtype,
+            ``return_dbias`` without ``bias`` and dlse's type, dtype and shape.
     """
     want_dbias = check_return_dbias(return_dbias, bias)
     st = _setup(
@@ -402,6 +424,7 @@ def attention_backward(
     prob, rnd, work = st.prob, st.rnd, st.work
     scale = work(prob.softmax_scale)
     hq, hk, g = prob.nhead_q, prob.nhead_k, prob.group
+    glse = _dlse(dlse, (st.batch, hq, st.seqlen_q), "max_seqlen_q" if st.varlen else "seqlen_q")
     d, dv_ = prob.hdim_q, prob.hdim_v
     if st.varlen:
         dq = np.zeros((prob.total_q, hq, d))
@@ -426,6 +449,8 @@ def attention_backward(
             st.additive(b, sq, sk), z,
         )
         D = np.sum(dob * o, axis=-1, keepdims=True)
+        if glse is not None:  # the lse term: dS = P * (dP - (D - g)); D stays float32 in "low"
+            D = D - glse[b, :, :sq, None].astype(D.dtype)
         dv_h = np.matmul(pz.transpose(0, 2, 1), dob)  # [hq, sk, dv]
         st.put(dv, "v", b, rnd(dv_h.reshape(hk, g, sk, dv_).sum(axis=1)))
         dp = rnd(np.matmul(dob, vx.transpose(0, 2, 1)))
