@@ -681,8 +681,8 @@ def _launch_forward(cp, plan: FwdPlan, tensors, lse: int, seq, alibi, bias_arg, 
 def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
                        mask=None, layout="bshd", dtype=None, alibi_slopes=None, bias=None, return_dbias=False,
                        dropout_p=0.0, seed=0, offset=0, out=None, deterministic=False, cu_seqlens_q=None,
-                       cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None) -> AttentionGrads | AttentionGradsWithBias:
+                       cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                       dlse=None) -> AttentionGrads | AttentionGradsWithBias:
     """Attention backward: dQ, dK, dV (and optionally dBias) from dO and the forward's O and LSE.
 
     Three launches (CK's FMHA backward): ``dot_do_o`` (which also zero-fills the fp32 dQ
@@ -731,6 +731,19 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             see :func:`cupy_fmha.launch.dq_workspace` and :func:`cupy_fmha.backward_workspace_bytes`.
             dK/dV are deterministic in both modes (plain stores; GQA sums per-head fp32 copies
             in a fixed order).
+        dlse: optional cotangent of the forward's lse (the gradient of the loss with respect to
+            lse, lse in natural-log units): float32, lse's shape [batch, nhead_q, seqlen_q]
+            (thd: [batch, nhead_q, max_seqlen_q]; rows past each sequence's length are not
+            read), any strides; a CuPy array on the current device, a NumPy array (copied over)
+            or a DLPack tensor, as ``lse``. None (default): zero, i.e. a loss of o alone. Its
+            source is the lse term of the softmax gradient: lse_i = log sum_j exp(s_ij), so
+            d lse_i / d s_ij = P_ij, and with g = dlse
+            ``dS = P * (dP - D + g) = P * (dP - (D - g))``, D = rowsum(dO * O) being
+            FlashAttention's D. So no kernel changes: ``dlse`` is subtracted from the fp32 D
+            workspace (one elementwise CuPy kernel on the current stream, where the backward's
+            kernels run) between ``dot_do_o`` and ``dq_dk_dv``; dq, dk and dbias get the lse term,
+            dv does not depend on it. With dropout the same holds (lse is that of the undropped P).
+            The caller's array is not modified.
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
@@ -742,23 +755,27 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
         TypeError: ``deterministic`` is not a bool; and see below.
         TypeError, ValueError: bad input (see :func:`cupy_fmha.validate.check_backward_inputs`
             and :func:`cupy_fmha.validate.check_bias`; ``bias`` with ``alibi_slopes``;
-            ``return_dbias`` not a bool or True without ``bias``), before anything is launched.
+            ``return_dbias`` not a bool or True without ``bias``; ``dlse`` not float32, not lse's
+            shape or on another GPU: :func:`cupy_fmha.validate.check_dlse`), before anything is
+            launched.
         RuntimeError: CuPy or a GPU is missing.
     """
-    do, q, k, v, o, lse, bias, alibi_slopes = (
+    do, q, k, v, o, lse, bias, alibi_slopes, dlse = (
         _adopt(n, a) for n, a in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("bias", bias),
-                                  ("alibi_slopes", alibi_slopes)))
+                                  ("alibi_slopes", alibi_slopes), ("dlse", dlse)))
     plan: BwdPlan = plan_backward(
-        do, q, k, v, o, lse, bias=bias, alibi_slopes=alibi_slopes, cc=_device_cc, softmax_scale=softmax_scale,
+        do, q, k, v, o, lse, bias=bias, alibi_slopes=alibi_slopes, dlse=dlse, cc=_device_cc, softmax_scale=softmax_scale,
         causal=causal, window_size=window_size, mask=mask, layout=layout, dtype=dtype, dropout_p=dropout_p,
         seed=seed, offset=offset, return_dbias=return_dbias, deterministic=deterministic,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k)
-    return _run_backward(plan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k)
+    return _run_backward(plan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k, dlse=dlse)
 
 
-def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k):
-    """:func:`attention_backward` after its plan (see :func:`_run_forward`)."""
+def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, cu_seqlens_q, cu_seqlens_k,
+                  dlse=None):
+    """:func:`attention_backward` after its plan (see :func:`_run_forward`); ``dlse`` checked by the
+    plan (None: none)."""
     layout = plan.layout
     cp = _cupy()
     read = (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("bias", bias),
@@ -766,6 +783,8 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     do, q, k, v, o = (_prep(cp, n, a, bool(plan.maps)) for n, a in (("do", do), ("q", q), ("k", k), ("v", v),
                                                                      ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))
+    if dlse is not None:  # (only read, by an elementwise kernel: any strides)
+        dlse = _to_device(cp, "dlse", dlse)
     dq, dk, dv = _outputs(cp, out, ("dq", "dk", "dv"), plan.grad_shapes, (q.dtype,) * 3, read)
     cu_q, cu_k = _cu(cp, plan, cu_seqlens_q, cu_seqlens_k)
     alibi, slopes = _alibi(cp, plan, alibi_slopes)
@@ -777,7 +796,7 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
         bias_arg = (*bias_arg[:6], _DS_KIND[np.dtype(dbias.dtype)])
     ds_acc = _launch_backward(
         cp, plan, tuple(_tensor(a, layout) for a in (do, q, k, v, o, dq, dk, dv)), _ptr(lse), _seq(plan, cu_q, cu_k),
-        alibi, bias_arg, _dropout(plan), dbias=dbias)
+        alibi, bias_arg, _dropout(plan), dbias=dbias, dlse=dlse)
     if plan.want_dbias:
         return AttentionGradsWithBias(dq, dk, dv, ds_acc if dbias is not None else reduce_dbias(cp, ds_acc, bias_dev))
     return AttentionGrads(dq, dk, dv)
@@ -809,15 +828,18 @@ def _direct_dbias(cp, plan, bias_dev, into=None):
     return out
 
 
-def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None, dbias=None):
+def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg, dropout, maps=None, dbias=None,
+                     dlse=None):
     """The backward's workspaces and launches from its arguments' device addresses: ``tensors``
     the ``TensorArg`` tuples of do, q, k, v, o, dq, dk, dv; ``lse`` its address; the feature
     groups and ``maps`` (of q, k, v, do; the ws backward's 5th, the bias's, is added here) as in
     :func:`_launch_forward`. With ``plan.want_dbias``: ``dbias`` the array the kernel stores dS into
     as dBias itself (:func:`_direct_dbias`; ``bias_arg``'s last entry its ``ds_kind``), returned; or
     None, and the fp32 dS workspace is made here and returned (for
-    :func:`cupy_fmha.dbias.reduce_dbias`). Else None. Shared by :func:`_run_backward` and
-    :mod:`cupy_fmha.jax`'s callbacks."""
+    :func:`cupy_fmha.dbias.reduce_dbias`). Else None. ``dlse``: lse's cotangent, a float32 CuPy
+    array of lse's shape on this device (checked by the plan), subtracted from D between the
+    dot_do_o and dq_dk_dv launches (dS = P (dP - (D - dlse)): the kernels are the same); None: none.
+    Shared by :func:`_run_backward` and :mod:`cupy_fmha.jax`'s callbacks."""
     t_do, t_q, t_k, t_v, t_o, t_dq, t_dk, t_dv = tensors
     p, specs, launches, gm = plan.problem, plan.specs, plan.launches, plan.group_mode
     mask = _mask(plan)
@@ -830,6 +852,12 @@ def _launch_backward(cp, plan: BwdPlan, tensors, lse: int, seq, alibi, bias_arg,
     _launch(cp, specs.dot_do_o, launches["dot_do_o"], P.DOT_DO_O, (
         t_do, t_o, _ptr(delta), 0 if plan.dq_ws.nsplit else _ptr(dq_acc), seq,
         p.hdim_q, p.hdim_v, plan.dq_ws.pitch, plan.dq_ws.cols))
+    if dlse is not None and delta.size:
+        # the lse term of the softmax gradient (d lse_i / d s_ij = P_ij): dS = P (dP - D + dlse), and
+        # every dq_dk_dv kernel forms dS = P (dP - D) from this workspace. An elementwise kernel on the
+        # current stream, the one the launches above and below run on, so it runs between them.
+        # (Group mode: rows past a sequence, never written by dot_do_o, are never read either.)
+        delta -= dlse
 
     # dS for dBias; zeroed: pairs in key/query blocks the mask skips (group mode: outside every
     # sequence's corner) are never written

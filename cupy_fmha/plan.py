@@ -32,6 +32,7 @@ from .validate import (
     check_alibi_slopes,
     check_backward_inputs,
     check_bias,
+    check_dlse,
     check_dropout,
     check_flag,
     check_forward_inputs,
@@ -271,12 +272,15 @@ def plan_forward(q, k, v, *, bias=None, alibi_slopes=None, cc, **kw) -> FwdPlan:
 # --------------------------------------------------------------------------- backward
 
 
-def _check_backward(do, q, k, v, o, lse, bias, alibi_slopes, **kw) -> tuple[_Plan, bool, bool]:
+def _check_backward(do, q, k, v, o, lse, bias, alibi_slopes, dlse=None, **kw) -> tuple[_Plan, bool, bool]:
     deterministic = kw["deterministic"]
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     require_lse(lse)
     p, rows_q, rows_k, window = _problem(q, k, v, [("o", o), ("do", do)], lse, kw)
+    # (only checked: the launcher subtracts it from D between dot_do_o and dq_dk_dv; no kernel changes)
+    check_dlse(dlse, lse, (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)),
+               varlen=kw["layout"] == "thd")
     want_dbias = check_return_dbias(kw["return_dbias"], bias)
     base = _base(p, kw["layout"], rows_q, rows_k, window, bias, alibi_slopes, kw)
     return base, bool(deterministic), want_dbias
@@ -314,15 +318,17 @@ def _backward_kernels(checked, cc) -> BwdPlan:
                    maps=L.tma_boxes(specs.dq_dk_dv, kv_batch, hq, hk, p.hdim_q, p.hdim_v, tq, tk))
 
 
-def plan_backward(do, q, k, v, o, lse, *, bias=None, alibi_slopes=None, cc, **kw) -> BwdPlan:
+def plan_backward(do, q, k, v, o, lse, *, bias=None, alibi_slopes=None, dlse=None, cc, **kw) -> BwdPlan:
     """Resolve :func:`cupy_fmha.attention_backward`'s arguments (``kw``: its keyword options)
     into a :class:`BwdPlan`, or raise the error naming the bad argument; ``cc`` as in
-    :func:`plan_forward`.
+    :func:`plan_forward`. ``dlse`` (lse's cotangent, optional) is checked here
+    (:func:`cupy_fmha.validate.check_dlse`) and plays no part in the plan: the same kernels run
+    with or without it.
 
     Raises:
         TypeError, ValueError: see :mod:`cupy_fmha.validate`.
     """
-    checked = _checked(_check_backward, (do, q, k, v, o, lse, bias, alibi_slopes), kw)
+    checked = _checked(_check_backward, (do, q, k, v, o, lse, bias, alibi_slopes, dlse), kw)
     return _for_device(_backward_kernels, checked, cc())
 
 

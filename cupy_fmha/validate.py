@@ -40,6 +40,7 @@ __all__ = [
     "check_dropout",
     "check_flag",
     "check_return_dbias",
+    "check_dlse",
     "check_kernel_limits",
 ]
 
@@ -847,6 +848,32 @@ def check_return_dbias(return_dbias, bias) -> bool:
             "return_dbias: True needs bias= (dbias is the gradient of an explicit bias)"
         )
     return flag
+
+
+def check_dlse(dlse, lse, named=(), varlen: bool = False) -> None:
+    """The backward's optional ``dlse``, the cotangent of the forward's lse (``None``: zero): a
+    float32 array of lse's shape ([batch, nhead_q, seqlen_q]; group mode [batch, nhead_q,
+    max_seqlen_q]), on the device of the other arrays (``named``: ``(name, array)`` pairs, lse's
+    included) when it is a CuPy array; any strides (it is only read, by an elementwise
+    subtraction). ``lse`` must have been checked already; ``varlen``: group mode (the message names
+    max_seqlen_q).
+
+    Raises:
+        TypeError: not an array, not float32.  ValueError: not lse's shape, another GPU.
+    """
+    if dlse is None:
+        return
+    shape = tuple(int(n) for n in lse.shape)
+    if not _is_array(dlse):
+        raise TypeError(f"dlse: expected a float32 array of lse's shape {shape} (lse's cotangent) or None, got "
+                        f"{type(dlse).__module__}.{type(dlse).__name__}")
+    dt = np.dtype(dlse.dtype)
+    if dt != _F32:
+        raise TypeError(f"dlse: expected float32 (lse's dtype), got dtype {dt}")
+    if tuple(int(n) for n in dlse.shape) != shape:
+        what = "max_seqlen_q" if varlen else "seqlen_q"
+        raise ValueError(f"dlse: expected lse's shape {shape} [batch, nhead_q, {what}], got {tuple(dlse.shape)}")
+    _check_devices([*named, ("dlse", dlse)])
 
 
 _TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (numpy.exceptions from NumPy 1.25)

@@ -1,7 +1,10 @@
 """The lse cotangent (``dlse``) of the backward, on the CPU: the NumPy oracle's gradients with a
 random dlse against central finite differences of L = sum(O * dO) + sum(LSE * dLSE) (float64, tiny
 shapes: causal, a window, GQA, bias with dbias, ALiBi, dropout, rows that see no key, group mode),
-dlse=None equal to dlse=zeros bit for bit."""
+dlse=None equal to dlse=zeros bit for bit, and the GPU API's handling on a stand-in CuPy
+(tests/fake_cupy.py): bad dlse refused by name before anything is launched, the caller's arrays
+untouched, and D - dlse reaching the dq_dk_dv launch (dlse subtracted from the D workspace after
+dot_do_o, before dq_dk_dv)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import cupy_fmha
+from cupy_fmha import api
 from cupy_fmha import reference as R
+from fake_cupy import OtherDeviceArray, Recorder, _fake, fake_cupy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -193,3 +199,158 @@ def test_reference_leaves_dlse_untouched():
     before = dlse.copy()
     R.attention_backward(do, q, k, v, dlse=dlse, causal=True, precision="low")
     np.testing.assert_array_equal(dlse, before)
+
+
+# --------------------------------------------------------------------------- the GPU API, stand-in CuPy
+
+
+def _delta_hook(seen: dict):
+    """Acts as dot_do_o (D := a recognizable pattern) and records D as dq_dk_dv reads it."""
+
+    def hook(launch):
+        src, args = launch["spec"].source, launch["args"]
+        if src == "fmha_bwd_dot_do_o":
+            d = args["delta"]
+            d[...] = (np.arange(d.size, dtype=np.float32).reshape(d.shape) % 11) - 5
+            seen["dot"] = np.array(d)
+        elif src.startswith("fmha_bwd_dq_dk_dv"):
+            seen["main"] = np.array(args["delta"])
+            seen["main_lse"] = args["lse"]
+    return hook
+
+
+@pytest.fixture(params=["90", "80", "gfx942"])
+def rec(request, monkeypatch):
+    """The stand-in CuPy for an sm_90, sm_80 or (cupy-rocm) gfx942 device and a launch recorder
+    whose hook plays dot_do_o's part (see :func:`_delta_hook`)."""
+    cp = fake_cupy("94", "gfx942:sramecc+:xnack-") if request.param == "gfx942" else fake_cupy(request.param)
+    monkeypatch.setattr(api, "_cupy", lambda: cp)
+    monkeypatch.setattr(api, "_CC", {})
+    monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
+    seen: dict = {}
+    r = Recorder(hook=_delta_hook(seen))
+    r.seen = seen
+    monkeypatch.setattr(api, "get_function", r)
+    from cupy_fmha.backends import tma
+    monkeypatch.setattr(tma, "encode_tile_map", lambda args: np.zeros(1, np.dtype((np.void, 128))))
+    return r
+
+
+def _api_inputs(b=2, sq=37, sk=53, hq=4, hk=2, d=64, dtype=np.float16, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, sq, hq, d)).astype(dtype)
+    k = rng.standard_normal((b, sk, hk, d)).astype(dtype)
+    v = rng.standard_normal((b, sk, hk, d)).astype(dtype)
+    do = rng.standard_normal((b, sq, hq, d)).astype(dtype)
+    lse = rng.standard_normal((b, hq, sq)).astype(np.float32)
+    return q, k, v, do, lse
+
+
+@pytest.mark.parametrize("kind", ["numpy", "device", "strided-device"])
+def test_api_subtracts_dlse_from_d_between_the_launches(rec, kind):
+    q, k, v, do, lse = _api_inputs()
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal((2, 4, 37)).astype(np.float32)
+    if kind == "numpy":
+        dlse = host.copy()
+    elif kind == "device":
+        dlse = _fake(host.copy())
+    else:  # a strided view on the device: read in place by the elementwise subtraction
+        wide = _fake(np.zeros((2, 4, 74), np.float32))
+        wide[:, :, ::2] = host
+        dlse = _fake(wide[:, :, ::2])
+    before = np.array(dlse)
+    cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=dlse)
+    kinds = [la["spec"].source for la in rec.launches]
+    assert kinds[0] == "fmha_bwd_dot_do_o" and kinds[1].startswith("fmha_bwd_dq_dk_dv")
+    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"] - host)  # D - dlse, in float32
+    assert rec.seen["main"].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(rec.seen["main_lse"]), lse)  # lse itself as it was
+    np.testing.assert_array_equal(np.asarray(dlse), before)  # the caller's dlse untouched
+
+
+def test_api_without_dlse_passes_d_unchanged(rec):
+    q, k, v, do, lse = _api_inputs()
+    cupy_fmha.attention_backward(do, q, k, v, do, lse)
+    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"])
+    rec.launches.clear()
+    cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 37), np.float32))
+    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"])
+
+
+def test_api_dlse_in_group_mode(rec):
+    """Group mode: dlse has lse's [batch, nhead_q, max_seqlen_q] shape; with dbias and GQA."""
+    rng = np.random.default_rng(3)
+    cu_q, cu_k = np.array([0, 29, 29, 50], np.int32), np.array([0, 0, 40, 70], np.int32)
+    q = rng.standard_normal((50, 4, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((70, 2, 64)).astype(np.float16) for _ in range(2))
+    lse = rng.standard_normal((3, 4, 30)).astype(np.float32)
+    dlse = rng.standard_normal((3, 4, 30)).astype(np.float32)
+    bias = rng.standard_normal((3, 1, 30, 40)).astype(np.float32)
+    g = cupy_fmha.attention_backward(q, q, k, v, q, lse, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                     max_seqlen_q=30, causal=True, bias=bias, return_dbias=True, dlse=dlse)
+    assert g.dbias.shape == bias.shape
+    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"] - dlse)
+    with pytest.raises(ValueError, match=r"dlse: expected lse's shape \(3, 4, 30\) \[batch, nhead_q, max_seqlen_q\]"):
+        cupy_fmha.attention_backward(q, q, k, v, q, lse, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                     max_seqlen_q=30, dlse=dlse[:, :, :29])
+
+
+BAD_DLSE = [
+    # (what, exception, message, dlse from lse)
+    ("shape", ValueError, r"dlse: expected lse's shape \(2, 4, 37\) \[batch, nhead_q, seqlen_q\], got \(2, 4, 36\)",
+     lambda lse: np.zeros((2, 4, 36), np.float32)),
+    ("rank", ValueError, r"dlse: expected lse's shape \(2, 4, 37\) .*got \(2, 4, 37, 1\)",
+     lambda lse: np.zeros((2, 4, 37, 1), np.float32)),
+    ("float16", TypeError, r"dlse: expected float32 \(lse's dtype\), got dtype float16",
+     lambda lse: lse.astype(np.float16)),
+    ("float64", TypeError, r"dlse: expected float32 \(lse's dtype\), got dtype float64",
+     lambda lse: lse.astype(np.float64)),
+    ("bf16-bits", TypeError, r"dlse: expected float32 \(lse's dtype\), got dtype uint16",
+     lambda lse: lse.astype(BF16).view(np.uint16)),
+    ("list", TypeError, r"dlse: expected a float32 array .*got builtins.list", lambda lse: lse.tolist()),
+    ("scalar", TypeError, r"dlse: expected a float32 array .*got builtins.float", lambda lse: 1.0),
+    ("other-gpu", ValueError, r"dlse: array is on GPU 1 but .* is on GPU 0",
+     lambda lse: np.zeros(lse.shape, np.float32).view(OtherDeviceArray)),
+]
+
+
+@pytest.mark.parametrize("what, exc, words, make", BAD_DLSE, ids=[b[0] for b in BAD_DLSE])
+def test_api_refuses_a_bad_dlse_before_any_launch(rec, what, exc, words, make):
+    q, k, v, do, lse = _api_inputs()
+    q, k, v, do, lse = (_fake(x) for x in (q, k, v, do, lse))  # on the (stand-in) device: read in place
+    snapshot = [np.array(x) for x in (q, k, v, do, lse)]
+    dlse = make(np.asarray(lse))
+    dlse_before = np.array(dlse, copy=True) if isinstance(dlse, np.ndarray) else dlse
+    for _ in range(2):  # (the checks are memoized; a failure never is)
+        with pytest.raises(exc, match=words):
+            cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=dlse)
+    assert not rec.launches
+    for x, before in zip((q, k, v, do, lse), snapshot):  # the caller's arrays untouched
+        np.testing.assert_array_equal(np.asarray(x), before)
+    if isinstance(dlse, np.ndarray):
+        np.testing.assert_array_equal(np.asarray(dlse), dlse_before)
+
+
+def test_api_checks_dlse_without_a_gpu(monkeypatch):
+    """A bad dlse is named before CuPy or a device is looked for (as every other argument)."""
+
+    def no_gpu():
+        raise RuntimeError("no usable CUDA GPU (test)")
+
+    monkeypatch.setattr(api, "_cupy", no_gpu)
+    q, k, v, do, lse = _api_inputs()
+    with pytest.raises(TypeError, match="dlse: expected float32"):
+        api.attention_backward(do, q, k, v, do, lse, dlse=lse.astype(np.float16))
+    with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
+        api.attention_backward(do, q, k, v, do, lse, dlse=lse)
+
+
+def test_api_dlse_memoized_plan_tells_shapes_apart(rec):
+    """The memoized checks key on dlse too: a good dlse does not let a bad one of another shape pass."""
+    q, k, v, do, lse = _api_inputs()
+    cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 37), np.float32))
+    with pytest.raises(ValueError, match="dlse: expected lse's shape"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 1), np.float32))
+    with pytest.raises(TypeError, match="dlse: expected float32"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 37), np.float64))
