@@ -62,14 +62,20 @@ Features and what they cost:
   path **reads those 16 bytes back to the host** inside the forward and again inside the
   backward callback (each a synchronization of XLA's stream). The words are a residual, so the
   backward regenerates exactly the forward's mask.
+* lse's gradient: a loss that uses :func:`attention_with_lse`'s lse as well as (or instead of) o
+  gets lse's term of the softmax gradient. lse's cotangent (float32, lse's shape) becomes one
+  more operand of the backward callback, :func:`cupy_fmha.attention_backward`'s ``dlse``, which
+  the launcher subtracts from D = rowsum(dO * O) between the backward's first two kernels
+  (d lse_i / d s_ij = P_ij, so dS = P (dP - D + dlse)): same kernels, one elementwise pass over
+  lse's floats. Only when the cotangent is not a symbolic zero (lse used and differentiated): lse
+  unused, an aux output or under ``jax.lax.stop_gradient`` leaves the backward as it was.
 * ``vmap``: supported by running the call once per vmapped element (``buffer_callback``'s
   ``vmap_method="sequential"``, a loop in the compiled program), for every feature. A vmapped
   batch of batch-mode inputs runs faster folded into the batch dimension; an unbatched
   ``dropout_key`` gives every vmapped element the same mask.
 * Not supported: forward mode (``jax.jvp``, ``jax.jacfwd``: JAX refuses a ``custom_vjp``
   function), higher-order derivatives (grad of grad, ``jax.hessian``: a TypeError naming
-  :func:`attention` at trace time), gradients for the ALiBi slopes or lse (a loss that depends
-  on lse is a TypeError, see :func:`attention_with_lse`), symbolic shapes
+  :func:`attention` at trace time), gradients for the ALiBi slopes, symbolic shapes
   (``jax.export``'s shape polymorphism: a ValueError naming the operand).
 """
 
@@ -332,7 +338,8 @@ class _Callback:
             return plan_forward(a["q"], a["k"], a["v"], bias=a.get("bias"), alibi_slopes=a.get("alibi_slopes"),
                                 cc=lambda: cc, return_dropout_mask=False, **kw)
         return plan_backward(*(a[n] for n in ("do", "q", "k", "v", "o", "lse")), bias=a.get("bias"),
-                             alibi_slopes=a.get("alibi_slopes"), cc=lambda: cc, return_dbias=self.want_dbias,
+                             alibi_slopes=a.get("alibi_slopes"), dlse=a.get("dlse"), cc=lambda: cc,
+                             return_dbias=self.want_dbias,
                              deterministic=opts.deterministic, **kw)
 
     def bind(self, cc: int) -> _Bound:
@@ -407,8 +414,11 @@ class _Callback:
             dbias = self._direct_dbias(cp, plan, out[3]) if self.want_dbias else None
             if dbias is not None:  # (the kernel stores dS straight into XLA's buffer, as dBias)
                 bias_arg = (*bias_arg[:6], api._DS_KIND[np.dtype(dbias.dtype)])
+            # lse's cotangent (an operand only when it is not a symbolic zero), subtracted from D
+            dlse = _device_view(cp, a["dlse"], self.avals["dlse"].shape, np.float32) \
+                if "dlse" in a and self.avals["dlse"].size else None
             ds = api._launch_backward(cp, plan, tensors, self._addr(a, "lse"), seq, alibi, bias_arg, dropout,
-                                      self._maps(cp, b, tensors, plan.launches["dq_dk_dv"]), dbias=dbias)
+                                      self._maps(cp, b, tensors, plan.launches["dq_dk_dv"]), dbias=dbias, dlse=dlse)
             if self.want_dbias and dbias is None:
                 self._write_dbias(cp, reduce_dbias(cp, ds, self.avals["bias"]), out[3])
         return None
@@ -446,9 +456,9 @@ class _Callback:
             api._run_forward(plan, a["q"], a["k"], a["v"], bias, slopes, tuple(res), *cu)
             return
         arrays = [a[n] for n in ("do", "q", "k", "v", "o", "lse")]
-        plan = plan_backward(*arrays, bias=bias, alibi_slopes=slopes, cc=api._device_cc,
+        plan = plan_backward(*arrays, bias=bias, alibi_slopes=slopes, dlse=a.get("dlse"), cc=api._device_cc,
                              return_dbias=self.want_dbias, deterministic=self.opts.deterministic, **kw)
-        g = api._run_backward(plan, *arrays, bias, slopes, tuple(res[:3]), *cu)
+        g = api._run_backward(plan, *arrays, bias, slopes, tuple(res[:3]), *cu, dlse=a.get("dlse"))
         if self.want_dbias and g.dbias.nbytes:
             res[3].data.copy_from_device_async(g.dbias.data, g.dbias.nbytes)
 
@@ -499,14 +509,15 @@ def _forward(opts: _Options, q, k, v, slopes, bias, cu_q, cu_k, words):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _backward(opts: _Options, want_dbias: bool, do, q, k, v, o, lse, slopes, bias, cu_q, cu_k, words):
+def _backward(opts: _Options, want_dbias: bool, do, q, k, v, o, lse, slopes, bias, cu_q, cu_k, words, dlse):
+    # dlse: lse's cotangent, or None (a symbolic zero): then no operand, and the callback of the plain backward
     offsets = _plan_offsets(opts, q, k, cu_q, cu_k)
     plan_backward(*(_Abstract(x) for x in (do, q, k, v, o, lse)), bias=_abstract(bias), alibi_slopes=_abstract(slopes),
-                  cc=_never_device, return_dbias=want_dbias, deterministic=opts.deterministic,
+                  dlse=_abstract(dlse), cc=_never_device, return_dbias=want_dbias, deterministic=opts.deterministic,
                   **opts.kw(cu_seqlens=offsets))
     types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v) + ((bias,) if want_dbias else ()))
     _, args, run = _callback("bwd", opts, dict(do=do, q=q, k=k, v=v, o=o, lse=lse, alibi_slopes=slopes, bias=bias,
-                                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, dropout_words=words),
+                                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, dropout_words=words, dlse=dlse),
                              types, offsets, want_dbias)
     return buffer_callback(run, types, vmap_method="sequential")(*args)
 
@@ -550,15 +561,17 @@ def _attention_fwd(opts, q, k, v, slopes, bias, cu_q, cu_k, words):
 def _attention_bwd(opts, saved, cotangents):
     q, k, v, o, lse, slopes, bias, cu_q, cu_k, words = saved.arrays
     do, dlse = cotangents
-    if not isinstance(dlse, jax.custom_derivatives.SymbolicZero):
-        # the backward has no lse term: dropping this cotangent gave a silently wrong gradient
-        raise TypeError("attention_with_lse: lse has no gradient here, but the value being differentiated "
-                        "depends on lse; wrap lse in jax.lax.stop_gradient where a zero gradient through it is "
-                        "meant (jax.vjp: differentiate a function returning o only, such as attention)")
-    if isinstance(do, jax.custom_derivatives.SymbolicZero):  # neither output was used: nothing flows back
-        return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None,
-                None if bias is None else jnp.zeros_like(bias), None, None, None)
-    grads = _backward(opts, saved.want_dbias, do.astype(o.dtype), q, k, v, o, lse, slopes, bias, cu_q, cu_k, words)
+    zero = jax.custom_derivatives.SymbolicZero
+    # lse's cotangent: an operand of the backward callback (dS = P (dP - D + dlse)) only where it is not a
+    # symbolic zero, so a loss of o alone runs the plain backward
+    dlse = None if isinstance(dlse, zero) else dlse.astype(jnp.float32)
+    if isinstance(do, zero):
+        if dlse is None:  # neither output was used: nothing flows back
+            return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None,
+                    None if bias is None else jnp.zeros_like(bias), None, None, None)
+        do = jnp.zeros_like(o)  # lse alone: D = 0, dS = P * dlse
+    grads = _backward(opts, saved.want_dbias, do.astype(o.dtype), q, k, v, o, lse, slopes, bias, cu_q, cu_k, words,
+                      dlse)
     dbias = grads[3] if saved.want_dbias else None  # None: a zero cotangent, for a bias not differentiated
     return grads[0], grads[1], grads[2], None, dbias, None, None, None
 
@@ -665,9 +678,13 @@ def attention_with_lse(q, k, v, *, softmax_scale=None, causal=False, window_size
                        dropout_key=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
                        max_seqlen_q=None, max_seqlen_k=None, check_cu_seqlens=False):
     """:func:`attention` that also returns the log-sum-exp rows, ``(o, lse)``, lse float32
-    [batch, nhead_q, seqlen_q] (group mode: [batch, nhead_q, max_seqlen_q]). The gradient flows
-    through ``o`` only: differentiating a value that depends on lse (not through
-    ``jax.lax.stop_gradient``) is a TypeError when the gradient is traced."""
+    [batch, nhead_q, seqlen_q] (group mode: [batch, nhead_q, max_seqlen_q]; rows that see no key:
+    -inf), natural log. The gradient flows through both: lse_i = log sum_j exp(s_ij) gives
+    d lse_i / d s_ij = P_ij, so lse's cotangent g adds g_i P_ij to dS (dS = P (dP - D + g), D =
+    rowsum(dO * O)); it is passed to the backward callback as
+    :func:`cupy_fmha.attention_backward`'s ``dlse`` (subtracted from D, same kernels), and only
+    when the differentiated value depends on lse (otherwise the backward is that of
+    :func:`attention`)."""
     check_dropout(dropout_p, seed, offset)  # named errors for the static values before they are hashed
     if softmax_scale is not None:  # (a traced or array value is refused here, by name)
         softmax_scale = _check_scale(softmax_scale, 1)

@@ -13,6 +13,8 @@
 * XLA's stream becomes a CuPy stream once per handle, without the deprecation warning;
 * ``check_cu_seqlens=True`` checks the real offsets in every call (the named error), and a
   misaligned buffer takes the general path;
+* a loss of lse: the backward callback's extra operand ``dlse`` (lse's cotangent) is subtracted
+  from D before dq_dk_dv on both paths, and on the CPU backend it is XLA's cotangent buffer;
 * on JAX's CPU backend a jitted gradient runs its two callbacks for real (with host addresses).
 Skipped without JAX."""
 
@@ -395,3 +397,90 @@ def test_address_falls_back_to_the_dlpack_capsule():
     for a in (base, view):
         assert fj._address(NoInterface(a)) == a.__array_interface__["data"][0]
     assert fj._address(Buf(F._fake(view))) == view.__array_interface__["data"][0]
+
+
+def _d_hook(seen: list):
+    """Acts as dot_do_o (D := a fixed pattern) and records D as each dq_dk_dv launch reads it."""
+
+    def hook(launch):
+        src, a = launch["spec"].source, launch["args"]
+        if src == "fmha_bwd_dot_do_o":
+            d = a["delta"]
+            d[...] = (np.arange(d.size, dtype=np.float32).reshape(d.shape) % 13) - 6
+        elif src.startswith("fmha_bwd_dq_dk_dv"):
+            seen.append(np.array(a["delta"]))
+    return hook
+
+
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_lse_cotangent_is_subtracted_from_d_on_both_paths(env, layout):
+    """A loss of o and lse: the backward callback gets lse's cotangent as its last operand, dlse,
+    and D - dlse reaches dq_dk_dv, with the cached plan (twice) and on the library's general path;
+    both paths launch the same kernels with the same parameters, and dlse's buffer is not written."""
+    if layout == "thd":
+        specs = dict(q=_spec((50, 4, 64)), k=_spec((70, 2, 64)), v=_spec((70, 2, 64)),
+                     cu_seqlens_q=_spec((4,), jnp.int32), cu_seqlens_k=_spec((4,), jnp.int32))
+        kw = dict(layout="thd", max_seqlen_q=30, max_seqlen_k=40, causal=True)
+        lse_shape = (3, 4, 30)
+    else:
+        specs = dict(q=_spec((2, 37, 4, 64)), k=_spec((2, 53, 2, 64)), v=_spec((2, 53, 2, 64)))
+        kw = dict(causal=True)
+        lse_shape = (2, 4, 37)
+    names = tuple(specs)
+
+    def loss(*arrays):
+        a = dict(zip(names, arrays))
+        o, lse = fj.attention_with_lse(a.pop("q"), a.pop("k"), a.pop("v"), **a, **kw)
+        return o.astype(jnp.float32).sum() + jnp.where(jnp.isfinite(lse), lse * lse, 0.0).sum()
+
+    fwd, bwd = _callbacks(jax.grad(loss, argnums=(0, 1, 2)), *specs.values())
+    assert bwd.names[-1] == "dlse" and bwd.avals["dlse"].shape == lse_shape
+    assert bwd.avals["dlse"].dtype == np.float32
+    arrays = _arrays((fwd, bwd))
+    dlse_before = np.array(arrays["dlse"])
+    seen: list = []
+    rec = env["rec"]
+    rec.hook = _d_hook(seen)
+    results = ("dq", "dk", "dv")
+    for _ in range(2):  # planning, then the cached plan
+        rec.launches.clear()
+        _call(bwd, arrays, results)
+    fast = _normal(rec.launches, arrays)
+    rec.launches.clear()
+    bwd._general(env["cp"], [Buf(arrays[n]) for n in results], [Buf(arrays[n]) for n in bwd.names])
+    general = _normal(rec.launches, arrays)
+    assert fast == general and len(fast) >= 3
+    assert len(seen) == 3
+    pattern = (np.arange(int(np.prod(lse_shape)), dtype=np.float32).reshape(lse_shape) % 13) - 6
+    for d in seen:
+        np.testing.assert_array_equal(d, pattern - dlse_before)
+    np.testing.assert_array_equal(np.asarray(arrays["dlse"]), dlse_before)
+
+
+def test_jitted_gradient_through_lse_hands_its_cotangent_to_the_backward(env, monkeypatch):
+    """On JAX's CPU backend (XLA's own buffers): the backward callback's dlse operand is lse's
+    cotangent, here the constant weights of sum(lse * w); without lse in the loss, none."""
+    monkeypatch.setattr(fj, "_address", lambda b: np.asarray(b).__array_interface__["data"][0])
+    monkeypatch.setattr(fj, "_stream_handle", lambda ctx: 0)
+    monkeypatch.setattr(F, "decode_params", lambda params: {})  # XLA's buffers are not the stand-in's arrays
+    got = []
+    real = api._launch_backward
+    monkeypatch.setattr(api, "_launch_backward", lambda *a, **kw: (got.append(
+        None if kw.get("dlse") is None else np.array(kw["dlse"])), real(*a, **kw))[1])
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 32, 2, 64)), jnp.bfloat16) for _ in range(3))
+    w = jnp.asarray(rng.standard_normal((1, 2, 32)), jnp.float32)
+
+    def loss(q, k, v, w):
+        o, lse = fj.attention_with_lse(q, k, v, causal=True)
+        return o.astype(jnp.float32).sum() + (lse * w).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for _ in range(2):
+        jax.block_until_ready(grad(q, k, v, w))
+    assert len(got) == 2 and all(g is not None for g in got)
+    for g in got:
+        np.testing.assert_array_equal(g, np.asarray(w))
+    got.clear()
+    jax.block_until_ready(jax.jit(jax.grad(lambda q, k, v: fj.attention(q, k, v).astype(jnp.float32).sum()))(q, k, v))
+    assert got == [None]

@@ -1,5 +1,6 @@
 """cupy_fmha.jax at trace time, on JAX's CPU backend (no GPU needed): output shapes, the gradient's
-trace (which callbacks, with which operands and results), group mode, the bias and its dBias,
+trace (which callbacks, with which operands and results; lse's cotangent as the backward's extra
+operand), group mode, the bias and its dBias,
 dropout from a PRNG key, vmap, and bad arguments refused with this library's named messages
 before anything runs. Skipped without JAX."""
 
@@ -226,20 +227,66 @@ def test_gradient_through_a_stopped_lse_only_runs_no_backward():
 
 
 @pytest.mark.parametrize("loss", [
-    lambda o, lse: lse.sum(),                                   # lse only: the gradient was zeros
-    lambda o, lse: o.astype(jnp.float32).sum() + lse.sum(),     # both: the lse term was dropped
+    lambda o, lse: lse.sum(),                                   # lse only: do is a symbolic zero
+    lambda o, lse: o.astype(jnp.float32).sum() + (lse * lse).sum(),  # both
+    lambda o, lse: jnp.where(jnp.isfinite(lse), lse, 0.0).mean(),  # a rows-without-keys-safe z-loss
 ])
-def test_a_loss_depending_on_lse_is_refused_not_silently_wrong(loss):
-    """The backward has no lse term; its cotangent used to be dropped, a silently wrong gradient."""
-    f = lambda q, k, v: loss(*attention_with_lse(q, k, v))  # noqa: E731
-    with pytest.raises(TypeError, match="attention_with_lse: lse has no gradient here"):
-        jax.eval_shape(jax.grad(f), Q, K, V)
-    # lse as an aux output, or unused, is fine
+def test_a_loss_depending_on_lse_passes_its_cotangent_to_the_backward(loss):
+    """lse's cotangent used to be dropped (a silently wrong gradient), then refused with a TypeError
+    (f03a1c5); now it is one more operand of the backward callback, float32 in lse's shape: dlse."""
+    f = lambda q, k, v: loss(*attention_with_lse(q, k, v, causal=True))  # noqa: E731
+    grads = jax.eval_shape(jax.jit(jax.grad(f, argnums=(0, 1, 2))), Q, K, V)
+    assert [(g.shape, g.dtype) for g in grads] == [(x.shape, x.dtype) for x in (Q, K, V)]
+    fwd, bwd = _callbacks(jax.grad(f, argnums=(0, 1, 2)), Q, K, V)
+    # backward: do, q, k, v, o, lse, dlse -> dq, dk, dv
+    assert len(bwd.invars) == 7 and _shapes([bwd.invars[-1].aval]) == [((2, 4, 100), np.float32)]
+    assert bwd.params["callback"].names[-1] == "dlse" and len(bwd.params["result_avals"]) == 3
+    assert "dlse" not in fwd.params["callback"].names
+    text = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(Q, K, V))
+    assert text.count("buffer_callback") == 2  # the forward and the backward, nothing else
+
+
+def test_lse_unused_stopped_or_aux_keeps_the_plain_backward():
+    """No lse operand where lse's cotangent is a symbolic zero: the plain backward's callback."""
+    plain = _callbacks(jax.grad(_loss(causal=True), argnums=(0, 1, 2)), Q, K, V)[1]
+    for f, kw in ((lambda q: attention_with_lse(q, K, V, causal=True)[0].astype(jnp.float32).sum(), {}),
+                  (lambda q: (lambda o, lse: (o.astype(jnp.float32).sum(), lse))(*attention_with_lse(q, K, V, causal=True)),
+                   dict(has_aux=True)),
+                  (lambda q: (lambda o, lse: o.astype(jnp.float32).sum() + jax.lax.stop_gradient(lse).sum())(
+                      *attention_with_lse(q, K, V, causal=True)), {})):
+        (bwd,) = _callbacks(jax.grad(f, **kw), Q)[1:]
+        assert len(bwd.invars) == 6 and "dlse" not in bwd.params["callback"].names
+        assert bwd.params["callback"] is plain.params["callback"]  # the same (shared) callback
     g = jax.grad(lambda q: (lambda o, lse: (o.astype(jnp.float32).sum(), lse))(*attention_with_lse(q, K, V)),
                  has_aux=True)
     assert [x.shape for x in jax.eval_shape(g, Q)] == [Q.shape, (2, 4, 100)]
     vg = jax.vmap(jax.grad(lambda q: attention_with_lse(q, q, q)[0].astype(jnp.float32).sum()))
     assert jax.eval_shape(vg, _spec((3,) + Q.shape)).shape == (3,) + Q.shape
+
+
+def test_vjp_with_an_lse_cotangent_and_group_mode_and_vmap():
+    """jax.vjp with both cotangents; group mode (dlse [batch, nhead_q, max_seqlen_q]) with a
+    differentiated bias (dBias carries the lse term too); vmap of a gradient through lse."""
+    o, lse = jax.eval_shape(lambda q, k, v: attention_with_lse(q, k, v), Q, K, V)
+
+    def vjp(q, k, v, do, dlse):
+        _, back = jax.vjp(lambda q, k, v: attention_with_lse(q, k, v), q, k, v)
+        return back((do, dlse))
+
+    assert [g.shape for g in jax.eval_shape(vjp, Q, K, V, o, lse)] == [Q.shape, K.shape, V.shape]
+    bwd = _callbacks(vjp, Q, K, V, o, lse)[-1]
+    assert bwd.params["callback"].names[-1] == "dlse"
+    bias = _spec((3, 1, 30, 40), jnp.float32)
+    f = lambda q, k, v, b, cu: attention_with_lse(q, k, v, bias=b, cu_seqlens_q=cu, cu_seqlens_k=cu,  # noqa: E731
+                                                  **THD)[1].sum()
+    grads = jax.eval_shape(jax.grad(f, argnums=(0, 1, 2, 3)), GQ, GK, GV, bias, CU)
+    assert [g.shape for g in grads] == [GQ.shape, GK.shape, GV.shape, bias.shape]
+    bwd = _callbacks(jax.grad(f, argnums=(0, 3)), GQ, GK, GV, bias, CU)[-1]
+    assert _shapes([bwd.invars[-1].aval]) == [((3, 4, 30), np.float32)] and len(bwd.params["result_avals"]) == 4
+    qs = _spec((3,) + Q.shape)
+    vg = jax.vmap(jax.grad(lambda q: (lambda o, lse: o.astype(jnp.float32).sum() + lse.sum())(
+        *attention_with_lse(q, q, q))))
+    assert jax.eval_shape(vg, qs).shape == qs.shape
 
 
 @pytest.mark.parametrize("bias,kw,exc,words", [
