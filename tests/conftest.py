@@ -320,14 +320,14 @@ class Packed(_Tensors):
 
 
 def run(inp, kw, *, dev=None, before_backward=None, want_keep=False, bias=None, dbias=None,
-        cu_on_device=True):
+        cu_on_device=True, dlse=None):
     """Forward then backward of ``inp`` (or the device arrays ``dev``) with the API keywords
     ``kw``, through NaN-poisoned ``out=`` buffers (checked to be the arrays returned).
 
     ``before_backward`` runs between the two calls; ``want_keep`` asks the forward for the
     dropout keep mask; ``bias`` is passed to both calls and ``dbias`` as ``return_dbias`` (the
-    type of the gradients is checked). Returns (o, lse, grads), plus the keep mask with
-    ``want_keep``."""
+    type of the gradients is checked); ``dlse`` (lse's cotangent) to the backward only. Returns
+    (o, lse, grads), plus the keep mask with ``want_keep``."""
     dev = dev or inp.dev
     q, k, v, do = dev["q"], dev["k"], dev["v"], dev["do"]
     kw = dict(inp.api_kw(kw, cu_on_device), dtype=inp.dtype_arg)
@@ -335,6 +335,8 @@ def run(inp, kw, *, dev=None, before_backward=None, want_keep=False, bias=None, 
         kw["bias"] = bias
     fwd = {"return_dropout_mask": True} if want_keep else {}
     bwd = {} if dbias is None else {"return_dbias": dbias}
+    if dlse is not None:
+        bwd["dlse"] = dlse
     o_out, lse_out = nan_like(do.shape, q.dtype), nan_like(inp.lse_shape(q, kw), cp.float32)
     res = cupy_fmha.attention_forward(q, k, v, **kw, **fwd, out=(o_out, lse_out))
     o, lse = res[0], res[1]
@@ -370,15 +372,18 @@ def keep_reference(b, hq, sq, sk, p, seed, offset):
 # --------------------------------------------------------------------------- judging
 
 
-def reference_outputs(inp, o, lse, g, kw, *, dbias=False):
+def reference_outputs(inp, o, lse, g, kw, *, dbias=False, dlse=None):
     """{name: (result as float64, float64 reference, ``precision="low"`` reference)} for o, lse,
     dq, dk, dv (and dbias, in the dtype of the host bias in ``kw`` or ``inp``), the references
-    run with ``kw`` (host arrays: ALiBi slopes, bias) and the layout of ``inp``."""
+    run with ``kw`` (host arrays: ALiBi slopes, bias) and the layout of ``inp``; ``dlse`` (a host
+    array, lse's cotangent) goes to the reference backwards."""
     h = inp.host
     rkw = inp.reference_kw(kw)
     ref_o, ref_lse = R.attention_forward(h["q"], h["k"], h["v"], **rkw)
     low_o, low_lse = R.attention_forward(h["q"], h["k"], h["v"], precision="low", **rkw)
     extra = {"return_dbias": True} if dbias else {}
+    if dlse is not None:
+        extra["dlse"] = dlse
     ref_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **extra, **rkw)
     low_g = R.attention_backward(h["do"], h["q"], h["k"], h["v"], precision="low", **extra, **rkw)
     outs = {
@@ -404,19 +409,19 @@ def assert_close(inp, outs, bias_dtype=None):
     assert not bad, "\n".join(bad)
 
 
-def check(inp, o, lse, g, kw, *, dbias=False):
+def check(inp, o, lse, g, kw, *, dbias=False, dlse=None):
     """:func:`reference_outputs` judged by :func:`assert_close`; returns the outputs."""
-    outs = reference_outputs(inp, o, lse, g, kw, dbias=dbias)
+    outs = reference_outputs(inp, o, lse, g, kw, dbias=dbias, dlse=dlse)
     assert_close(inp, outs, inp.reference_kw(kw)["bias"].dtype if dbias else None)
     return outs
 
 
-def check_group(inp, o, lse, g, kw, *, dbias=False):
+def check_group(inp, o, lse, g, kw, *, dbias=False, dlse=None):
     """:func:`check` for group mode (:class:`Packed`): every output the reference's shape and
     free of NaN first, then the tolerance rule, then the exact values of empty sequences (lse
     -inf beyond each sequence's length; a sequence without keys: o = 0, dq = 0, lse = -inf; one
     without queries: dk = dv = 0). Returns the outputs."""
-    outs = reference_outputs(inp, o, lse, g, kw, dbias=dbias)
+    outs = reference_outputs(inp, o, lse, g, kw, dbias=dbias, dlse=dlse)
     for name, (out, ref, _) in outs.items():
         assert out.shape == ref.shape, (name, out.shape, ref.shape)
         assert not np.isnan(out).any(), f"{name}: NaN (unwritten or poisoned)"

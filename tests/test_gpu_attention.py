@@ -7,7 +7,10 @@ so most mask / GQA / layout / seqlen variety is on fp16 hdim 64 and bf16 hdim 12
 104, multiples of 8 but not 16, in both dtypes at 131 x 77).
 
 Judging: :func:`cupy_fmha.verify.compare` against the float64 reference and the emulated
-same-precision reference (``precision="low"``). Outputs are poisoned: before each GPU call the
+same-precision reference (``precision="low"``). The backward with lse's cotangent (``dlse``) is
+judged against the references run with the same dlse (fp16 / bf16, hdim 64 / 128, 77 x 133 and
+133 x 77, causal and not, GQA, dropout, group mode, dBias), and each such case first shows that the
+reference without it would fail. Outputs are poisoned: before each GPU call the
 outputs are written into NaN-filled ``out=`` buffers, so elements a kernel fails to write stay NaN.
 """
 
@@ -22,7 +25,8 @@ except Exception:  # pragma: no cover - no CuPy at all
     cp = None
 
 import cupy_fmha
-from conftest import BF16, F16, Inputs, assert_close, nan_block_in_pool, reference_outputs, run, seed_for
+from conftest import (BF16, BIAS_SHAPES, F16, LK2, LQ2, BiasInputs, Inputs, Packed, assert_close, check, check_group,
+                      nan_block_in_pool, reference_outputs, run, seed_for)
 from cupy_fmha import reference as R
 from cupy_fmha.verify import compare, float_to_bf16_bits
 
@@ -297,3 +301,122 @@ def test_dq_workspace_is_cleared_by_dot_do_o(d):
     o, lse, g = run(inp, kw, before_backward=nan_block_in_pool((b, hq, sq, d)))
     assert not bool(cp.isnan(g.dq.astype(cp.float32)).any())
     _check_all(inp, o, lse, g, kw)
+
+
+# --------------------------------------------------------------------------- lse's cotangent (dlse)
+
+# id: (dtype, layout, b, sq, sk, hq, hk, d, kwargs); lengths that are no multiple of any tile (77, 133)
+DLSE = {
+    "f16-d64-none-77x133": (F16, "bshd", 2, 77, 133, 4, 4, 64, {}),
+    "f16-d64-causal-133x77-empty-rows-bhsd": (F16, "bhsd", 1, 133, 77, 2, 2, 64, {"causal": True}),
+    "bf16-d64-window-133": (BF16, "bshd", 2, 133, 133, 2, 2, 64, {"window_size": (32, 8)}),
+    "bf16-d64-causal-77x133-gqa2": (BF16, "bshd", 1, 77, 133, 4, 2, 64, {"causal": True}),
+    "f16-d128-causal-133": (F16, "bshd", 1, 133, 133, 4, 4, 128, {"causal": True}),
+    "f16-d128-none-133x77-gqa4": (F16, "bhsd", 2, 133, 77, 8, 2, 128, {}),
+    "bf16-d128-none-77x133-bhsd": (BF16, "bhsd", 2, 77, 133, 2, 2, 128, {}),
+    "bf16-d128-causal-133x77": (BF16, "bshd", 1, 133, 77, 4, 4, 128, {"causal": True}),
+    # dropout: lse is that of the undropped P, so the same D - dlse holds (dS = P (dP Z - D + dlse))
+    "f16-d64-dropout-133x77-gqa2": (F16, "bshd", 2, 133, 77, 4, 2, 64, {"dropout_p": 0.2, "seed": 21, "offset": 5}),
+    "bf16-d128-causal-dropout-133": (BF16, "bshd", 1, 133, 133, 2, 2, 128,
+                                     {"causal": True, "dropout_p": 0.3, "seed": 2**33 + 1}),
+}
+
+
+def _dlse_host(rng, shape):
+    """lse's cotangent: float32 4 * N(0, 1), the size of dP - D, so that dropping it moves dq and dk
+    far beyond the tolerance (checked in the test)."""
+    return (4.0 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def _lse_term_matters(inp, outs, kw, dlse_host):
+    """The result misses the reference without dlse by more than the tolerance (dq and dk), so the
+    comparison with dlse could tell a dropped lse term."""
+    h = inp.host
+    plain = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **inp.reference_kw(kw))
+    for name, i in (("dq", 0), ("dk", 1)):
+        out, ref_with = outs[name][0], outs[name][1]
+        assert not np.allclose(plain[i], ref_with), name
+        assert not compare(name, out, plain[i], dtype=inp.dtype, hdim_q=inp.d, hdim_v=inp.dv).ok, name
+
+
+@pytest.mark.parametrize("case", list(DLSE))
+def test_backward_with_dlse_matches_reference(case):
+    """attention_backward(..., dlse=g) against the reference backward with the same g: fresh random
+    inputs and g, NaN-poisoned outputs and a NaN block in the pool for the D workspace; g untouched;
+    rows that see no key keep dq = 0 whatever their g."""
+    dtype, layout, b, sq, sk, hq, hk, d, extra = DLSE[case]
+    inp = Inputs(dtype, layout, b, sq, sk, hq, hk, d, d, seed_for("dlse", case))
+    kw = dict(extra, layout=layout)
+    host = _dlse_host(inp.rng, (b, hq, sq))
+    dlse = cp.asarray(host)
+    o, lse, g = run(inp, kw, dlse=dlse, before_backward=nan_block_in_pool((b, hq, sq)))
+    assert bool((dlse == cp.asarray(host)).all())  # the caller's dlse untouched
+    outs = reference_outputs(inp, o, lse, g, kw, dlse=host)
+    assert_close(inp, outs)
+    _lse_term_matters(inp, outs, kw, host)
+    empty = np.isneginf(outs["lse"][1])  # [b, hq, sq]
+    if empty.any():
+        dq_f = outs["dq"][0] if layout == "bhsd" else outs["dq"][0].transpose(0, 2, 1, 3)
+        assert np.all(dq_f[empty] == 0) and np.all(host[empty] != 0)
+
+
+def test_backward_with_dlse_in_group_mode():
+    """Group mode (GQA, empty sequences, max_seqlen_q above the longest): dlse [batch, nhead_q,
+    max_seqlen_q], NaN in the rows past each sequence's length (never read: D's rows there are not
+    either); a sequence without keys keeps dq = 0 (check_group)."""
+    inp = Packed(BF16, LQ2, LK2, 4, 2, 64, 64, seed_for("dlse group"))
+    mq = int(np.diff(inp.cq).max())
+    kw = {"causal": True, "max_seqlen_q": mq + 3}
+    shape = (inp.batch, inp.hq, mq + 3)
+    host = _dlse_host(inp.rng, shape)
+    for i, n in enumerate(np.diff(inp.cq)):
+        host[i, :, n:] = np.nan
+    dlse = cp.asarray(host)
+    o, lse, g = run(inp, kw, dlse=dlse, before_backward=nan_block_in_pool(shape))
+    outs = check_group(inp, o, lse, g, kw, dlse=host)
+    assert np.array_equal(cp.asnumpy(dlse), host, equal_nan=True)  # untouched
+    assert not compare("dq", outs["dq"][0], R.attention_backward(
+        inp.host["do"], inp.host["q"], inp.host["k"], inp.host["v"], **inp.reference_kw(kw))[0],
+        dtype=inp.dtype, hdim_q=64, hdim_v=64).ok
+
+
+def test_backward_with_dlse_and_bias_dbias():
+    """dBias = dS carries the lse term too (a bias that broadcasts along nothing: the kernel stores
+    dS as dBias; and one shared over batch and heads: the fp32 workspace, reduced)."""
+    for shape in ("bh", "11"):
+        b, sq, sk, hq, hk, d = 2, 133, 77, 4, 2, 64
+        inp = BiasInputs(F16, np.float32, "bshd", b, sq, sk, hq, hk, d, d, BIAS_SHAPES[shape](b, hq, sq, sk),
+                         seed_for("dlse bias", shape))
+        kw = {"causal": True}
+        host = _dlse_host(inp.rng, (b, hq, sq))
+        o, lse, g = run(inp, kw, bias=inp.dev_bias, dbias=True, dlse=cp.asarray(host))
+        outs = check(inp, o, lse, g, kw, dbias=True, dlse=host)
+        plain = R.attention_backward(inp.host["do"], inp.host["q"], inp.host["k"], inp.host["v"], return_dbias=True,
+                                     **inp.reference_kw(kw))
+        assert not compare("dbias", outs["dbias"][0], plain[3], dtype=np.float32, hdim_q=d, hdim_v=d).ok, shape
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dlse_zeros_equal_no_dlse_bit_for_bit(d):
+    """D - 0 is D: with deterministic=True, dlse of zeros (CuPy or NumPy) gives the same bits as none."""
+    inp = Inputs(BF16, "bshd", 2, 133, 77, 4, 2, d, d, seed_for("dlse zeros", d))
+    q, k, v, do = (inp.dev[n] for n in ("q", "k", "v", "do"))
+    kw = dict(dtype=inp.dtype_arg, causal=True, deterministic=True)
+    o, lse = cupy_fmha.attention_forward(q, k, v, dtype=inp.dtype_arg, causal=True)
+    base = cupy_fmha.attention_backward(do, q, k, v, o, lse, **kw)
+    for zeros in (cp.zeros(lse.shape, cp.float32), np.zeros(lse.shape, np.float32)):
+        g = cupy_fmha.attention_backward(do, q, k, v, o, lse, dlse=zeros, **kw)
+        for a, x in zip(base, g):
+            assert bool((a == x).all())
+
+
+def test_bad_dlse_rejected():
+    q, k, v = _bad_inputs()
+    o, lse = cupy_fmha.attention_forward(q, k, v)
+    do = cp.ones_like(o)
+    with pytest.raises(TypeError, match="dlse: expected float32"):
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, dlse=lse.astype(cp.float16))
+    with pytest.raises(ValueError, match="dlse: expected lse's shape"):
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, dlse=lse[:, :, :8])
+    with pytest.raises(TypeError, match="dlse: expected a float32 array"):
+        cupy_fmha.attention_backward(do, q, k, v, o, lse, dlse=[0.0])

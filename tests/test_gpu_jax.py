@@ -140,6 +140,45 @@ def test_jit_forward_and_grad_match_reference(case):
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol}"
 
 
+@pytest.mark.parametrize("loss_kind", ["o+lse", "lse-only"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_grad_through_o_and_lse_matches_jax(case, loss_kind):
+    """jax.grad of a loss of o and lse (lse's cotangent reaches the backward as dlse: dS = P (dP - D
+    + dlse)), or of lse alone (do = 0), against jax.grad of the float32 reference with its lse
+    (logsumexp of the scores). The masks here leave every row a key: lse finite everywhere."""
+    dtype, layout, *_, causal, window, alibi = CASES[case]
+    q, k, v, w, slopes = _inputs(case)
+    s = slopes if alibi else None
+    kw = dict(causal=causal, window_size=window, layout=layout, alibi_slopes=s)
+    rng = np.random.default_rng(seed_for(f"jax-lse-{case}"))
+    u = jnp.asarray(4.0 * rng.standard_normal(jax.eval_shape(lambda q, k, v: attention_with_lse(q, k, v, **kw),
+                                                                q, k, v)[1].shape).astype(np.float32))
+    wo = 0.0 if loss_kind == "lse-only" else 1.0
+
+    def loss(q, k, v):
+        o, lse = attention_with_lse(q, k, v, **kw)
+        term = (lse * u).sum()
+        return term if loss_kind == "lse-only" else (o.astype(jnp.float32) * w.astype(jnp.float32)).sum() + term
+
+    def ref_loss(q, k, v):
+        o, lse = _ref(q, k, v, causal=causal, window=window, layout=layout, slopes=s, with_lse=True)
+        return wo * (o * w.astype(jnp.float32)).sum() + (lse * u).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    ref_grads = jax.grad(ref_loss, argnums=(0, 1, 2))(*(x.astype(jnp.float32) for x in (q, k, v)))
+    tol = 2e-2 if dtype == jnp.bfloat16 else 5e-3
+    assert all(x.dtype == dtype for x in grads)
+    _check_close([("dq", grads[0], ref_grads[0]), ("dk", grads[1], ref_grads[1]), ("dv", grads[2], ref_grads[2])]
+                 if loss_kind == "o+lse" else [("dq", grads[0], ref_grads[0]), ("dk", grads[1], ref_grads[1])], tol)
+    if loss_kind == "lse-only":  # dv does not depend on lse
+        assert not np.asarray(grads[2].astype(jnp.float32)).any()
+    # the lse term matters: the gradient of the loss without it is far from this one
+    plain = jax.grad(lambda q, k, v: wo * (_ref(q, k, v, causal=causal, window=window, layout=layout, slopes=s)
+                                           * w.astype(jnp.float32)).sum(), argnums=(0,))(
+        *(x.astype(jnp.float32) for x in (q, k, v)))[0]
+    assert _rel_err(grads[0], plain) > 10 * tol if loss_kind == "o+lse" else not np.asarray(plain).any()
+
+
 def test_deterministic_grads_are_bit_identical():
     q, k, v, w, _ = _inputs("bf16-bshd-causal-gqa2")
     g = jax.jit(jax.grad(lambda q, k, v: (attention(q, k, v, causal=True, deterministic=True).astype(jnp.float32)
