@@ -18,26 +18,13 @@ import cupy_fmha
 from cupy_fmha import api
 from cupy_fmha import reference as R
 from fake_cupy import OtherDeviceArray, Recorder, _fake, fake_cupy
+from fd import fd_grad
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _rng(*key):
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _fd_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    flat, gf = x.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        fp = f()
-        flat[i] = old - eps
-        fm = f()
-        flat[i] = old
-        gf[i] = (fp - fm) / (2 * eps)
-    return g
 
 
 def _lse_term(lse, dlse) -> float:
@@ -61,7 +48,7 @@ def check_fd_dlse(q, k, v, do, dlse, bias=None, **kw):
     for (name, x), g in zip(named, grads):
         assert g.shape == x.shape and g.dtype == np.float64, name
         assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, _fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
+        np.testing.assert_allclose(g, fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
     # the lse term changes the gradient (so the test could tell it was dropped): dq, dk (and dbias)
     plain = R.attention_backward(do, q, k, v, bias=bias, return_dbias=bias is not None, **kw)
     assert not np.allclose(grads[0], plain[0]) and not np.allclose(grads[1], plain[1])

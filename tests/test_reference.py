@@ -14,6 +14,7 @@ import pytest
 from cupy_fmha import reference as R
 from cupy_fmha.mask import resolve_mask
 from cupy_fmha.verify import bf16_bits_to_float, compare, float_to_bf16_bits, rel_limit
+from fd import fd_grad
 
 BF16 = ml_dtypes.bfloat16
 
@@ -58,20 +59,6 @@ def _cases():
     return cases
 
 
-def _fd_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    flat, gf = x.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        fp = f()
-        flat[i] = old - eps
-        fm = f()
-        flat[i] = old
-        gf[i] = (fp - fm) / (2 * eps)
-    return g
-
-
 @pytest.mark.parametrize("mkw, sq, sk, layout, hq, hk", _cases())
 def test_backward_matches_finite_differences(mkw, sq, sk, layout, hq, hk):
     rng = np.random.default_rng(zlib.crc32(repr((mkw, sq, sk, layout, hq)).encode()))
@@ -86,7 +73,7 @@ def test_backward_matches_finite_differences(mkw, sq, sk, layout, hq, hk):
     dq, dk, dv_ = R.attention_backward(do, q, k, v, **kw)
     assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
     for name, x, g in (("q", q, dq), ("k", k, dk), ("v", v, dv_)):
-        fd = _fd_grad(loss, x)
+        fd = fd_grad(loss, x)
         np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
 
 

@@ -23,6 +23,7 @@ from cupy_fmha.validate import (
     check_dropout,
     check_varlen_inputs,
 )
+from fd import fd_grad
 
 BF16 = ml_dtypes.bfloat16
 
@@ -57,20 +58,6 @@ def make_varlen(rng, lq, lk, hq, hk, d, dv, dtype=np.float64):
     return q, k, v, do, kw
 
 
-def _fd_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    flat, gf = x.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        fp = f()
-        flat[i] = old - eps
-        fm = f()
-        flat[i] = old
-        gf[i] = (fp - fm) / (2 * eps)
-    return g
-
-
 def check_fd(q, k, v, do, bias=None, **kw):
     """Backward (and dbias) vs central finite differences of L = sum(O * dO)."""
 
@@ -84,7 +71,7 @@ def check_fd(q, k, v, do, bias=None, **kw):
     for (name, x), g in zip(named, grads):
         assert g.shape == x.shape and g.dtype == np.float64, name
         assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, _fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
+        np.testing.assert_allclose(g, fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
     return grads
 
 
