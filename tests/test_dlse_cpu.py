@@ -18,7 +18,7 @@ import cupy_fmha
 from cupy_fmha import api
 from cupy_fmha import reference as R
 from fake_cupy import OtherDeviceArray, Recorder, _fake, fake_cupy
-from fd import fd_grad
+from fd import check_fd
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -27,28 +27,10 @@ def _rng(*key):
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
-def _lse_term(lse, dlse) -> float:
-    """sum(lse * dlse) over the rows that see a key (lse = -inf elsewhere: the loss ignores them,
-    and a perturbation of the inputs never gives such a row a key)."""
-    fin = np.isfinite(lse)
-    return float(np.sum(np.where(fin, lse, 0.0) * np.where(fin, dlse, 0.0)))
-
-
 def check_fd_dlse(q, k, v, do, dlse, bias=None, **kw):
     """The reference backward with ``dlse`` (and dbias) vs central finite differences of
-    L = sum(O * dO) + sum(LSE * dLSE)."""
-
-    def loss():
-        o, lse = R.attention_forward(q, k, v, bias=bias, **kw)
-        return float(np.sum(o * do)) + _lse_term(lse, dlse)
-
-    grads = R.attention_backward(do, q, k, v, bias=bias, return_dbias=bias is not None, dlse=dlse, **kw)
-    named = [("q", q), ("k", k), ("v", v)] + ([("bias", bias)] if bias is not None else [])
-    assert len(grads) == len(named)
-    for (name, x), g in zip(named, grads):
-        assert g.shape == x.shape and g.dtype == np.float64, name
-        assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
+    L = sum(O * dO) + sum(LSE * dLSE), and the lse term seen in dq and dk."""
+    grads = check_fd(q, k, v, do, bias, dlse=dlse, **kw)
     # the lse term changes the gradient (so the test could tell it was dropped): dq, dk (and dbias)
     plain = R.attention_backward(do, q, k, v, bias=bias, return_dbias=bias is not None, **kw)
     assert not np.allclose(grads[0], plain[0]) and not np.allclose(grads[1], plain[1])

@@ -23,7 +23,7 @@ from cupy_fmha.validate import (
     check_dropout,
     check_varlen_inputs,
 )
-from fd import fd_grad
+from fd import check_fd
 
 BF16 = ml_dtypes.bfloat16
 
@@ -56,23 +56,6 @@ def make_varlen(rng, lq, lk, hq, hk, d, dv, dtype=np.float64):
     do = rng.standard_normal((tq, hq, dv)).astype(dtype)
     kw = dict(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk))
     return q, k, v, do, kw
-
-
-def check_fd(q, k, v, do, bias=None, **kw):
-    """Backward (and dbias) vs central finite differences of L = sum(O * dO)."""
-
-    def loss():
-        o, _ = R.attention_forward(q, k, v, bias=bias, **kw)
-        return float(np.sum(o * do))
-
-    grads = R.attention_backward(do, q, k, v, bias=bias, return_dbias=bias is not None, **kw)
-    named = [("q", q), ("k", k), ("v", v)] + ([("bias", bias)] if bias is not None else [])
-    assert len(grads) == len(named)
-    for (name, x), g in zip(named, grads):
-        assert g.shape == x.shape and g.dtype == np.float64, name
-        assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, fd_grad(loss, x), rtol=1e-5, atol=1e-7, err_msg=f"d{name}")
-    return grads
 
 
 # --------------------------------------------------------------------------- finite differences
