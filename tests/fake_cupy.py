@@ -172,3 +172,25 @@ class Recorder:
         return Fn()
 
 
+
+
+def delta_pattern(shape) -> np.ndarray:
+    """The D that :func:`delta_hook`'s stand-in dot_do_o writes: a fixed float32 pattern."""
+    return (np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) % 13) - 6
+
+
+def delta_hook(seen: list):
+    """A :class:`Recorder` hook that acts as dot_do_o (D := :func:`delta_pattern`) and records, for
+    each dq_dk_dv launch, ``{"dot": the pattern, "main": D as that launch reads it, "lse": its lse
+    argument}`` in ``seen``: what the launcher did to D in between (dlse) shows as main - dot."""
+
+    def hook(launch):
+        src, args = launch["spec"].source, launch["args"]
+        if src == "fmha_bwd_dot_do_o":
+            d = args["delta"]
+            d[...] = delta_pattern(d.shape)
+        elif src.startswith("fmha_bwd_dq_dk_dv"):
+            d = args["delta"]
+            seen.append({"dot": delta_pattern(d.shape), "main": np.array(d), "lse": args["lse"]})
+
+    return hook

@@ -17,7 +17,7 @@ import pytest
 import cupy_fmha
 from cupy_fmha import api
 from cupy_fmha import reference as R
-from fake_cupy import OtherDeviceArray, Recorder, _fake, fake_cupy
+from fake_cupy import OtherDeviceArray, Recorder, _fake, delta_hook, fake_cupy
 from fd import check_fd
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -173,31 +173,17 @@ def test_reference_leaves_dlse_untouched():
 # --------------------------------------------------------------------------- the GPU API, stand-in CuPy
 
 
-def _delta_hook(seen: dict):
-    """Acts as dot_do_o (D := a recognizable pattern) and records D as dq_dk_dv reads it."""
-
-    def hook(launch):
-        src, args = launch["spec"].source, launch["args"]
-        if src == "fmha_bwd_dot_do_o":
-            d = args["delta"]
-            d[...] = (np.arange(d.size, dtype=np.float32).reshape(d.shape) % 11) - 5
-            seen["dot"] = np.array(d)
-        elif src.startswith("fmha_bwd_dq_dk_dv"):
-            seen["main"] = np.array(args["delta"])
-            seen["main_lse"] = args["lse"]
-    return hook
-
-
 @pytest.fixture(params=["90", "80", "gfx942"])
 def rec(request, monkeypatch):
     """The stand-in CuPy for an sm_90, sm_80 or (cupy-rocm) gfx942 device and a launch recorder
-    whose hook plays dot_do_o's part (see :func:`_delta_hook`)."""
+    whose hook plays dot_do_o's part (``fake_cupy.delta_hook``; ``rec.seen[-1]`` the last dq_dk_dv
+    launch's record)."""
     cp = fake_cupy("94", "gfx942:sramecc+:xnack-") if request.param == "gfx942" else fake_cupy(request.param)
     monkeypatch.setattr(api, "_cupy", lambda: cp)
     monkeypatch.setattr(api, "_CC", {})
     monkeypatch.delenv("CUPY_FMHA_DISABLE_WGMMA", raising=False)
-    seen: dict = {}
-    r = Recorder(hook=_delta_hook(seen))
+    seen: list = []
+    r = Recorder(hook=delta_hook(seen))
     r.seen = seen
     monkeypatch.setattr(api, "get_function", r)
     from cupy_fmha.backends import tma
@@ -232,19 +218,19 @@ def test_api_subtracts_dlse_from_d_between_the_launches(rec, kind):
     cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=dlse)
     kinds = [la["spec"].source for la in rec.launches]
     assert kinds[0] == "fmha_bwd_dot_do_o" and kinds[1].startswith("fmha_bwd_dq_dk_dv")
-    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"] - host)  # D - dlse, in float32
-    assert rec.seen["main"].dtype == np.float32
-    np.testing.assert_array_equal(np.asarray(rec.seen["main_lse"]), lse)  # lse itself as it was
+    np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"] - host)  # D - dlse, in float32
+    assert rec.seen[-1]["main"].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(rec.seen[-1]["lse"]), lse)  # lse itself as it was
     np.testing.assert_array_equal(np.asarray(dlse), before)  # the caller's dlse untouched
 
 
 def test_api_without_dlse_passes_d_unchanged(rec):
     q, k, v, do, lse = _api_inputs()
     cupy_fmha.attention_backward(do, q, k, v, do, lse)
-    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"])
+    np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"])
     rec.launches.clear()
     cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 37), np.float32))
-    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"])
+    np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"])
 
 
 def test_api_dlse_in_group_mode(rec):
@@ -259,7 +245,7 @@ def test_api_dlse_in_group_mode(rec):
     g = cupy_fmha.attention_backward(q, q, k, v, q, lse, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                      max_seqlen_q=30, causal=True, bias=bias, return_dbias=True, dlse=dlse)
     assert g.dbias.shape == bias.shape
-    np.testing.assert_array_equal(rec.seen["main"], rec.seen["dot"] - dlse)
+    np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"] - dlse)
     with pytest.raises(ValueError, match=r"dlse: expected lse's shape \(3, 4, 30\) \[batch, nhead_q, max_seqlen_q\]"):
         cupy_fmha.attention_backward(q, q, k, v, q, lse, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                      max_seqlen_q=30, dlse=dlse[:, :, :29])

@@ -399,19 +399,6 @@ def test_address_falls_back_to_the_dlpack_capsule():
     assert fj._address(Buf(F._fake(view))) == view.__array_interface__["data"][0]
 
 
-def _d_hook(seen: list):
-    """Acts as dot_do_o (D := a fixed pattern) and records D as each dq_dk_dv launch reads it."""
-
-    def hook(launch):
-        src, a = launch["spec"].source, launch["args"]
-        if src == "fmha_bwd_dot_do_o":
-            d = a["delta"]
-            d[...] = (np.arange(d.size, dtype=np.float32).reshape(d.shape) % 13) - 6
-        elif src.startswith("fmha_bwd_dq_dk_dv"):
-            seen.append(np.array(a["delta"]))
-    return hook
-
-
 @pytest.mark.parametrize("layout", ["bshd", "thd"])
 def test_lse_cotangent_is_subtracted_from_d_on_both_paths(env, layout):
     """A loss of o and lse: the backward callback gets lse's cotangent as its last operand, dlse,
@@ -440,7 +427,7 @@ def test_lse_cotangent_is_subtracted_from_d_on_both_paths(env, layout):
     dlse_before = np.array(arrays["dlse"])
     seen: list = []
     rec = env["rec"]
-    rec.hook = _d_hook(seen)
+    rec.hook = F.delta_hook(seen)
     results = ("dq", "dk", "dv")
     for _ in range(2):  # planning, then the cached plan
         rec.launches.clear()
@@ -451,9 +438,8 @@ def test_lse_cotangent_is_subtracted_from_d_on_both_paths(env, layout):
     general = _normal(rec.launches, arrays)
     assert fast == general and len(fast) >= 3
     assert len(seen) == 3
-    pattern = (np.arange(int(np.prod(lse_shape)), dtype=np.float32).reshape(lse_shape) % 13) - 6
-    for d in seen:
-        np.testing.assert_array_equal(d, pattern - dlse_before)
+    for s in seen:
+        np.testing.assert_array_equal(s["main"], F.delta_pattern(lse_shape) - dlse_before)
     np.testing.assert_array_equal(np.asarray(arrays["dlse"]), dlse_before)
 
 
