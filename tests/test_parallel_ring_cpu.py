@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cupy_fmha import reference as R
@@ -50,26 +50,29 @@ def _problem(rng, layout, b, s, hq, hk, d, dv, dtype=np.float64):
     return q, k, v, do
 
 
-def _ring(q, k, v, do, n, layout, scheme, kw):
-    """Shard, run the ring forward and backward on the NumPy model, unshard."""
+def _ring(q, k, v, do, n, layout, scheme, kw, dlse=None):
+    """Shard, run the ring forward and backward on the NumPy model, unshard. ``dlse``: the global
+    [b, hq, s] cotangent of lse, sharded as lse (axis 2), or None."""
     ax = 1 if layout == "bshd" else 2
 
-    def sh(x):
-        return [shard(x, r, n, scheme=scheme, axis=ax) for r in range(n)]
+    def sh(x, axis=ax):
+        return [shard(x, r, n, scheme=scheme, axis=axis) for r in range(n)]
 
     fw = local_ring_attention_forward(sh(q), sh(k), sh(v), layout=layout, scheme=scheme, **kw)
     os_, lses = [f[0] for f in fw], [f[1] for f in fw]
-    bw = local_ring_attention_backward(sh(do), sh(q), sh(k), sh(v), os_, lses, layout=layout, scheme=scheme, **kw)
+    extra = {} if dlse is None else {"dlse": sh(dlse, 2)}
+    bw = local_ring_attention_backward(sh(do), sh(q), sh(k), sh(v), os_, lses, layout=layout, scheme=scheme, **kw,
+                                       **extra)
     o = unshard(os_, scheme=scheme, axis=ax)
     lse = unshard(lses, scheme=scheme, axis=2)
     grads = [unshard([g[i] for g in bw], scheme=scheme, axis=ax) for i in range(3)]
     return o, lse, grads
 
 
-def _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-10):
-    o, lse, grads = _ring(q, k, v, do, n, layout, scheme, kw)
+def _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-10, dlse=None):
+    o, lse, grads = _ring(q, k, v, do, n, layout, scheme, kw, dlse=dlse)
     ref_o, ref_lse = R.attention_forward(q, k, v, layout=layout, **kw)
-    ref_g = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    ref_g = R.attention_backward(do, q, k, v, layout=layout, dlse=dlse, **kw)
     assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
     fin = np.isfinite(ref_lse)
     assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) < tol
@@ -79,6 +82,7 @@ def _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-10):
         assert got.shape == ref.shape, name
         scale = max(1.0, float(np.abs(ref).max(initial=0)))
         assert np.abs(got - ref).max(initial=0) <= tol * scale, (name, float(np.abs(got - ref).max()))
+    return grads
 
 
 # --------------------------------------------------------------------------- one step's backward
@@ -94,6 +98,19 @@ def test_partial_backward_is_the_reference_on_one_block(layout):
     ref = R.attention_backward(do, q, k, v, layout=layout, **kw)
     for a, b in zip(got, ref):
         assert np.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_partial_backward_with_dlse_is_the_reference_on_one_block():
+    rng = np.random.default_rng(6)
+    q, k, v, do = _problem(rng, "bshd", 2, 9, 4, 2, 8, 16)
+    dlse = rng.standard_normal((2, 4, 9)).astype(np.float32)
+    keep = dlse.copy()
+    o, lse = R.attention_forward(q, k, v, causal=True)
+    got = partial_backward(do, q, k, v, o, lse, mask=resolve_mask("b"), softmax_scale=8 ** -0.5, dlse=dlse)
+    ref = R.attention_backward(do, q, k, v, causal=True, dlse=dlse)
+    for a, b in zip(got, ref):
+        assert np.allclose(a, b, rtol=0, atol=1e-12)
+    assert np.array_equal(dlse, keep)
 
 
 # --------------------------------------------------------------------------- the ring (NumPy model)
@@ -130,16 +147,52 @@ def test_ring_bf16_inputs_cpu_model():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(n=3, c=1, b=1, hk=1, g=2, d=8, dv=8, scheme="zigzag", layout="bshd", causal=True, left=-1, right=-1,
+         seed=1, with_dlse=True)
 @given(n=st.integers(1, 4), c=st.integers(1, 5), b=st.integers(1, 2), hk=st.integers(1, 2), g=st.integers(1, 3),
        d=st.sampled_from([8, 16]), dv=st.sampled_from([8, 16]), scheme=st.sampled_from(["zigzag", "contiguous"]),
        layout=st.sampled_from(["bshd", "bhsd"]), causal=st.booleans(), left=st.integers(-1, 20),
-       right=st.integers(-1, 20), seed=st.integers(0, 2**31))
-def test_ring_hypothesis(n, c, b, hk, g, d, dv, scheme, layout, causal, left, right, seed):
+       right=st.integers(-1, 20), seed=st.integers(0, 2**31), with_dlse=st.booleans())
+def test_ring_hypothesis(n, c, b, hk, g, d, dv, scheme, layout, causal, left, right, seed, with_dlse):
     seqlen = c * n * (2 if scheme == "zigzag" else 1)
     kw = {"causal": causal, "window_size": (left, right)}
     rng = np.random.default_rng(seed)
     q, k, v, do = _problem(rng, layout, b, seqlen, hk * g, hk, d, dv)
-    _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-9)
+    dlse = rng.standard_normal((b, hk * g, seqlen)).astype(np.float32) if with_dlse else None
+    _assert_matches(q, k, v, do, n, layout, scheme, kw, tol=1e-9, dlse=dlse)
+
+
+DLSE_MASKS = ["none", "causal", "window3,7", "causal-left9", "g:-2,9"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("scheme", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("mask", DLSE_MASKS)
+def test_ring_dlse_matches_reference(n, scheme, mask):
+    """lse's cotangent through the ring: every call over a row subtracts that row's dlse from D,
+    so the ring's gradients equal the one-shot reference backward with dlse (GQA; chunks of 5
+    tokens, so the sequence length is a multiple of nothing but the scheme's chunk count)."""
+    rng = np.random.default_rng([n, len(mask), 7])
+    layout = "bhsd" if n % 2 else "bshd"
+    seqlen = 5 * n * (2 if scheme == "zigzag" else 1)
+    q, k, v, do = _problem(rng, layout, 2, seqlen, 4, 2, 8, 16)
+    dlse = rng.standard_normal((2, 4, seqlen)).astype(np.float32)
+    keep = dlse.copy()
+    grads = _assert_matches(q, k, v, do, n, layout, scheme, MASKS[mask], dlse=dlse)
+    assert np.array_equal(dlse, keep)
+    # the lse term is there (dq, dk change; dv does not see lse): the comparison could fail
+    _, _, plain = _ring(q, k, v, do, n, layout, scheme, MASKS[mask])
+    assert not np.allclose(grads[0], plain[0]) and not np.allclose(grads[1], plain[1])
+    np.testing.assert_allclose(grads[2], plain[2], rtol=0, atol=1e-12)
+
+
+def test_ring_dlse_zeros_equals_none():
+    rng = np.random.default_rng(3)
+    q, k, v, do = _problem(rng, "bshd", 1, 12, 4, 1, 8, 8)
+    _, _, plain = _ring(q, k, v, do, 3, "bshd", "zigzag", {"causal": True})
+    _, _, zero = _ring(q, k, v, do, 3, "bshd", "zigzag", {"causal": True}, dlse=np.zeros((1, 4, 12), np.float32))
+    for a, b in zip(plain, zero):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_local_ring_exchange_counts_and_timeline():
@@ -230,6 +283,44 @@ def test_backward_errors_name_the_argument():
             local_ring_attention_backward(o, q, k, v, o, [x.astype(dt) for x in lse], causal=True)
 
 
+def test_backward_dlse_errors_name_dlse():
+    """Bad dlse is refused, naming dlse, before anything runs (no exchange), on the NumPy path
+    (both the local ring and one rank alone); the caller's arrays are left as they were."""
+    q, k, v = _shards()
+    fw = local_ring_attention_forward(q, k, v, causal=True)
+    o, lse = [f[0] for f in fw], [f[1] for f in fw]
+    good = [np.full(x.shape, 0.5, np.float32) for x in lse]  # [1, 2, 4] per rank
+    arrays = q + k + v + o + lse + good
+    keep = [x.copy() for x in arrays]
+    bad = {
+        "shape": ([x[:, :, :3] for x in good], ValueError, r"dlse: expected lse's shape \(1, 2, 4\)"),
+        "heads": ([np.concatenate([x, x], axis=1) for x in good], ValueError, "dlse: expected lse's shape"),
+        "int": ([x.astype(np.int32) for x in good], TypeError, "dlse: expected float32.*int32"),
+        "float16": ([x.astype(np.float16) for x in good], TypeError, "dlse: expected float32.*float16"),
+        "float64": ([x.astype(np.float64) for x in good], TypeError, "dlse: expected float32.*float64"),
+        "not-array": ([x.tolist() for x in good], TypeError, "dlse: expected a float32 array"),
+        "one-array": (good[0], TypeError, "dlse: expected a list with one shard per rank"),
+        "shards": (good[:1], ValueError, "dlse: 1 shards, but do has 2"),
+        "rank1": ([good[0], good[1].astype(np.float16)], ValueError, "dlse: rank 1's shard .* differs from rank 0's"),
+    }
+    for name, (d, exc, msg) in bad.items():
+        ring = LocalRing(2)
+        with pytest.raises(exc, match=msg):
+            local_ring_attention_backward(o, q, k, v, o, lse, causal=True, dlse=d, ring=ring)
+        assert ring.exchanges == 0, name
+    from cupy_fmha.parallel import ring_attention_backward
+
+    q1, k1, v1 = _shards(n=1)
+    o1, lse1 = ring_attention_forward(q1[0], k1[0], v1[0], LocalRing(1).ranks[0], causal=True)
+    for d, exc, msg in ((lse1.astype(np.float16), TypeError, "dlse: expected float32"),
+                        (np.zeros((1, 2, 3), np.float32), ValueError, "dlse: expected lse's shape"),
+                        ("x", TypeError, "dlse: expected a float32 array")):
+        with pytest.raises(exc, match=msg):
+            ring_attention_backward(o1, q1[0], k1[0], v1[0], o1, lse1, LocalRing(1).ranks[0], causal=True, dlse=d)
+    for a, b in zip(arrays, keep):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_nan_lse_is_not_a_row_without_keys():
     """partial_backward treated every non-finite lse as a row that sees no key: a NaN lse gave
     zero gradients, silently, where the kernels give NaN. Only -inf means no key."""
@@ -310,7 +401,8 @@ def test_ring_device_is_an_int():
 def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
     """The GPU path's CupyOps, with NumPy standing in for CuPy and the API's two functions
     replaced by the reference maths: the ring's results must not change, so CupyOps passes each
-    call's mask, scale and layout, and the backward the global o and lse (and deterministic)."""
+    call's mask, scale and layout, and the backward the global o and lse (and deterministic, and
+    each call's rows of dlse)."""
     import dataclasses
 
     from cupy_fmha import api
@@ -324,9 +416,10 @@ def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
         seen.append(("fwd", type(mask), layout))
         return R.attention_forward(q, k, v, mask=mask, softmax_scale=softmax_scale, layout=layout)
 
-    def fake_backward(do, q, k, v, o, lse, *, mask, softmax_scale, layout, deterministic):
-        seen.append(("bwd", type(mask), layout, deterministic))
-        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout)
+    def fake_backward(do, q, k, v, o, lse, *, mask, softmax_scale, layout, deterministic, dlse=None):
+        seen.append(("bwd", type(mask), layout, deterministic, None if dlse is None else dlse.shape == lse.shape))
+        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout,
+                                dlse=dlse)
 
     monkeypatch.setattr(api, "attention_forward", fake_forward)
     monkeypatch.setattr(api, "attention_backward", fake_backward)
@@ -349,6 +442,8 @@ def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
     q, k, v, do = _problem(rng, layout, 1, 18, 4, 2, 8, 8)
     sh = lambda x: [shard(x, r, n, axis=2) for r in range(n)]  # noqa: E731
     qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    dlse = rng.standard_normal((1, 4, 18)).astype(np.float32)
+    dlses = sh(dlse)
     ring = LocalRing(n)
     ops = HostCupyOps()
     st = [dataclasses.replace(RG._check_forward(qs[r], ks[r], vs[r], ring.ranks[r], layout=layout, **kw), ops=ops)
@@ -357,13 +452,15 @@ def test_cupy_ops_hand_the_api_each_calls_arguments(monkeypatch):
     os_, lses = [f[0] for f in fw], [f[1] for f in fw]
     assert lses[0].dtype == np.float32
     st = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r],
-                                                 layout=layout, deterministic=True, **kw), ops=ops) for r in range(n)]
-    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
-                     for r in range(n)])
+                                                 layout=layout, deterministic=True, dlse=dlses[r], **kw), ops=ops)
+          for r in range(n)]
+    bw = ring.drive([RG._backward_steps(st[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None,
+                                        dlses[r]) for r in range(n)])
     assert {s[1] for s in seen} == {MaskSpec} and {s[2] for s in seen} == {layout}
     assert all(s[3] is True for s in seen if s[0] == "bwd")
+    assert all(s[4] is True for s in seen if s[0] == "bwd")  # each call got its rows of dlse
     ref_o, _ = R.attention_forward(q, k, v, layout=layout, **kw)
-    ref_g = R.attention_backward(do, q, k, v, layout=layout, **kw)
+    ref_g = R.attention_backward(do, q, k, v, layout=layout, dlse=dlse, **kw)
     assert np.abs(unshard(os_, axis=2) - ref_o).max() < 1e-5
     for i in range(3):
         assert np.abs(unshard([g[i] for g in bw], axis=2) - ref_g[i]).max() < 1e-5
@@ -383,8 +480,8 @@ class _RoundingOps(NumpyOps):
         o, lse = super().forward(*args)
         return o.astype(self.dtype), lse.astype(np.float32)
 
-    def backward(self, *args):
-        return tuple(g.astype(self.dtype) for g in super().backward(*args))
+    def backward(self, *args, **kw):
+        return tuple(g.astype(self.dtype) for g in super().backward(*args, **kw))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

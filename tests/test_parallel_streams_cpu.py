@@ -105,6 +105,7 @@ class SimOps(NumpyOps):
         self.sim = sim
         self.drop_wait = drop_wait  # a planted bug: which waits to skip
         self.waits = 0
+        self.dlse_reads = 0
 
     def _r(self, *arrays, what=""):
         for a in arrays:
@@ -126,9 +127,10 @@ class SimOps(NumpyOps):
         self._r(q, k, v, what="forward")
         return super().forward(q, k, v, *a)
 
-    def backward(self, do, q, k, v, o, lse, *a):
-        self._r(do, q, k, v, o, lse, what="backward")
-        return super().backward(do, q, k, v, o, lse, *a)
+    def backward(self, do, q, k, v, o, lse, *a, dlse=None):
+        self._r(do, q, k, v, o, lse, *(() if dlse is None else (dlse,)), what="backward")
+        self.dlse_reads += dlse is not None
+        return super().backward(do, q, k, v, o, lse, *a, dlse=dlse)
 
     def accumulate(self, dst, src):
         self._r(src, what="accumulate")
@@ -149,14 +151,15 @@ class SimOps(NumpyOps):
         return super().contiguous(a)
 
 
-def _run(n, causal, drop_wait=None, scheme="zigzag"):
+def _run(n, causal, drop_wait=None, scheme="zigzag", with_dlse=False):
     rng = np.random.default_rng(n)
     b, s, hq, hk, d = 1, 4 * n, 2, 1, 8
     q, k, v, do = (rng.standard_normal((b, s, h, d)) for h in (hq, hk, hk, hq))
-    sh = lambda x: [shard(x, r, n, scheme=scheme) for r in range(n)]  # noqa: E731
+    sh = lambda x, axis=1: [shard(x, r, n, scheme=scheme, axis=axis) for r in range(n)]  # noqa: E731
     qs, ks, vs, dos = sh(q), sh(k), sh(v), sh(do)
+    dlses = sh(rng.standard_normal((b, hq, s)).astype(np.float32), 2) if with_dlse else [None] * n
     sim = Sim()
-    for a in qs + ks + vs + dos:  # the caller made the inputs on its stream
+    for a in qs + ks + vs + dos + [x for x in dlses if x is not None]:  # the caller made the inputs on its stream
         sim.access(sim.caller, a, "w", "input")
     host = LocalRing(n)  # the checks want a host ring for NumPy arrays; the run uses the simulator
     kw = {"causal": causal, "scheme": scheme}
@@ -168,14 +171,14 @@ def _run(n, causal, drop_wait=None, scheme="zigzag"):
     os_, lses = [f[0] for f in fw], [f[1] for f in fw]
     for a in os_ + lses:
         sim.access(sim.caller, a, "r", "result")
-    setups = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], host.ranks[r], **kw),
-                                  ops=ops) for r in range(n)]
-    bw = ring.drive([RG._backward_steps(setups[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None)
-                     for r in range(n)])
+    setups = [dataclasses.replace(RG._check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], host.ranks[r],
+                                                     dlse=dlses[r], **kw), ops=ops) for r in range(n)]
+    bw = ring.drive([RG._backward_steps(setups[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], None,
+                                        dlses[r]) for r in range(n)])
     for g in bw:
         for a in g:
             sim.access(sim.caller, a, "r", "result")
-    for a in qs + ks + vs:  # the caller may overwrite its inputs once it has the results
+    for a in qs + ks + vs + [x for x in dlses if x is not None]:  # the caller may overwrite its inputs now
         sim.access(sim.caller, a, "w", "reuse")
     return sim, ops
 
@@ -188,6 +191,15 @@ def test_ring_streams_are_ordered(n, causal, scheme):
     assert not sim.races, "\n".join(sim.races[:10])
     if n > 1:
         assert ops.waits > 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_streams_are_ordered_with_dlse(n):
+    """lse's cotangent is read by every backward call (on the compute streams), ordered after the
+    caller's writes and before its reuse like the other inputs."""
+    sim, ops = _run(n, True, with_dlse=True)
+    assert not sim.races, "\n".join(sim.races[:10])
+    assert ops.dlse_reads > 0
 
 
 @pytest.mark.parametrize("which", ["compute", "comm"])

@@ -9,7 +9,8 @@ call's own coordinates (a :class:`cupy_fmha.mask.MaskSpec`, generic window or no
   on the current CuPy stream; the backward takes the *global* ``o`` and ``lse`` (its ``dot_do_o``
   kernel computes ``D = rowsum(dO * O)`` from the ``o`` it is given and the ``dq_dk_dv`` kernel
   uses ``P = exp(S - lse)`` with the ``lse`` it is given), which makes each partial backward
-  exact; partial results come back in the inputs' dtype (fp16/bf16) and are accumulated in
+  exact (an optional ``dlse``, lse's cotangent for the call's rows, is passed on: it is subtracted
+  from D, per row, so every call over those rows takes it); partial results come back in the inputs' dtype (fp16/bf16) and are accumulated in
   float32 by the caller. Streams and events are CuPy's.
 * :class:`NumpyOps`: the forward is :func:`cupy_fmha.reference.attention_forward` (float64);
   the backward is :func:`partial_backward` below, the same maths with a given ``o`` and
@@ -31,17 +32,21 @@ def _to_bhsd(a, layout):
     return a if layout == "bhsd" else a.transpose(0, 2, 1, 3)
 
 
-def partial_backward(do, q, k, v, o, lse, *, mask: MaskSpec, softmax_scale: float, layout: str = "bshd"):
+def partial_backward(do, q, k, v, o, lse, *, mask: MaskSpec, softmax_scale: float, layout: str = "bshd",
+                     dlse=None):
     """Attention backward over one key block with a *given* ``o`` and ``lse`` (NumPy, float64).
 
     ``P = exp(scale * Q K^T - lse)`` on the visible pairs (0 elsewhere and on rows whose lse is
-    -inf), ``D = rowsum(dO * O)``, ``dV = P^T dO``, ``dS = P * (dO V^T - D)``, ``dQ = scale * dS K``,
-    ``dK = scale * dS^T Q``; dK, dV summed over each GQA group. With the lse and o of the whole
-    problem these are the key block's exact share of the full gradients.
+    -inf), ``D = rowsum(dO * O) - dlse``, ``dV = P^T dO``, ``dS = P * (dO V^T - D)``, ``dQ = scale
+    * dS K``, ``dK = scale * dS^T Q``; dK, dV summed over each GQA group. With the lse and o of the
+    whole problem (and the whole rows' dlse) these are the key block's exact share of the full
+    gradients.
 
     Args:
         do, q, k, v, o: float arrays in ``layout`` (q/do/o [batch, sq, hq, d/dv] for bshd).
         lse: [batch, hq, sq], natural log.
+        dlse: optional cotangent of lse (d loss / d lse), float array [batch, hq, sq]; None: zero.
+            Since d lse_i / d s_ij = P_ij it enters as ``dS = P * (dP - (D - dlse))``.
         mask: the block's mask (:class:`cupy_fmha.mask.MaskSpec`, resolved with the block's
             lengths).
         softmax_scale: the scale of Q K^T.
@@ -61,6 +66,8 @@ def partial_backward(do, q, k, v, o, lse, *, mask: MaskSpec, softmax_scale: floa
     live = ~np.isneginf(L)[..., None]  # a NaN lse gives NaN, as the kernels do, not a silent 0
     p = np.where(live, np.exp(s - np.where(live, L[..., None], 0.0)), 0.0)
     D = np.sum(dO * O, axis=-1, keepdims=True)
+    if dlse is not None:  # the lse term of the softmax gradient (not written into the caller's array)
+        D = D - np.asarray(dlse, dtype=f)[..., None]
     dv = np.matmul(p.transpose(0, 1, 3, 2), dO)
     ds = p * (np.matmul(dO, Vx.transpose(0, 1, 3, 2)) - D)
     dq = softmax_scale * np.matmul(ds, Kx)
@@ -84,8 +91,9 @@ class NumpyOps:
 
         return reference.attention_forward(q, k, v, mask=mask, softmax_scale=softmax_scale, layout=layout)
 
-    def backward(self, do, q, k, v, o, lse, mask, softmax_scale, layout, deterministic):
-        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout)
+    def backward(self, do, q, k, v, o, lse, mask, softmax_scale, layout, deterministic, *, dlse=None):
+        return partial_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout,
+                                dlse=dlse)
 
     def current_stream(self):
         return None
@@ -135,11 +143,11 @@ class CupyOps:
 
         return attention_forward(q, k, v, mask=mask, softmax_scale=softmax_scale, layout=layout)
 
-    def backward(self, do, q, k, v, o, lse, mask, softmax_scale, layout, deterministic):
+    def backward(self, do, q, k, v, o, lse, mask, softmax_scale, layout, deterministic, *, dlse=None):
         from ..api import attention_backward
 
         return tuple(attention_backward(do, q, k, v, o, lse, mask=mask, softmax_scale=softmax_scale, layout=layout,
-                                        deterministic=deterministic))
+                                        deterministic=deterministic, dlse=dlse))
 
     def current_stream(self):
         return self.xp.cuda.get_current_stream()

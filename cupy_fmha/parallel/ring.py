@@ -12,7 +12,8 @@ one computes: K/V are double-buffered and the transfers run on the communicator'
 ordered against the compute stream by CUDA events.
 
 Backward: with the global ``o`` and ``lse`` every step's ``attention_backward`` gives the exact
-share of that K/V shard in dQ, dK and dV. dQ accumulates locally in float32; dK/dV shares travel
+share of that K/V shard in dQ, dK and dV (and so with lse's cotangent ``dlse``: it enters per row,
+as ``D - dlse``, so every call over a row takes that row's dlse). dQ accumulates locally in float32; dK/dV shares travel
 around the ring in float32 buffers that follow their K/V shard one step behind: at step ``s``
 rank ``r`` adds its share for the shard of rank ``r - s`` into the buffer received from rank ``r -
 1`` and passes it on; after the last step one more hop brings every buffer home to its owner,
@@ -31,7 +32,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import _check_mask, _is_bf16, check_backward_inputs, check_forward_inputs, check_reference_inputs
+from ..validate import (
+    _check_mask,
+    _is_bf16,
+    check_backward_inputs,
+    check_dlse,
+    check_forward_inputs,
+    check_reference_inputs,
+)
 from .comm import Communicator, LocalRank, LocalRing
 from .layout import check_scheme, chunks_per_rank
 from .merge import merge_into
@@ -180,7 +188,7 @@ def _check_forward(q, k, v, comm, *, causal=False, window_size=(-1, -1), mask=No
 
 def _check_backward(do, q, k, v, o, lse, comm, *, causal=False, window_size=(-1, -1), mask=None,
                     softmax_scale=None, layout="bshd", scheme="zigzag", deterministic=False, cu_seqlens_q=None,
-                    cu_seqlens_k=None) -> _Setup:
+                    cu_seqlens_k=None, dlse=None) -> _Setup:
     ops = _check_common([("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)], comm, layout, scheme,
                         cu_seqlens_q, cu_seqlens_k)
     if isinstance(ops, NumpyOps):
@@ -193,8 +201,23 @@ def _check_backward(do, q, k, v, o, lse, comm, *, causal=False, window_size=(-1,
             raise TypeError(f"lse: expected a floating-point array (the forward's lse), got dtype {lse.dtype}")
     else:
         prob = check_backward_inputs(do, q, k, v, o, lse, softmax_scale=softmax_scale, layout=layout)
+    _check_ring_dlse(dlse, lse, ops, comm)
     return _setup(ops, prob, comm, causal=causal, window_size=window_size, mask=mask, scheme=scheme,
                   deterministic=deterministic)
+
+
+def _check_ring_dlse(dlse, lse, ops, comm) -> None:
+    """``dlse`` (None, or float32 of lse's shape: :func:`cupy_fmha.validate.check_dlse`, on both
+    paths), and of lse's kind and device: the ring slices it per call, so a host array under CuPy
+    would be copied over once per call, off the compute stream's order."""
+    if dlse is None:
+        return
+    check_dlse(dlse, lse, [("lse", lse)])
+    if type(dlse) is not type(lse):
+        raise TypeError(f"dlse: a {type(dlse).__module__}.{type(dlse).__name__}, but lse is a "
+                        f"{type(lse).__module__}.{type(lse).__name__}; pass one kind of array")
+    if isinstance(ops, CupyOps) and comm.device is not None and dlse.device.id != comm.device:
+        raise ValueError(f"dlse: array is on GPU {dlse.device.id}, but the communicator's device is {comm.device}")
 
 
 # --------------------------------------------------------------------------- the ring passes
@@ -244,8 +267,9 @@ def _forward_steps(st: _Setup, q, k, v, comm, timeline):
     return ops.cast(o_acc, st.dtype), ops.cast(lse_acc, ops.lse_dtype)
 
 
-def _backward_steps(st: _Setup, do, q, k, v, o, lse, comm, timeline):
-    """Generator: one rank's backward pass (see :func:`_forward_steps`); returns (dq, dk, dv)."""
+def _backward_steps(st: _Setup, do, q, k, v, o, lse, comm, timeline, dlse=None):
+    """Generator: one rank's backward pass (see :func:`_forward_steps`); returns (dq, dk, dv).
+    ``dlse``: this rank's rows of lse's cotangent, or None."""
     ops, xp, lay, n = st.ops, st.ops.xp, st.layout, st.world
     tl = timeline if timeline is not None else _NoTimeline()
     compute, cstream = ops.current_stream(), comm.stream
@@ -278,7 +302,7 @@ def _backward_steps(st: _Setup, do, q, k, v, o, lse, comm, timeline):
             dq_p, dk_p, dv_p = ops.backward(
                 _rows(do, c.q0, c.q1, lay), _rows(q, c.q0, c.q1, lay), _rows(kc, c.k0, c.k1, lay),
                 _rows(vc, c.k0, c.k1, lay), _rows(o, c.q0, c.q1, lay), lse[:, :, c.q0:c.q1], c.mask, st.scale, lay,
-                st.deterministic)
+                st.deterministic, dlse=None if dlse is None else dlse[:, :, c.q0:c.q1])
             ops.accumulate(_rows(dq_acc, c.q0, c.q1, lay), dq_p)
             shares.append((c, dk_p, dv_p))
         if s > 0:
@@ -381,7 +405,7 @@ def ring_attention_forward(q, k, v, comm, *, causal=False, window_size=(-1, -1),
 
 def ring_attention_backward(do, q, k, v, o, lse, comm, *, causal=False, window_size=(-1, -1), mask=None,
                             softmax_scale=None, layout="bshd", scheme="zigzag", deterministic=False, timeline=None,
-                            cu_seqlens_q=None, cu_seqlens_k=None):
+                            cu_seqlens_q=None, cu_seqlens_k=None, dlse=None):
     """Ring attention backward for this rank: ``(dq, dk, dv)`` of its shards.
 
     Args:
@@ -390,6 +414,14 @@ def ring_attention_backward(do, q, k, v, o, lse, comm, *, causal=False, window_s
         o, lse: this rank's outputs of :func:`ring_attention_forward` (global lse).
         deterministic: passed to every :func:`cupy_fmha.attention_backward` call (the ring's own
             sums run in a fixed order).
+        dlse: optional cotangent of this rank's lse (d loss / d lse, lse in natural-log units),
+            float32 (on the CPU model too), lse's shape [batch, nhead_q, seqlen / world], the same
+            kind of array as lse (CuPy on ``comm``'s device, or NumPy for the CPU model), any
+            strides; sharded as lse (:func:`~cupy_fmha.parallel.layout.shard` with ``axis=2``).
+            None (default): zero, a loss of o alone. Since d lse_i / d s_ij = P_ij it adds to dS
+            (``dS = P * (dP - (D - dlse))``); D is per row, so every call over this rank's rows
+            takes those rows' dlse (:func:`cupy_fmha.attention_backward`'s ``dlse``). dq and dk
+            get the lse term, dv does not. Not modified.
     {shared}
     Returns:
         (dq, dk, dv) like q, k, v, in their dtype: dq of this rank's queries, dk/dv of this rank's
@@ -398,12 +430,15 @@ def ring_attention_backward(do, q, k, v, o, lse, comm, *, causal=False, window_s
         library's kernels in the inputs' dtype before they are added.
 
     Raises:
-        As :func:`ring_attention_forward`; also do/o/lse shapes and dtypes.
+        As :func:`ring_attention_forward`; also do/o/lse shapes and dtypes; ``dlse`` (named) not
+            an array (TypeError), not float32 (TypeError), not lse's shape (ValueError), not lse's
+            kind of array (TypeError) or on another GPU (ValueError), before anything is sent or
+            launched.
     """
     st = _check_backward(do, q, k, v, o, lse, comm, causal=causal, window_size=window_size, mask=mask,
                          softmax_scale=softmax_scale, layout=layout, scheme=scheme, deterministic=deterministic,
-                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    return _run_alone(_backward_steps(st, do, q, k, v, o, lse, comm, _check_timeline(timeline)), comm)
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, dlse=dlse)
+    return _run_alone(_backward_steps(st, do, q, k, v, o, lse, comm, _check_timeline(timeline), dlse), comm)
 
 
 ring_attention_forward.__doc__ = ring_attention_forward.__doc__.replace("{shared}", _DOC_SHARED)
@@ -500,17 +535,26 @@ def local_ring_attention_forward(q, k, v, *, ring=None, timelines=None, **kw):
     return ring.drive(gens)
 
 
-def local_ring_attention_backward(do, q, k, v, o, lse, *, ring=None, timelines=None, **kw):
+def local_ring_attention_backward(do, q, k, v, o, lse, *, ring=None, timelines=None, dlse=None, **kw):
     """:func:`ring_attention_backward` for every rank of an in-process ring (lists of shards, as
-    :func:`local_ring_attention_forward`). Returns a list of (dq, dk, dv), one per rank."""
-    dos, qs, ks, vs, os_, lses = _shard_lists([("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)])
+    :func:`local_ring_attention_forward`). Returns a list of (dq, dk, dv), one per rank.
+
+    ``dlse``: None, or a list with one shard of lse's cotangent per rank (each as
+    :func:`ring_attention_backward`'s ``dlse``: float32, that rank's lse's shape, lse's kind of
+    array), checked with the other arguments before anything runs; errors name ``dlse``."""
+    named = [("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)]
+    if dlse is not None:
+        named.append(("dlse", dlse))
+    dos, qs, ks, vs, os_, lses, *rest = _shard_lists(named)
+    dlses = rest[0] if rest else [None] * len(qs)
     _check_keywords(kw, ring_attention_backward)
-    _same_on_every_rank([("do", dos), ("q", qs), ("k", ks), ("v", vs), ("o", os_), ("lse", lses)])
+    _same_on_every_rank([("do", dos), ("q", qs), ("k", ks), ("v", vs), ("o", os_), ("lse", lses)]
+                        + ([("dlse", dlses)] if rest else []))
     ring = _local_ring(ring, qs)
     tls = _timelines(timelines, len(qs))
     with ring.rank_context(0):
-        setups = [_check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], **kw)
+        setups = [_check_backward(dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], dlse=dlses[r], **kw)
                   for r in range(len(qs))]
-    gens = [_backward_steps(setups[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], tls[r])
+    gens = [_backward_steps(setups[r], dos[r], qs[r], ks[r], vs[r], os_[r], lses[r], ring.ranks[r], tls[r], dlses[r])
             for r in range(len(qs))]
     return ring.drive(gens)
