@@ -6,6 +6,8 @@
   reference by the project's rule (:func:`cupy_fmha.verify.compare`: error within twice that of a
   plain same-precision implementation): causal and not, sliding windows, GQA/MQA, bf16 and fp16,
   both layouts, both schemes, chunks of 200 tokens (not a multiple of any tile).
+* The backward with lse's cotangent (``dlse``, sharded as lse) against one-shot
+  ``attention_backward(..., dlse=)`` and the float64 reference with the same dlse.
 * A ring of size 1 equals one-shot attention value for value (deterministic backward), through a
   LocalRing and through a 1-rank NCCL communicator; NCCL's send/recv to itself.
 * The inputs are left untouched, timelines are recorded, CuPy-specific errors name the argument.
@@ -41,7 +43,8 @@ from cupy_fmha.parallel import (
     shard,
     unshard,
 )
-from cupy_fmha.verify import rel_limit
+from cupy_fmha import reference as R
+from cupy_fmha.verify import compare, rel_limit
 
 pytestmark = pytest.mark.gpu
 
@@ -85,11 +88,11 @@ def _ring(inp, n, kw, scheme, **extra):
     return o, lse, types.SimpleNamespace(dq=g[0], dk=g[1], dv=g[2])
 
 
-def _one_shot(inp, kw, deterministic=False):
+def _one_shot(inp, kw, deterministic=False, dlse=None):
     d = inp.dev
     o, lse = cupy_fmha.attention_forward(d["q"], d["k"], d["v"], layout=inp.layout, **kw)
     g = cupy_fmha.attention_backward(d["do"], d["q"], d["k"], d["v"], o, lse, layout=inp.layout,
-                                     deterministic=deterministic, **kw)
+                                     deterministic=deterministic, dlse=dlse, **kw)
     cp.cuda.get_current_stream().synchronize()
     return o, lse, g
 
@@ -125,6 +128,35 @@ def test_local_ring_matches_one_shot(case_id):
                          ("dv", g.dv, one[2].dv)):
         assert _rel(a, ref) < limit, (name, _rel(a, ref))
     assert np.array_equal(np.isneginf(cp.asnumpy(lse)), np.isneginf(cp.asnumpy(one[1])))
+
+
+DLSE_CASES = ["n2-causal-bf16-gqa2", "n4-none-bf16-bhsd", "n4-window300,90-bf16", "n3-causal-fp16-contiguous"]
+
+
+@pytest.mark.parametrize("case_id", DLSE_CASES)
+def test_local_ring_dlse_matches_one_shot(case_id):
+    """lse's cotangent through the ring (every call over a row gets that row's dlse): the project's
+    rule against the float64 reference with the same dlse, close to one-shot attention_backward
+    with it, far from the reference without it (dq, dk); the caller's dlse untouched."""
+    n, dtype, layout, b, hq, hk, d, kw, scheme = CASES[case_id]
+    inp = _inputs(case_id, n, dtype, layout, b, hq, hk, d, scheme)
+    s = inp.dev["q"].shape[_axis(layout)]
+    host = (4.0 * np.random.default_rng(seed_for("ring dlse", case_id)).standard_normal((b, hq, s))).astype(np.float32)
+    dlse = cp.asarray(host)
+    shards = [shard(dlse, r, n, scheme=scheme, axis=2) for r in range(n)]
+    o, lse, g = _ring(inp, n, kw, scheme, dlse=shards)
+    assert bool((dlse == cp.asarray(host)).all()) and all(
+        bool((x == shard(dlse, r, n, scheme=scheme, axis=2)).all()) for r, x in enumerate(shards))
+    outs = reference_outputs(inp, o, lse, g, kw, dlse=host)
+    assert_close(inp, outs)
+    h = inp.host
+    plain = R.attention_backward(h["do"], h["q"], h["k"], h["v"], **inp.reference_kw(kw))
+    for name, i in (("dq", 0), ("dk", 1)):
+        assert not compare(name, outs[name][0], plain[i], dtype=inp.dtype, hdim_q=d, hdim_v=d).ok, name
+    one = _one_shot(inp, kw, dlse=dlse)
+    limit = rel_limit(dtype, d, d)
+    for name, a, ref in (("dq", g.dq, one[2].dq), ("dk", g.dk, one[2].dk), ("dv", g.dv, one[2].dv)):
+        assert _rel(a, ref) < limit, (name, _rel(a, ref))
 
 
 def test_ring_of_one_equals_one_shot():
@@ -172,6 +204,14 @@ def test_gpu_errors_name_the_argument():
         local_ring_attention_forward(sh(d["q"]), sh(d["k"]), sh(d["v"]), ring=LocalRing(2))
     with pytest.raises(TypeError, match="k: a numpy"):
         local_ring_attention_forward(sh(d["q"]), [cp.asnumpy(x) for x in sh(d["k"])], sh(d["v"]))
+    fw = local_ring_attention_forward(sh(d["q"]), sh(d["k"]), sh(d["v"]), causal=True)
+    os_, lses = [f[0] for f in fw], [f[1] for f in fw]
+    args = (sh(d["do"]), sh(d["q"]), sh(d["k"]), sh(d["v"]), os_, lses)
+    for bad, exc, msg in (([cp.asnumpy(x) for x in lses], TypeError, "dlse: a numpy"),
+                          ([x.astype(cp.float16) for x in lses], TypeError, "dlse: expected float32"),
+                          ([x[:, :, :7] for x in lses], ValueError, "dlse: expected lse's shape")):
+        with pytest.raises(exc, match=msg):
+            local_ring_attention_backward(*args, causal=True, dlse=bad)
 
 
 # --------------------------------------------------------------------------- NCCL
