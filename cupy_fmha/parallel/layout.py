@@ -113,7 +113,7 @@ def _take(x, start: int, stop: int, axis: int):
 
 def shard(x, rank: int, world: int, *, scheme: str = "zigzag", axis: int = 1):
     """The part of the global array ``x`` that rank ``rank`` holds: its chunks along ``axis``
-    (the sequence axis: 1 for ``bshd``, 2 for ``bhsd``, 2 for an lse [batch, heads, seqlen]),
+    (the sequence axis: 1 for ``bshd``, 2 for ``bhsd``, 2 for an lse or a dlse [batch, heads, seqlen]),
     concatenated in order. NumPy or CuPy in, the same out (a new contiguous array).
 
     Raises:

@@ -44,7 +44,7 @@ __all__ = ["Call", "Step", "RankPlan", "global_window", "region_window", "plan_r
 class Call:
     """One attention call of a ring step.
 
-    q0, q1: rows ``[q0, q1)`` of this rank's shard (queries; also o, lse, do, dq).
+    q0, q1: rows ``[q0, q1)`` of this rank's shard (queries; also o, lse, do, dq, dlse).
     k0, k1: rows ``[k0, k1)`` of the visiting K/V shard (also its dK/dV).
     window: the mask in the call's own coordinates (row ``q0`` is 0, key ``k0`` is 0), a CK
         generic window; ``None`` = no mask.
