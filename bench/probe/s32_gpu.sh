@@ -169,7 +169,7 @@ for part in "$@"; do
               done 2>&1 | sort -k2,2 -k3,3 -k5,5 -k1,1 | cut -c1-70;;
     misstl) for a in "64 1024" "64 2048 causal" "256 1024 causal" "128 4096 bias"; do
               echo "== fwd_timeline.py $a"; timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
-            done;;
+            done 2>&1 | tee $OUT/misstl.txt;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
