@@ -743,7 +743,8 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             workspace (one elementwise CuPy kernel on the current stream, where the backward's
             kernels run) between ``dot_do_o`` and ``dq_dk_dv``; dq, dk and dbias get the lse term,
             dv does not depend on it. With dropout the same holds (lse is that of the undropped P).
-            The caller's array is not modified.
+            The caller's array is not modified (an ``out`` buffer sharing its memory is refused,
+            as for any input).
 
     Returns:
         :class:`AttentionGrads` (dq like q, dk like k with nhead_k heads, dv like v), fresh
@@ -779,7 +780,8 @@ def _run_backward(plan: BwdPlan, do, q, k, v, o, lse, bias, alibi_slopes, out, c
     layout = plan.layout
     cp = _cupy()
     read = (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("bias", bias),
-            ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+            ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+            ("dlse", dlse))
     do, q, k, v, o = (_prep(cp, n, a, bool(plan.maps)) for n, a in (("do", do), ("q", q), ("k", k), ("v", v),
                                                                      ("o", o)))
     lse = cp.ascontiguousarray(_to_device(cp, "lse", lse))

@@ -309,3 +309,23 @@ def test_api_dlse_memoized_plan_tells_shapes_apart(rec):
         cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 1), np.float32))
     with pytest.raises(TypeError, match="dlse: expected float32"):
         cupy_fmha.attention_backward(do, q, k, v, do, lse, dlse=np.zeros((2, 4, 37), np.float64))
+
+
+@pytest.mark.parametrize("into", ["dq", "dk"])
+def test_api_refuses_out_sharing_memory_with_dlse(rec, into):
+    """``out=`` buffers may not share memory with an input, and dlse is one (the README's output
+    buffers, attention_backward's ``out``): a dq or dk buffer over dlse's memory was accepted, and
+    the call then overwrote the caller's dlse ("not modified"). Refused by name, before a launch."""
+    q, k, v, do, lse = (_fake(x) for x in _api_inputs())
+    dq, dk, dv = (_fake(np.zeros(x.shape, x.dtype)) for x in (q, k, v))
+    n = int(np.prod(lse.shape))
+    dlse = (dq if into == "dq" else dk).reshape(-1).view(np.float32)[:n].reshape(lse.shape)
+    dlse[...] = np.random.default_rng(4).standard_normal(lse.shape)
+    before = np.array(dlse)
+    with pytest.raises(ValueError, match=f"out: {into} shares memory with the input dlse"):
+        cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=dlse, out=(dq, dk, dv))
+    assert not rec.launches
+    np.testing.assert_array_equal(np.asarray(dlse), before)
+    # a dlse of its own is fine with the same buffers
+    cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=_fake(before.copy()), out=(dq, dk, dv))
+    np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"] - before)
