@@ -867,9 +867,10 @@ def check_dlse(dlse, lse, named=(), varlen: bool = False) -> None:
     if not _is_array(dlse):
         raise TypeError(f"dlse: expected a float32 array of lse's shape {shape} (lse's cotangent) or None, got "
                         f"{type(dlse).__module__}.{type(dlse).__name__}")
-    dt = np.dtype(dlse.dtype)
-    if dt != _F32:
-        raise TypeError(f"dlse: expected float32 (lse's dtype), got dtype {dt}")
+    dt, lse_dt = np.dtype(dlse.dtype), np.dtype(lse.dtype)
+    if dt != _F32:  # (lse is float32 but on the ring's CPU model, whose lse is float64)
+        why = "lse's dtype" if lse_dt == _F32 else f"also where lse is {lse_dt}, as on the ring's CPU model"
+        raise TypeError(f"dlse: expected float32 ({why}), got dtype {dt}")
     if tuple(int(n) for n in dlse.shape) != shape:
         what = "max_seqlen_q" if varlen else "seqlen_q"
         raise ValueError(f"dlse: expected lse's shape {shape} [batch, nhead_q, {what}], got {tuple(dlse.shape)}")

@@ -321,6 +321,19 @@ def test_backward_dlse_errors_name_dlse():
         np.testing.assert_array_equal(a, b)
 
 
+def test_float64_dlse_on_the_cpu_model_is_refused_without_calling_float32_lse_s_dtype():
+    """The CPU model's lse is float64, and its dlse must still be float32 (as on the GPU): the
+    message said "expected float32 (lse's dtype)" there, naming a dtype lse does not have."""
+    q, k, v = _shards()
+    fw = local_ring_attention_forward(q, k, v, causal=True)
+    o, lse = [f[0] for f in fw], [f[1] for f in fw]
+    assert lse[0].dtype == np.float64
+    with pytest.raises(TypeError, match="dlse: expected float32") as err:
+        local_ring_attention_backward(o, q, k, v, o, lse, causal=True, dlse=[2 * x for x in lse])
+    msg = str(err.value)
+    assert "lse's dtype" not in msg and "float64" in msg and "CPU model" in msg, msg
+
+
 def test_nan_lse_is_not_a_row_without_keys():
     """partial_backward treated every non-finite lse as a row that sees no key: a NaN lse gave
     zero gradients, silently, where the kernels give NaN. Only -inf means no key."""
