@@ -743,7 +743,12 @@ def attention_backward(do, q, k, v, o, lse, *, softmax_scale=None, causal=False,
             workspace (one elementwise CuPy kernel on the current stream, where the backward's
             kernels run) between ``dot_do_o`` and ``dq_dk_dv``; dq, dk and dbias get the lse term,
             dv does not depend on it. With dropout the same holds (lse is that of the undropped P).
-            The caller's array is not modified (an ``out`` buffer sharing its memory is refused,
+            Values are used as given, unchecked (a check would read them back): a NaN or an
+            infinity makes dq of its row and dk (and dbias) non-finite, also in a row that sees
+            no key (lse = -inf: P = 0 there, but 0 * inf is NaN; which keys it reaches then
+            depends on the kernel's tiling), so pass 0 for those rows (e.g. the cotangent of
+            a z-loss, 2 * lse, is -inf there). Group mode never reads the rows of a sequence
+            without keys. The caller's array is not modified (an ``out`` buffer sharing its memory is refused,
             as for any input).
 
     Returns:

@@ -68,7 +68,11 @@ Features and what they cost:
   the launcher subtracts from D = rowsum(dO * O) between the backward's first two kernels
   (d lse_i / d s_ij = P_ij, so dS = P (dP - D + dlse)): same kernels, one elementwise pass over
   lse's floats. Only when the cotangent is not a symbolic zero (lse used and differentiated): lse
-  unused, an aux output or under ``jax.lax.stop_gradient`` leaves the backward as it was.
+  unused, an aux output or under ``jax.lax.stop_gradient`` leaves the backward as it was. The
+  cotangent is used as given: rows that see no key have lse = -inf, and a NaN or infinite
+  cotangent there makes the gradients non-finite (0 * inf), so mask lse before the loss uses it,
+  ``f(jnp.where(jnp.isfinite(lse), lse, 0))``; ``jnp.where(jnp.isfinite(lse), f(lse), 0)`` gives
+  those rows a NaN cotangent (JAX's own 0 * inf).
 * ``vmap``: supported by running the call once per vmapped element (``buffer_callback``'s
   ``vmap_method="sequential"``, a loop in the compiled program), for every feature. A vmapped
   batch of batch-mode inputs runs faster folded into the batch dimension; an unbatched

@@ -400,7 +400,9 @@ def attention_backward(
             lse, lse in natural-log units): any float array [b, hq, sq] (varlen: [b, hq,
             max_seqlen_q]; entries past each sequence's length are ignored). Since
             dLSE_i / dS_ij = P_ij, it adds g_i P_ij to dS: dS = P * (dP - D + g) (FlashAttention's
-            D with the lse term of the softmax gradient). None (default): zero.
+            D with the lse term of the softmax gradient). None (default): zero. Used as given: a
+            NaN or an infinity gives non-finite gradients, also in a row that sees no key
+            (P = 0, but 0 * inf is NaN); varlen never reads a sequence without keys.
 
     Returns:
         ``(dq, dk, dv)`` or, with ``return_dbias``, ``(dq, dk, dv, dbias)``; float64 in the

@@ -329,3 +329,37 @@ def test_api_refuses_out_sharing_memory_with_dlse(rec, into):
     # a dlse of its own is fine with the same buffers
     cupy_fmha.attention_backward(do, q, k, v, do, lse, causal=True, dlse=_fake(before.copy()), out=(dq, dk, dv))
     np.testing.assert_array_equal(rec.seen[-1]["main"], rec.seen[-1]["dot"] - before)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (0 * inf, as documented)
+def test_reference_non_finite_dlse_is_used_as_given():
+    """NaN / inf in dlse (documented): used as given, never silently dropped. A NaN in a row that
+    sees keys makes that row's dq NaN; an infinite entry in a row that sees no key (lse = -inf,
+    P = 0 there) still gives NaN (0 * inf), so such rows want a 0 (JAX: mask lse before squaring
+    it, not after); group mode never reads a sequence without keys, nor rows past a sequence."""
+    rng = _rng("dlse-non-finite")
+    q, k, v, do = _bshd(rng, 1, 5, 3, 2, 1, 4, 4)
+    kw = dict(causal=True)  # bottom-right, sq > sk: rows 0 and 1 see no key
+    _, lse = R.attention_forward(q, k, v, **kw)
+    assert np.all(np.isneginf(lse[:, :, :2])) and np.all(np.isfinite(lse[:, :, 2:]))
+    dlse = rng.standard_normal(lse.shape)
+    nan = dlse.copy()
+    nan[0, 1, 3] = np.nan
+    g = R.attention_backward(do, q, k, v, dlse=nan, **kw)
+    assert np.all(np.isnan(g[0][0, 3, 1])) and np.all(np.isfinite(g[0][0, 2]))
+    zloss = 2 * lse  # the cotangent of sum(lse ** 2): -inf on the rows without keys
+    assert not np.all(np.isfinite(R.attention_backward(do, q, k, v, dlse=zloss, **kw)[0]))
+    masked = np.where(np.isfinite(lse), zloss, 0.0)
+    g = R.attention_backward(do, q, k, v, dlse=masked, **kw)
+    assert all(np.all(np.isfinite(x)) for x in g) and np.all(g[0][:, :2] == 0)
+    # group mode: sequence 1 has rows but no keys, sequence 2 no rows; row 3 is past every sequence
+    lq, lk = [2, 3, 0], [3, 0, 2]
+    cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
+    q, do = rng.standard_normal((5, 2, 4)), rng.standard_normal((5, 2, 4))
+    k, v = rng.standard_normal((5, 1, 4)), rng.standard_normal((5, 1, 4))
+    kw = dict(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=4)
+    dlse = rng.standard_normal((3, 2, 4))
+    junk = dlse.copy()
+    junk[1], junk[2], junk[:, :, 3] = np.nan, np.inf, -np.inf
+    for a, b in zip(*(R.attention_backward(do, q, k, v, dlse=d, **kw) for d in (dlse, junk))):
+        np.testing.assert_array_equal(a, b)
