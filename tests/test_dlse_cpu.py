@@ -112,6 +112,33 @@ def test_reference_dlse_in_group_mode():
         np.testing.assert_array_equal(a, b)
 
 
+GROUP_FD = {
+    "window": dict(window_size=(1, 0)),
+    "window-alibi": dict(window_size=(2, 0), alibi=True),
+    "window-dropout": dict(window_size=(3, 0), dropout_p=0.25, seed=5, offset=3),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUP_FD))
+def test_reference_dlse_in_group_mode_with_a_sliding_window(case):
+    """Group mode with a sliding window and GQA (ALiBi, dropout): an empty query sequence, an empty
+    key sequence, rows the window leaves without keys (sequence 0's row 0) and max_seqlen_q past
+    the longest sequence; the lse term against finite differences."""
+    kw = dict(GROUP_FD[case])
+    lq, lk = [4, 0, 3, 5], [3, 2, 0, 6]
+    hq, hk = 4, 2
+    rng = _rng("dlse-thd-window", case)
+    q, k = rng.standard_normal((sum(lq), hq, 3)), rng.standard_normal((sum(lk), hk, 3))
+    v, do = rng.standard_normal((sum(lk), hk, 2)), rng.standard_normal((sum(lq), hq, 2))
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = rng.uniform(0.1, 1.0, (hq,))
+    cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
+    kw.update(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=6)
+    _, lse = R.attention_forward(q, k, v, **kw)
+    assert np.all(np.isneginf(lse[0, :, 0])) and np.all(np.isfinite(lse[0, :, 1:4]))
+    g = check_fd_dlse(q, k, v, do, rng.standard_normal((4, hq, 6)), **kw)
+    np.testing.assert_array_equal(g[0][4:7], 0)  # sequence 2 has no keys
+
 @pytest.mark.parametrize("precision", ["float64", "low"])
 @pytest.mark.parametrize("thd", [False, True])
 def test_reference_dlse_none_equals_zeros_exactly(precision, thd):
