@@ -61,6 +61,9 @@
 # Forty-first session (NOTES "Issue 11's missed targets": what no timeline has measured on today's builds):
 #   misstl    bench/probe/fwd_timeline.py at hdim 64 s1024 (three warpgroups) and s2048 causal, hdim 256 s1024 causal,
 #             hdim 128 s4096 with a bf16 bias: where the missed points' time goes
+#   nwg2      bench/ab.py: hdim 64 at s1024 / 2048, the table's three warpgroups (A: 192-row blocks, 1,152 rows computed for
+#             1,024 at s1024) against two (B: NWG=2, 128-row blocks), bf16 and fp16, causal both (rows 67 / 74 measured two
+#             1.4-1.5% faster at s1024 without a mask, before steps 113-118)
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -170,6 +173,7 @@ for part in "$@"; do
     misstl) for a in "64 1024" "64 2048 causal" "256 1024 causal" "128 4096 bias"; do
               echo "== fwd_timeline.py $a"; timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
             done 2>&1 | tee $OUT/misstl.txt;;
+    nwg2) ab NWG=2 ab-hd64-nwg2-short 14 --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --causal both;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
