@@ -64,6 +64,10 @@
 #   nwg2      bench/ab.py: hdim 64 at s1024 / 2048, the table's three warpgroups (A: 192-row blocks, 1,152 rows computed for
 #             1,024 at s1024) against two (B: NWG=2, 128-row blocks), bf16 and fp16, causal both (rows 67 / 74 measured two
 #             1.4-1.5% faster at s1024 without a mask, before steps 113-118)
+#   mr256     MASK_ROWS=2 (the edge tile's mask test from each row's bounds, the default at 64 / 128 since step 115) at 192
+#             and 256, where it spilled in step 87 and compiles without spills now: its bit-identity tests
+#             (test_exact_softmax_variants_bit_identical -k MASK_ROWS at 192 / 256), bench/ab.py causal s1024-4096 bf16 and
+#             s1024 fp16, then compute-sanitizer's three tools on sanitize_fwd_ws.py 192,256 under MASK_ROWS=2,PERSIST=4
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -174,6 +178,10 @@ for part in "$@"; do
               echo "== fwd_timeline.py $a"; timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
             done 2>&1 | tee $OUT/misstl.txt;;
     nwg2) ab NWG=2 ab-hd64-nwg2-short 14 --hdim 64 --seqlen 1024,2048 --dtype bf16,fp16 --causal both;;
+    mr256) gputest tests/test_gpu_fwd_ws.py "exact_softmax_variants and MASK_ROWS and (192 or 256)" test-mr256
+           ab MASK_ROWS=2 ab-maskrows2-192-256 12 --hdim 192,256 --seqlen 1024,2048,4096 --dtype bf16 --causal yes
+           ab MASK_ROWS=2 ab-maskrows2-192-256-fp16 6 --hdim 192,256 --seqlen 1024 --dtype fp16 --causal yes
+           sanitize MASK_ROWS=2,PERSIST=4 192,256 smr256;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
