@@ -46,6 +46,10 @@
 //                address plus each tile's constant offset, instead of from the tile pointers (the same values)
 //   O_IN_Q       fmha_fwd_sm90_ws (no O_STAGE, HDIM_Q == HDIM_V, swizzled): O staged in its warpgroup's rows of
 //                the Q buffer and sent in 16-byte stores; Q handed back after that instead of after the last S
+//   O_IN_KV      fmha_fwd_sm90_ws (a variant; PV_OVERLAP, NWG == 2, no O_STAGE or O_IN_Q, HDIM_Q == HDIM_V, BLOCK_N >= 64,
+//                swizzled): O staged in the last key block's ring stage (MMA warpgroup 0's rows in its K tile, 1's
+//                in its V tile) and sent in 16-byte stores, that stage handed back after that; Q handed back
+//                after the last S GEMM, so the next row block's Q loads under the last P V and the epilogue
 //   SMAX_TREE    the forward softmax (attention.cuh, softmax_p): each row slot's maximum by a pairwise
 //                tree over the thread's scores instead of one chain, both slots before their quad
 //                shuffles, and the folded form's sign test around the whole step (the same values)
@@ -186,6 +190,9 @@
 #ifndef O_IN_Q
 #define O_IN_Q 0
 #endif
+#ifndef O_IN_KV
+#define O_IN_KV 0
+#endif
 #ifndef SMAX_TREE
 #define SMAX_TREE 0
 #endif
@@ -223,7 +230,7 @@ inline constexpr int swizzle = SWIZZLE, pv_overlap = PV_OVERLAP, pingpong = PING
 inline constexpr int bias_tma = BIAS_TMA, bias_stages = BIAS_STAGES, o_stage = O_STAGE, dq_writer = DQ_WRITER, bias_acc = BIAS_ACC;
 // (enumerators from here on: a constexpr variable at namespace scope appears in every build's PTX)
 enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_emu = EXP_EMU, mask_rows = MASK_ROWS,
-             lazy_rescale = LAZY_RESCALE, keep_sink = KEEP_SINK, align_end = ALIGN_END };
+             lazy_rescale = LAZY_RESCALE, keep_sink = KEEP_SINK, align_end = ALIGN_END, o_in_kv = O_IN_KV };
 }  // namespace config_detail
 }  // namespace fmha
 
@@ -263,6 +270,7 @@ enum : int { desc_addr = DESC_ADDR, o_in_q = O_IN_Q, smax_tree = SMAX_TREE, exp_
 #undef BIAS_ACC
 #undef DESC_ADDR
 #undef O_IN_Q
+#undef O_IN_KV
 #undef SMAX_TREE
 #undef EXP_EMU
 #undef MASK_ROWS
@@ -307,7 +315,7 @@ inline constexpr bool O_STAGE = config_detail::o_stage != 0;
 inline constexpr bool DQ_WRITER = config_detail::dq_writer != 0;
 inline constexpr bool BIAS_ACC = config_detail::bias_acc != 0;
 enum : bool { DESC_ADDR = config_detail::desc_addr != 0, O_IN_Q = config_detail::o_in_q != 0, SMAX_TREE = config_detail::smax_tree != 0,
-              ALIGN_END = config_detail::align_end != 0 };
+              ALIGN_END = config_detail::align_end != 0, O_IN_KV = config_detail::o_in_kv != 0 };
 enum : int { EXP_EMU = config_detail::exp_emu,
              LAZY_RESCALE = config_detail::lazy_rescale, MASK_ROWS = config_detail::mask_rows,
              KEEP_SINK = config_detail::keep_sink };

@@ -56,6 +56,12 @@
 //               swizzled like Q: conflict-free 4-byte writes, 16-byte reads) and sends them in 16-byte
 //               stores of whole rows, instead of 4-byte stores of 8 partial rows per instruction; the
 //               row block hands Q back (q_empty) after that, not after its last S GEMM
+//   O_IN_KV=1   (a variant for hdim 192 / 256, where O has no stage of its own; the overlapped pipeline, two MMA
+//               warpgroups, not with O_IN_Q) each warp stages its 16 rows of O as O_IN_Q does, but in the last key
+//               block's ring stage: MMA warpgroup 0's 64 rows in its K tile, 1's in its V tile (64-row slabs of 64
+//               columns, 128-byte swizzled). Q goes back right after the last S GEMM, so the next row block's Q
+//               (PERSIST) loads under the last P V and the epilogue; that stage's K and V hand-backs (k_empty,
+//               empty) wait until O has left it, after both warpgroups' last GEMMs (a named barrier)
 //   SMAX_TREE, MASK_ROWS, EXP_EMU, LAZY_RESCALE  (variants of the softmax in attention.cuh; bench/NOTES.md step 87)
 //   TIMING=1    diagnostics only (bench/probe/fwd_timeline.py): thread 0 of each MMA warpgroup stamps
 //               clock64 at six phases of each of its first TL_ROWS row blocks and sums the cycles of
@@ -92,11 +98,18 @@ static_assert(!KEEP_SINK || (DROPOUT && PV_OVERLAP && BLOCK_N % 32 == 0 && KEEP_
 static_assert(!SWIZZLE || (HDIM_Q % 64 == 0 && HDIM_V % 64 == 0), "fmha_fwd_sm90_ws: swizzled tiles are slabs of 64 columns");
 static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
               "fmha_fwd_sm90_ws: O_IN_Q stages O in Q's buffer (swizzled, as wide as O) where O_STAGE does not fit");
+static_assert(!O_IN_KV || (PV_OVERLAP && NWG == 2 && !O_STAGE && !O_IN_Q && SWIZZLE && HDIM_Q == HDIM_V && BLOCK_N >= 64),
+              "fmha_fwd_sm90_ws: O_IN_KV stages each MMA warpgroup's 64 rows of O in the last key block's K or V tile "
+              "(the overlapped pipeline's two warpgroups, swizzled tiles of at least 64 rows as wide as O)");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
-// turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads)
+// turn of MMA warpgroup w (PINGPONG: the warpgroup that waits and the one before it, 256 threads);
+// 5 (O_IN_KV) the MMA warpgroups after their row block's last GEMMs, before O goes into the last
+// key block's stage (an enumerator: a constexpr variable would appear in every build's PTX); 15 the
+// TIMING build's
 constexpr int BAR_ZERO = 1, BAR_TURN = 2, TURN_THREADS = 256;
+enum : int { BAR_LAST_GEMM = 5 };
 // registers per MMA thread after setmaxnreg (240 with two MMA warpgroups, 160 with three)
 constexpr int MMA_REGS = ws_mma_regs<NWG>;
 // the swizzled layout starts at the first 1024-byte boundary of the dynamic shared memory (the
@@ -108,7 +121,8 @@ struct Smem {
     uint16_t k[STAGES][BLOCK_N * HDIM_Q];
     uint16_t v[STAGES][BLOCK_N * HDIM_V];
     // full: the stage's TMA copy landed. empty: every MMA thread has read the stage's K and V (with
-    // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise)
+    // PV_OVERLAP: its V; K is handed back earlier through k_empty, unused otherwise). O_IN_KV: a row
+    // block's last stage goes back through both once O has left it too
     // q_empty: every MMA thread's S GEMMs of the row block are complete (O_IN_Q: and O has left
     // through Q's buffer), so the next row block's Q may land
     unsigned long long q_full, q_empty, k_full[STAGES], v_full[STAGES], empty[STAGES], k_empty[STAGES];
@@ -295,11 +309,18 @@ __device__ __forceinline__ bool o_rows_aligned(const FwdParams& p, const uint16_
 }
 // A warp's `rows` (of 16) staged O rows to global memory in 16-byte pieces, whole rows per store
 // instruction: all the warp's pieces read first (`at(r, j)`: piece j of staged row r), then stored
-// where the row is in the sequence and the piece inside hdim_v (O_IN_Q).
-template <typename At>
+// where the row is in the sequence and the piece inside hdim_v (O_IN_Q, O_IN_KV). FRESH: the lane
+// made opaque first, so its pieces' offsets are formed here, not hoisted out of the row-block loop to
+// live (or spill) across it
+template <bool FRESH = false, typename At>
 __device__ __forceinline__ void fwd_send_rows(const FwdParams& p, uint16_t* og, int row0, int rows, At at) {
     constexpr int PIECES = HDIM_V / 8;  // per row
-    const int lane = lane_of(threadIdx.x);
+    int lane = lane_of(threadIdx.x);
+    if constexpr (FRESH) {
+        unsigned u = lane;
+        opaque_u32(u);
+        lane = u;
+    }
     uint4 got[HDIM_V / 16];
 #pragma unroll
     for (int t = 0; t < HDIM_V / 16; ++t) got[t] = *at((lane + 32 * t) / PIECES, (lane + 32 * t) % PIECES);
@@ -358,15 +379,19 @@ __device__ __forceinline__ void fwd_ws_store_o(const FwdParams& p, const FwdBloc
     }
 }
 
-// O_IN_Q epilogue of one warp's 16 rows from row0 (wi: the warp in its warpgroup): O scaled by 1/l,
-// rounded and written into the warp's rows of the Q buffer `tile` (BLOCK_M rows, 128-byte swizzled
-// slabs of 64 columns; this warpgroup's rows from 64 wg, which only its own S GEMMs read, all complete
-// by now), then read back in 16-byte pieces and stored as whole rows (rows past the sequence skipped).
-// The caller hands Q back after it (every lane's reads are done once its stores have issued).
-template <int NO>
-__device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
-                                                    int wg, const float* acc_o, const float row_max[2],
-                                                    const float row_sum[2], const AccFrag& f, uint16_t* tile) {
+// O_IN_Q / O_IN_KV epilogue of one warp's 16 rows from row0 (wi: the warp in its warpgroup): O scaled
+// by 1/l, rounded and written into the warp's rows of `tile` (128-byte swizzled slabs of 64 columns,
+// SLAB bytes apart; this warpgroup's rows from `trow`), then read back in 16-byte pieces and stored as
+// whole rows (rows past the sequence skipped). O_IN_Q: the Q buffer (BLOCK_M-row slabs, the
+// warpgroup's rows from 64 wg, which only its own S GEMMs read, all complete by now); O_IN_KV: the
+// last key block's K or V tile (64-row slabs from row 0; every GEMM of both warpgroups that reads
+// it complete by now). The caller hands the buffer back after it (every lane's reads are done once
+// its stores have issued). FRESH: the warp's row and lane offsets formed here (fwd_send_rows), not
+// hoisted out of the row-block loop (the O_IN_KV builds at hdim 192 spilled 36-44 bytes of them)
+template <int NO, int SLAB = BLOCK_M * 128, bool FRESH = false>
+__device__ __forceinline__ void fwd_ws_store_o_swz(const FwdParams& p, const FwdBlock& blk, int b, int h, int row0, int wi,
+                                                   int trow, const float* acc_o, const float row_max[2],
+                                                   const float row_sum[2], const AccFrag& f, uint16_t* tile) {
     uint16_t* og = fwd_out_rows(p, b, h);
     if (!o_rows_aligned(p, og)) {
         fwd_store_rows<NO>(p, blk, b, h, row0 + wi * 16, acc_o, row_max, row_sum, f);  // (uniform)
@@ -376,10 +401,12 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
     float inv[2], row_lse[2];
     finish_rows(row_max, row_sum, inv, row_lse, blk.drop, f);
     unsigned char* base = reinterpret_cast<unsigned char*>(tile);
-    const int tr0 = wg * 64 + wi * 16;  // the warp's first row of the tile
+    unsigned tr0u = trow + wi * 16;  // the warp's first row of the tile
+    if constexpr (FRESH) opaque_u32(tr0u);
+    const int tr0 = tr0u;
     row0 += wi * 16;
     // (byte of 16-byte piece j of tile row tr: slab j / 8, piece j % 8 swizzled by the row)
-    auto piece = [&](int tr, int j) { return (j >> 3) * (BLOCK_M * 128) + tr * 128 + (((j & 7) ^ (tr & 7)) << 4); };
+    auto piece = [&](int tr, int j) { return (j >> 3) * SLAB + tr * 128 + (((j & 7) ^ (tr & 7)) << 4); };
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int rl = f.row(2 * r);
@@ -396,10 +423,10 @@ __device__ __forceinline__ void fwd_ws_store_o_in_q(const FwdParams& p, const Fw
         }
     }
     __syncwarp();
-    fwd_send_rows(p, og, row0, min(16, blk.seqlen_q - row0),
-                  [&](int r, int j) { return reinterpret_cast<const uint4*>(base + piece(tr0 + r, j)); });
-    // (the next row block's Q comes by TMA into these bytes after the caller's hand-back: order this
-    // thread's generic writes of them before it)
+    fwd_send_rows<FRESH>(p, og, row0, min(16, blk.seqlen_q - row0),
+                         [&](int r, int j) { return reinterpret_cast<const uint4*>(base + piece(tr0 + r, j)); });
+    // (the next row block's Q, or K / V, comes by TMA into these bytes after the caller's hand-back:
+    // order this thread's generic accesses of them before it)
     fence_proxy_async();
 }
 
@@ -499,6 +526,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             for (int kb = blk.kb_begin; kb < blk.kb_end; ++kb, ++i) {
                 const int s = i % STAGES;
                 const unsigned parity = ((i / STAGES) & 1) ^ 1;
+                // (O_IN_KV: a row block's last stage comes back only after its O has left it, so with two
+                // stages the next row block's second key block waits for that, its first does not)
                 if (i >= STAGES) mbarrier_wait(smem_u32(PV_OVERLAP ? &sm.k_empty[s] : &sm.empty[s]), parity);
                 mbarrier_arrive_expect_tx(smem_u32(&sm.k_full[s]), K_BYTES);
                 tma_load_tile<SWIZZLE, BLOCK_N, HDIM_Q>(sm.k[s], tm_k, smem_u32(&sm.k_full[s]), hk, tk + kb * BLOCK_N, bq);
@@ -768,7 +797,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 keep_under_s(0);
                 wgmma_wait0();
                 fence_operand<NS * 4>(sacc);
-                mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));  // K of block 0 is read
+                // K of block 0 is read (O_IN_KV: unless it is the last, whose stage O takes)
+                if (!O_IN_KV || n > 1) mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));
                 softmax(sacc, 0, corr, softmax_keep(keep_prev), keep_in_softmax(0));
                 stamp(2);
                 for (int i = 1; i < n; ++i) {
@@ -790,7 +820,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                     wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
                     fence_operand<NS * 4>(sacc);
                     phase(5);
-                    mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));  // K of this stage is read
+                    // K of this stage is read (O_IN_KV: the last block's goes back after O)
+                    if (!O_IN_KV || i < n - 1) mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));
                     softmax(sacc, i, corr, softmax_keep(keep_prev), keep_in_softmax(i));
                     phase(6);
                 }
@@ -807,7 +838,13 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 stamp(4);
-                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
+                if constexpr (!O_IN_KV) {
+                    mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
+                } else {
+                    // O goes into the last block's K and V tiles: every MMA warpgroup's GEMMs that read them
+                    // (its last S, its last P V) complete first (the turns pass on issue, not completion)
+                    named_barrier_sync(BAR_LAST_GEMM, MMA_THREADS);
+                }
             } else {
                 if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)
             }
@@ -817,10 +854,24 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
             fwd_ws_store_o<NO>(p, blk, b, h, q0 + wg * 64, wi, acc_o, row_max, row_sum, frag,
                                reinterpret_cast<uint16_t*>(smem_base + O_STAGE_AT) + wg * 64 * O_PITCH);
         else if constexpr (O_IN_Q)
-            fwd_ws_store_o_in_q<NO>(p, blk, b, h, q0 + wg * 64, wi, wg, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
-        else
+            fwd_ws_store_o_swz<NO>(p, blk, b, h, q0 + wg * 64, wi, wg * 64, acc_o, row_max, row_sum, frag, const_cast<uint16_t*>(sq));
+        else if constexpr (O_IN_KV) {
+            // (the last key block's stage: warpgroup 0's rows in its K tile, 1's in its V tile; a row block
+            // without key blocks has no stage, and its O, zero, leaves from the registers)
+            const int s_last = (it + n - 1) % STAGES;
+            if (n > 0)
+                fwd_ws_store_o_swz<NO, 64 * 128, true>(p, blk, b, h, q0 + wg * 64, wi, 0, acc_o, row_max, row_sum, frag,
+                                                       wg == 0 ? sm.k[s_last] : sm.v[s_last]);
+            else
+                fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
+        } else
             fwd_store_rows<NO>(p, blk, b, h, q0 + wg * 64 + wi * 16, acc_o, row_max, row_sum, frag);
         if constexpr (O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (Q's buffer held this row block's O until now)
+        if constexpr (O_IN_KV)
+            if (n > 0) {  // (the last key block's stage held this row block's O until now: its K and V go back)
+                mbarrier_arrive(smem_u32(&sm.k_empty[(it + n - 1) % STAGES]));
+                mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));
+            }
         stamp(5);
         it += n;
         ++j;

@@ -710,7 +710,10 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: 128 keys at 128: 144-192 measured 2-13% slower (step 62), 176 and 192 on today's pipeline 0.5-3% slower without a mask
 #: and 3-22% causal at s1024 (step 111, an H100). O_IN_Q at 256 (O staged in the
 #: warpgroup's rows of Q's buffer, then 16-byte stores of whole rows): 0.95-1.00x the time (step 86);
-#: at 64 1.00-1.07x, so not there. DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
+#: at 64 1.00-1.07x, so not there. O_IN_KV (a variant, bench/NOTES.md row 127, untimed): O staged in the last
+#: key block's K and V tiles instead, so Q goes back after the last S GEMM and the next row block's Q loads
+#: under the epilogue (row 124: at 256 it waited 1.50 us for O_IN_Q's hand-back); hdim 192 and 256, the overlapped
+#: pipeline (fwd_ws_spec drops it elsewhere and drops O_IN_Q where it applies). DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
 #: constant offsets, the same values; bench/NOTES.md steps 103-104) at 192 and 256, whose pointer-formed
 #: builds move their Q and K descriptors over with 34-112 R2UR in the loop: 0.95-1.00x the time there
 #: (bf16, s1024-16384, causal and not, an H100, 3 rounds); at 64 and 128, where the pointer-formed
@@ -870,7 +873,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer "
                          f"{'exists' if len(removed) == 1 else 'exist'} (removed after the measurements of "
                          f"bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
+    switches = {"FOLD", "O_REG", "O_IN_Q", "O_IN_KV", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
                 "ALIGN_END",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
@@ -890,7 +893,9 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     :data:`FWD_WS_DROPOUT_BY_HDIM`, FOLD off unless the variable asks for it). ``bias_tma`` 2 or 4: the build with
     an elementwise bias of 16-bit or fp32 elements loaded through TMA like K and V (``-D BIAS=1
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
-    (default :func:`fwd_ws_tiles`; ``short`` as there).
+    (default :func:`fwd_ws_tiles`; ``short`` as there). O_IN_Q and O_IN_KV (where O has no stage of its own) are
+    dropped where they do not apply; where O_IN_KV applies (the overlapped pipeline on two MMA warpgroups, head dims
+    equal, swizzled tiles of at least 64 keys) it replaces O_IN_Q.
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
@@ -907,8 +912,19 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     if not dropout or not tiles.get("PV_OVERLAP") or tiles.get("BLOCK_N", 128) % 32:
         tiles.pop("KEEP_SINK", None)  # (the overlapped pipeline's KEEP_MSB keep decisions only)
     spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
+    drop = set()
+    if tiles.get("O_IN_KV"):
+        if (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE") or not tiles.get("PV_OVERLAP")
+                or tiles.get("NWG", 2) != 2 or tiles.get("BLOCK_N", 128) < 64):
+            drop.add("O_IN_KV")  # (O in the last key block's K / V tiles: the overlapped pipeline's two warpgroups,
+            # where O has no stage of its own, tiles of at least 64 rows as wide as O)
+        else:
+            drop.add("O_IN_Q")  # (one place for O: O_IN_KV's, wherever it applies)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
-        tiles.pop("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
+        drop.add("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
+    if drop & set(tiles):
+        for k in drop:
+            tiles.pop(k, None)
         spec = _mk("fmha_fwd_sm90_ws", dtype, "sm90a", HDIM_Q=dq, HDIM_V=dv, **tiles, **feats)
     return spec
 
@@ -955,6 +971,10 @@ def experimental_table() -> list[KernelSpec]:
     # (at 192 the build spills 68-92 bytes)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_Q": 1})
             for dtype in DTYPES for d in (64, 256) for alibi in (False, True)]  # (64: O_REG there, no stage)
+    # ... and in the last key block's K and V tiles instead (O_IN_KV, bench/NOTES.md row 127; Q handed back after the
+    # last S GEMM), at 192 and 256 where the overlapped pipeline runs: plain, and ALiBi at 192 (at 256 ALiBi is serial)
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_KV": 1})
+            for dtype in DTYPES for d in (192, 256) for alibi in (False, True) if not (alibi and d == 256)]
     # ... and at 128 with a third stage of K and V in the room O's own stage had (STAGES=3, bench/NOTES.md step 107:
     # 230,512 bytes, 0 spills), plain and ALiBi
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "STAGES": 3, "O_IN_Q": 1})
