@@ -420,7 +420,22 @@ def test_prev_softmax128_list_is_not_empty():
 # row's key blocks past its own diagonal (P = 0, maxima unmoved) are the only other difference, so O and LSE stay
 # bit-identical too (the dropout keep mask as well: its row pairs start at multiples of 16 either way), and the rows
 # before the sequence are never stored.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other"]
+# O_IN_KV (bench/NOTES.md row 127: O staged in the last key block's K and V tiles, Q handed back after the last S GEMM)
+# rounds the same values into a different place: bit-identical to the table's register stores at 192 and O_IN_Q at 256;
+# a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
+# below.
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=1,O_IN_Q=0"]
+
+
+def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
+    """Skips an O_IN_KV case where fwd_ws_spec drops the switch: hdim 64 (three MMA warpgroups) and 128 (O's own
+    stage), and the serial pipeline's builds (ALiBi at 256, dropout at 192 and 256)."""
+    if "O_IN_KV" not in variant:
+        return
+    if d not in (192, 256):
+        pytest.skip("O_IN_KV: hdim 192 and 256 only (64: three MMA warpgroups, 128: O has its own stage)")
+    if not cuda.fwd_ws_tiles(d, alibi, dropout).get("PV_OVERLAP"):
+        pytest.skip("O_IN_KV: the overlapped pipeline only (this build is the serial one)")
 
 
 def _concrete(variant: str, d: int) -> str:
@@ -452,6 +467,7 @@ def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
             kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125], dtype=cp.float32)
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    _o_in_kv_skip(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
     spec = cuda.fwd_spec("fp16", d, d, 90, alibi="alibi_slopes" in kw, dropout="dropout_p" in kw)
     for item in variant.split(","):
@@ -478,6 +494,7 @@ def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
     import numpy as np
 
     variant = _concrete(variant, d)
+    _o_in_kv_skip(variant, d)  # (its group-mode cases at 192 / 256: test_o_in_kv_group_mode)
     g = np.random.default_rng(seed_for("fwd-exact-group", d, mask))
     lq = g.integers(0, 700, size=30)
     lk = lq if mask == "causal" else g.integers(0, 900, size=30)
@@ -502,12 +519,58 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     variant = _concrete(variant, d)
+    _o_in_kv_skip(variant, d)  # (no bias builds at 192 / 256)
     o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
     for item in variant.split(","):
         key, _, val = item.partition("=")
         assert spec.macro(key, 0) == int(val), spec.name
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+
+
+O_IN_KV = "O_IN_KV=1,O_IN_Q=0"
+
+
+def _o_in_kv_check(o0, lse0, o, lse, dark=slice(0)):
+    assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
+    assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
+    assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
+
+
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("shape", list(VARIANT_SHAPES))
+def test_o_in_kv_persist(monkeypatch, d, shape):
+    """O_IN_KV at 4 row blocks per CTA: the next row block's Q lands while O is still in the last key block's stage,
+    its first key block goes to the other stage and its second waits for that stage's late hand-back (the ring runs
+    on across row blocks); row blocks without keys (no stage: O from the registers) before and after ones with keys,
+    and one-key-block row blocks (K_0's hand-back held too). O and LSE bit-identical to the default build at the same
+    PERSIST, into poisoned outputs."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{O_IN_KV}")
+    spec = cuda.fwd_spec("fp16", d, d, 90)
+    assert spec.macro("O_IN_KV") == 1 and spec.macro("O_IN_Q", 0) == 0, spec.name
+    rng = cp.random.default_rng(seed_for("fwd-o-in-kv", d, shape))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    _o_in_kv_check(*_variant_pair(monkeypatch, O_IN_KV, q, k, v, kw, 4), dark)
+
+
+@pytest.mark.parametrize("persist", [0, 4])
+@pytest.mark.parametrize("d", [192, 256])
+def test_o_in_kv_group_mode(monkeypatch, d, persist):
+    """O_IN_KV in group mode: sequences ending inside a key block (their last block's tail rows zeroed before the
+    GEMMs read them, then O written over the stage), of one key (one key block), one key past a block (the last
+    block holds one key), none, and the longest, 700 (60 / 28 keys into the last 80 / 112-key block);
+    bit-identical to the default build, one and four row blocks per CTA."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    n = cuda.fwd_ws_tiles(d)["BLOCK_N"]
+    q, k, v, kw = _group_case(f"fwd-o-in-kv-group-{d}", d, fixed=((0, 700), (3, 1), (7, n + 1), (11, 0), (13, 2 * n - 5)))
+    o0, lse0, o, lse = _variant_pair(monkeypatch, O_IN_KV, q, k, v, kw, persist)
+    assert cuda.fwd_spec("fp16", d, d, 90).macro("O_IN_KV") == 1
+    _o_in_kv_check(o0, lse0, o, lse)
 
 
 @pytest.mark.parametrize("base", ["", "NWG=2"])

@@ -242,6 +242,32 @@ def test_fwd_ws_key_block_variants(monkeypatch):
     assert fwd_spec("bf16", 128, 128, 90).macro("BLOCK_N") == 128  # (the table's without the variable)
 
 
+def test_fwd_ws_o_in_kv_where_it_applies(monkeypatch):
+    """O_IN_KV (bench/NOTES.md row 127: O staged in the last key block's K and V tiles) where the overlapped pipeline
+    runs on two MMA warpgroups and O has no stage of its own: at 192 and 256 (there in place of the table's O_IN_Q,
+    given or not), ALiBi at 192, the two-warpgroup dropout build at 64; dropped, with the table's O_IN_Q kept, where it
+    does not apply: 128 (O's own stage), 64's three warpgroups, the serial pipeline (ALiBi at 256, dropout at 192 / 256),
+    key blocks under 64, unequal head dims."""
+    for env in ("O_IN_KV=1", "O_IN_KV=1,O_IN_Q=0", "O_IN_KV=1,O_IN_Q=1"):
+        monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", env)
+        for d, kw in ((192, {}), (256, {}), (192, dict(alibi=True)), (64, dict(dropout=True))):
+            s = fwd_spec("bf16", d, d, 90, **kw)
+            assert s.source == "fmha_fwd_sm90_ws" and s.macro("O_IN_KV") == 1 and s.macro("O_IN_Q", 0) == 0, s.name
+            assert s.macro("PV_OVERLAP") == 1 and s.macro("NWG") == 2 and s.macro("O_STAGE") == 0, s.name
+        s = fwd_spec("bf16", 256, 256, 90, alibi=True)
+        assert s.macro("O_IN_KV", 0) == 0 and s.macro("O_IN_Q", 0) == (env != "O_IN_KV=1,O_IN_Q=0"), s.name
+        for d, kw in ((128, {}), (64, {}), (192, dict(dropout=True)), (256, dict(dropout=True))):
+            s = fwd_spec("bf16", d, d, 90, **kw)
+            assert s.source == "fmha_fwd_sm90_ws" and s.macro("O_IN_KV", 0) == 0, s.name
+        assert fwd_spec("bf16", 256, 128, 90).macro("O_IN_KV", 0) == 0  # (unequal head dims: O's own stage)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_IN_KV=1,BLOCK_N=48")
+    assert fwd_spec("bf16", 256, 256, 90).macro("O_IN_KV", 0) == 0
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "O_IN_KV=1,PINGPONG=0")  # (the overlapped pipeline without turns)
+    assert fwd_spec("bf16", 256, 256, 90).macro("O_IN_KV") == 1
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    assert all(fwd_spec("bf16", d, d, 90).macro("O_IN_KV", 0) == 0 for d in (64, 128, 192, 256))  # (not the table's)
+
+
 def test_fwd_ws_softmax_defaults(monkeypatch):
     """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128, 256 and (step 115) 192:
     the plain and ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout
