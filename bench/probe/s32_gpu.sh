@@ -68,6 +68,12 @@
 #             and 256, where it spilled in step 87 and compiles without spills now: its bit-identity tests
 #             (test_exact_softmax_variants_bit_identical -k MASK_ROWS at 192 / 256), bench/ab.py causal s1024-4096 bf16 and
 #             s1024 fp16, then compute-sanitizer's three tools on sanitize_fwd_ws.py 192,256 under MASK_ROWS=2,PERSIST=4
+# NOTES row 127 (O_IN_KV: O staged in the last key block's K / V tiles, so Q goes back after the last S GEMM and the next
+# row block's Q loads under the epilogue instead of after it, row 124's 1.50 us wait at hdim 256):
+#   okv       tests/test_gpu_fwd_ws.py -k o_in_kv (O and LSE bit-identical to the default at 192 / 256: the exact-variant
+#             shapes, PERSIST=4, group mode with sequences ending inside key blocks), compute-sanitizer's three tools on
+#             sanitize_fwd_ws.py 192,256 under O_IN_KV=1,O_IN_Q=0,PERSIST=4, then bench/ab.py: the default (A) against
+#             O_IN_KV=1,O_IN_Q=0 (B), hdim 192 and 256, bf16, s1024-4096, causal both
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -182,6 +188,9 @@ for part in "$@"; do
            ab MASK_ROWS=2 ab-maskrows2-192-256 12 --hdim 192,256 --seqlen 1024,2048,4096 --dtype bf16 --causal yes
            ab MASK_ROWS=2 ab-maskrows2-192-256-fp16 6 --hdim 192,256 --seqlen 1024 --dtype fp16 --causal yes
            sanitize MASK_ROWS=2,PERSIST=4 192,256 smr256;;
+    okv) gputest tests/test_gpu_fwd_ws.py "o_in_kv" test-okv
+         sanitize O_IN_KV=1,O_IN_Q=0,PERSIST=4 192,256 sokv
+         ab O_IN_KV=1,O_IN_Q=0 ab-okv 14 --hdim 192,256 --seqlen 1024,2048,4096 --dtype bf16 --causal both;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
