@@ -421,10 +421,11 @@ def test_prev_softmax128_list_is_not_empty():
 # bit-identical too (the dropout keep mask as well: its row pairs start at multiples of 16 either way), and the rows
 # before the sequence are never stored.
 # O_IN_KV (bench/NOTES.md row 127: O staged in the last key block's K and V tiles, Q handed back after the last S GEMM)
-# rounds the same values into a different place: bit-identical to the table's register stores at 192 and O_IN_Q at 256;
+# rounds the same values into a different place: bit-identical to the register stores at 192 (O_IN_KV the table's
+# there since row 128, so O_IN_KV=0 is the variant) and to O_IN_Q at 256;
 # a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
 # below.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=1,O_IN_Q=0"]
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other"]
 
 
 def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
@@ -441,11 +442,13 @@ def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = Fal
 def _concrete(variant: str, d: int) -> str:
     """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``,
     ``MASK_ROWS=other`` the other of MASK_ROWS 0 and 2 (2 the table's at 64 and 128), ``ALIGN_END=other`` the other
-    row alignment (1, from the end, the table's at 64)."""
+    row alignment (1, from the end, the table's at 64), ``O_IN_KV=other`` the other place for O (O_IN_KV the table's at
+    192; at 256 O_IN_KV against the table's O_IN_Q)."""
     tiles = cuda.fwd_ws_tiles(d)
     return (variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - tiles.get('DESC_ADDR', 0)}")
             .replace("MASK_ROWS=other", f"MASK_ROWS={2 - tiles.get('MASK_ROWS', 0)}")
-            .replace("ALIGN_END=other", f"ALIGN_END={1 - tiles.get('ALIGN_END', 0)}"))
+            .replace("ALIGN_END=other", f"ALIGN_END={1 - tiles.get('ALIGN_END', 0)}")
+            .replace("O_IN_KV=other", "O_IN_KV=0" if tiles.get("O_IN_KV") else "O_IN_KV=1,O_IN_Q=0"))
 EXACT_EXTRA = {
     "alibi": dict(causal=True),
     "dropout": dict(dropout_p=0.2, seed=7, offset=3),
@@ -528,7 +531,17 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
 
 
-O_IN_KV = "O_IN_KV=1,O_IN_Q=0"
+def _o_in_kv_other(monkeypatch, d, persist):
+    """The other place for O than the table's at ``d`` (:func:`_concrete`), checked: of the default build and the
+    variant at PERSIST=``persist``, exactly one stages O in the last key block's stage, and that one not in Q's buffer."""
+    variant = _concrete("O_IN_KV=other", d)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist}")
+    default = cuda.fwd_spec("fp16", d, d, 90)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST={persist},{variant}")
+    other = cuda.fwd_spec("fp16", d, d, 90)
+    assert sorted(s.macro("O_IN_KV", 0) for s in (default, other)) == [0, 1], (default.name, other.name)
+    assert all(s.macro("O_IN_Q", 0) == 0 for s in (default, other) if s.macro("O_IN_KV", 0)), (default.name, other.name)
+    return variant
 
 
 def _o_in_kv_check(o0, lse0, o, lse, dark=slice(0)):
@@ -548,13 +561,11 @@ def test_o_in_kv_persist(monkeypatch, d, shape):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{O_IN_KV}")
-    spec = cuda.fwd_spec("fp16", d, d, 90)
-    assert spec.macro("O_IN_KV") == 1 and spec.macro("O_IN_Q", 0) == 0, spec.name
+    variant = _o_in_kv_other(monkeypatch, d, 4)
     rng = cp.random.default_rng(seed_for("fwd-o-in-kv", d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    _o_in_kv_check(*_variant_pair(monkeypatch, O_IN_KV, q, k, v, kw, 4), dark)
+    _o_in_kv_check(*_variant_pair(monkeypatch, variant, q, k, v, kw, 4), dark)
 
 
 @pytest.mark.parametrize("persist", [0, 4])
@@ -568,9 +579,8 @@ def test_o_in_kv_group_mode(monkeypatch, d, persist):
         pytest.skip("sm_90 only")
     n = cuda.fwd_ws_tiles(d)["BLOCK_N"]
     q, k, v, kw = _group_case(f"fwd-o-in-kv-group-{d}", d, fixed=((0, 700), (3, 1), (7, n + 1), (11, 0), (13, 2 * n - 5)))
-    o0, lse0, o, lse = _variant_pair(monkeypatch, O_IN_KV, q, k, v, kw, persist)
-    assert cuda.fwd_spec("fp16", d, d, 90).macro("O_IN_KV") == 1
-    _o_in_kv_check(o0, lse0, o, lse)
+    variant = _o_in_kv_other(monkeypatch, d, persist)
+    _o_in_kv_check(*_variant_pair(monkeypatch, variant, q, k, v, kw, persist))
 
 
 @pytest.mark.parametrize("base", ["", "NWG=2"])

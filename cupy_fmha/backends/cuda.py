@@ -710,10 +710,13 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: 128 keys at 128: 144-192 measured 2-13% slower (step 62), 176 and 192 on today's pipeline 0.5-3% slower without a mask
 #: and 3-22% causal at s1024 (step 111, an H100). O_IN_Q at 256 (O staged in the
 #: warpgroup's rows of Q's buffer, then 16-byte stores of whole rows): 0.95-1.00x the time (step 86);
-#: at 64 1.00-1.07x, so not there. O_IN_KV (a variant, bench/NOTES.md row 127, untimed): O staged in the last
+#: at 64 1.00-1.07x, so not there. O_IN_KV (bench/NOTES.md rows 127-128): O staged in the last
 #: key block's K and V tiles instead, so Q goes back after the last S GEMM and the next row block's Q loads
-#: under the epilogue (row 124: at 256 it waited 1.50 us for O_IN_Q's hand-back); hdim 192 and 256, the overlapped
-#: pipeline (fwd_ws_spec drops it elsewhere and drops O_IN_Q where it applies). DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
+#: under the epilogue (row 124: at 256 it waited 1.50 us for O_IN_Q's hand-back); where it applies (the overlapped
+#: pipeline's two warpgroups; fwd_ws_spec drops it elsewhere and drops O_IN_Q where it applies). The table's at 192,
+#: where O left from the registers: 0.90-0.99x the time at s1024-4096 (bf16 / fp16, causal and not), 0.99-1.03 at
+#: 8192-16384 (an H100); ALiBi at 192 takes it too (tested, not timed). Not at 256: 0.97-0.99x at s1024-2048 against
+#: O_IN_Q, 0.99-1.03 from 4096. DESC_ADDR (the loop's wgmma descriptors from one 32-bit address plus
 #: constant offsets, the same values; bench/NOTES.md steps 103-104) at 192 and 256, whose pointer-formed
 #: builds move their Q and K descriptors over with 34-112 R2UR in the loop: 0.95-1.00x the time there
 #: (bf16, s1024-16384, causal and not, an H100, 3 rounds); at 64 and 128, where the pointer-formed
@@ -736,7 +739,7 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: whose 128-row blocks see as many key blocks either way where keys come in blocks of 128 (untimed at 192 / 256).
 FWD_WS_SOFTMAX = dict(FOLD=1, SMAX_TREE=1, LAZY_RESCALE=8)
 FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, ALIGN_END=1, **FWD_WS_SOFTMAX), 128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
-                  192: dict(BLOCK_N=112, DESC_ADDR=1, **FWD_WS_SOFTMAX),
+                  192: dict(BLOCK_N=112, DESC_ADDR=1, O_IN_KV=1, **FWD_WS_SOFTMAX),
                   256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, **FWD_WS_SOFTMAX)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
