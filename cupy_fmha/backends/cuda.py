@@ -974,9 +974,10 @@ def experimental_table() -> list[KernelSpec]:
     # (at 192 the build spills 68-92 bytes)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_Q": 1})
             for dtype in DTYPES for d in (64, 256) for alibi in (False, True)]  # (64: O_REG there, no stage)
-    # ... and in the last key block's K and V tiles instead (O_IN_KV, bench/NOTES.md row 127; Q handed back after the
-    # last S GEMM), at 192 and 256 where the overlapped pipeline runs: plain, and ALiBi at 192 (at 256 ALiBi is serial)
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_KV": 1})
+    # ... and O's other place than the table's (O_IN_KV, bench/NOTES.md rows 127-128: the last key block's K and V tiles,
+    # Q handed back after the last S GEMM): at 256 O_IN_KV (plain; ALiBi is serial there), at 192, where it is the
+    # table's, the register stores it replaced (plain and ALiBi)
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_KV": int(d == 256)})
             for dtype in DTYPES for d in (192, 256) for alibi in (False, True) if not (alibi and d == 256)]
     # ... and at 128 with a third stage of K and V in the room O's own stage had (STAGES=3, bench/NOTES.md step 107:
     # 230,512 bytes, 0 spills), plain and ALiBi
