@@ -17,6 +17,7 @@ import pytest
 import cupy_fmha
 from cupy_fmha import api
 from cupy_fmha import reference as R
+from conftest import cu_seqlens as cu
 from fake_cupy import OtherDeviceArray, Recorder, _fake, delta_hook, fake_cupy
 from fd import check_fd
 
@@ -99,7 +100,6 @@ def test_reference_dlse_in_group_mode():
     tq, tk = sum(lq), sum(lk)
     q, k = rng.standard_normal((tq, hq, 3)), rng.standard_normal((tk, hk, 3))
     v, do = rng.standard_normal((tk, hk, 2)), rng.standard_normal((tq, hq, 2))
-    cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
     kw = dict(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=5, causal=True)
     bias = rng.standard_normal((4, 1, 5, 4))
     dlse = rng.standard_normal((4, hq, 5))
@@ -132,7 +132,6 @@ def test_reference_dlse_in_group_mode_with_a_sliding_window(case):
     v, do = rng.standard_normal((sum(lk), hk, 2)), rng.standard_normal((sum(lq), hq, 2))
     if kw.pop("alibi", False):
         kw["alibi_slopes"] = rng.uniform(0.1, 1.0, (hq,))
-    cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
     kw.update(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=6)
     _, lse = R.attention_forward(q, k, v, **kw)
     assert np.all(np.isneginf(lse[0, :, 0])) and np.all(np.isfinite(lse[0, :, 1:4]))
@@ -381,7 +380,6 @@ def test_reference_non_finite_dlse_is_used_as_given():
     assert all(np.all(np.isfinite(x)) for x in g) and np.all(g[0][:, :2] == 0)
     # group mode: sequence 1 has rows but no keys, sequence 2 no rows; row 3 is past every sequence
     lq, lk = [2, 3, 0], [3, 0, 2]
-    cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
     q, do = rng.standard_normal((5, 2, 4)), rng.standard_normal((5, 2, 4))
     k, v = rng.standard_normal((5, 1, 4)), rng.standard_normal((5, 1, 4))
     kw = dict(layout="thd", cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=4)
