@@ -29,6 +29,8 @@
 #   san115    compute-sanitizer memcheck / racecheck / synccheck on the new default builds at hdim 64, 128 and 192
 #             under PERSIST=4 (bench/probe/sanitize_fwd_ws.py: plain, causal, dropout, group mode)
 #   persist256  bench/ab.py: the default (A) against PERSIST=2 at s1024 (B), hdim 192 and 256, bf16, causal both
+#   okvtl     fwd_timeline.py at hdim 256 (O_IN_Q, the default, against O_IN_KV) and 192 (O_IN_KV against the register
+#             store), then bench/ab.py: the default (A) against PERSIST=4 at hdim 256 s1024-2048 (4 row blocks per CTA, row 115 never timed it)
 #   sinktest  step 116: KEEP_SINK=1 (the keep decisions inside the softmax) bit-identical to the default and against the
 #             reference (tests/test_gpu_dropout.py -k keep_sink)
 #   sinksan   compute-sanitizer memcheck / racecheck / synccheck under KEEP_SINK=1,PERSIST=4 at hdim 64 and 128
@@ -74,6 +76,12 @@
 #             shapes, PERSIST=4, group mode with sequences ending inside key blocks), compute-sanitizer's three tools on
 #             sanitize_fwd_ws.py 192,256 under O_IN_KV=1,O_IN_Q=0,PERSIST=4, then bench/ab.py: the default (A) against
 #             O_IN_KV=1,O_IN_Q=0 (B), hdim 192 and 256, bf16, s1024-4096, causal both
+# Forty-second session (NOTES rows 129-130):
+#   okvtl     (listed above, beside persist256)
+#   wgskip    WG_SKIP=1 (MMA warpgroups leave out the key blocks none of their rows sees): tests/test_gpu_fwd_ws.py -k
+#             "WG_SKIP or wg_skip" (bit-identity: the exact-variant shapes, group mode, PERSIST=4), compute-sanitizer's
+#             three tools on sanitize_fwd_ws.py 64,128,256 under WG_SKIP=1,PERSIST=4, then bench/ab.py: the default (A)
+#             against WG_SKIP=1 (B), bf16, hdim 64 s1024-4096 and hdim 128 / 256 s1024-2048, causal both
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -191,6 +199,15 @@ for part in "$@"; do
     okv) gputest tests/test_gpu_fwd_ws.py "o_in_kv" test-okv
          sanitize O_IN_KV=1,O_IN_Q=0,PERSIST=4 192,256 sokv
          ab O_IN_KV=1,O_IN_Q=0 ab-okv 14 --hdim 192,256 --seqlen 1024,2048,4096 --dtype bf16 --causal both;;
+    wgskip) gputest tests/test_gpu_fwd_ws.py "WG_SKIP or wg_skip" test-wgskip
+            sanitize WG_SKIP=1,PERSIST=4 64,128,256 swgskip
+            ab WG_SKIP=1 ab-wgskip-64 14 --hdim 64 --seqlen 1024,2048,4096 --dtype bf16 --causal both
+            ab WG_SKIP=1 ab-wgskip-128-256 10 --hdim 128,256 --seqlen 1024,2048 --dtype bf16 --causal both;;
+    okvtl) for a in "256 1024 causal" "256 1024 causal O_IN_KV=1 O_IN_Q=0" "256 2048" "256 2048 O_IN_KV=1 O_IN_Q=0" \
+                    "192 1024 causal" "192 1024 causal O_IN_KV=0 O_IN_Q=0"; do
+             echo "== fwd_timeline.py $a"; timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
+           done 2>&1 | tee $OUT/okvtl.txt
+           ab PERSIST=4 ab-persist4-256 6 --hdim 256 --seqlen 1024,2048 --dtype bf16 --causal both;;
     *) echo "unknown part $part";;
   esac
   cp /tmp/s/*.json /tmp/ab/*summary.json $OUT/ 2>/dev/null
