@@ -12,7 +12,8 @@
 //   ALIBI, BIAS, DROPOUT   features compiled in (0: none of their code)
 //   Q_IN_REGS    fmha_fwd: Q's fragments stay in registers for the whole loop
 //   WG_SKIP      fmha_fwd_sm90: warpgroups skip key blocks none of their rows sees
-//                (default: at 2 warpgroups without ALiBi; see fmha_fwd_sm90.cu)
+//                (default: at 2 warpgroups without ALiBi; see fmha_fwd_sm90.cu); fmha_fwd_sm90_ws: the same, only
+//                where the instance sets it to 1 (a variant of the overlapped pipeline; WS_WG_SKIP there)
 //   NSPLIT       fmha_bwd_dq_dk_dv: CTAs sharing one key block's output columns
 //   OVERLAP, DQ_BULK   fmha_bwd_dq_dk_dv_sm90: GEMM4 issued under GEMM1/3; dQ by bulk reduce-adds
 //   STAGES       the warp-specialized kernels: buffers in the producer's ring

@@ -69,7 +69,14 @@
 //               does not fence independent arithmetic), and the CTA's entry and exit (%globaltimer
 //               too) go into the module's `fmha_fwd_timeline`, one row per CTA.
 //
-// Not yet here: per-warpgroup skipping of key blocks (fmha_fwd_sm90's WG_SKIP). Group mode: a key
+//   WG_SKIP=1   (a variant; the overlapped pipeline, not with BIAS or O_IN_KV; batch mode) each MMA warpgroup
+//               computes only the key blocks some of its own 64 rows see (wg_key_blocks): under a causal mask the
+//               first warpgroups of a row block stop before the diagonal's last blocks, and with ALIGN_END the
+//               warpgroups of the partial first block whose rows all lie before the sequence compute none. For the
+//               others it only meets the ring and the turns (skip_block). Every block it leaves out is masked for
+//               all of its rows, so O and LSE are bit-identical to the build without it
+//
+// Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
 // their scores are masked to -inf, but P V would still meet their values (0 * Inf is NaN), so the
 // MMA warpgroups zero those rows of K and V first.
@@ -101,6 +108,11 @@ static_assert(!O_IN_Q || (!O_STAGE && SWIZZLE && HDIM_Q == HDIM_V),
 static_assert(!O_IN_KV || (PV_OVERLAP && NWG == 2 && !O_STAGE && !O_IN_Q && SWIZZLE && HDIM_Q == HDIM_V && BLOCK_N >= 64),
               "fmha_fwd_sm90_ws: O_IN_KV stages each MMA warpgroup's 64 rows of O in the last key block's K or V tile "
               "(the overlapped pipeline's two warpgroups, swizzled tiles of at least 64 rows as wide as O)");
+
+// WG_SKIP (config.cuh's constant is fmha_fwd_sm90's, on there by default; here only where the instance sets it)
+enum : bool { WS_WG_SKIP = config_detail::wg_skip > 0 };
+static_assert(!WS_WG_SKIP || (PV_OVERLAP && !BIAS && !O_IN_KV),
+              "fmha_fwd_sm90_ws: WG_SKIP is a variant of the overlapped pipeline without the bias ring or O in the K / V stage");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
@@ -292,6 +304,17 @@ __device__ __forceinline__ bool fwd_ws_block_state(const FwdParams& p, int b, in
     } else {
         return fwd_block_state<BLOCK_M, BLOCK_N, NT>(p, b, h, q0, t, blk);
     }
+}
+
+// WG_SKIP: of the row block's n key blocks from blk.kb_begin, those [ib, ie) that some row of the MMA warpgroup's 64
+// from wq0 sees (key_block_range over its rows inside the sequence; none where it has none: ALIGN_END's rows before
+// the start, rows past the end). Every other block is masked for all of its rows.
+__device__ __forceinline__ void wg_key_blocks(const FwdBlock& blk, int wq0, int n, int& ib, int& ie) {
+    const int r0 = max(wq0, 0), r1 = min(wq0 + 64, blk.seqlen_q);
+    int wb = blk.kb_begin, we = blk.kb_begin;
+    if (r1 > r0) key_block_range(blk.win, r0, r1 - r0, BLOCK_N, blk.seqlen_q, blk.seqlen_k, wb, we);
+    ib = min(max(wb - blk.kb_begin, 0), n);
+    ie = min(max(we - blk.kb_begin, ib), n);
 }
 
 // Whether row r of the rows row0 + 0 .. rows - 1 the caller found inside the sequence's end is sent (with ALIGN_END not
@@ -745,6 +768,14 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                                                              blk.seqlen_k, keep, 0, gen);
                 }
             };
+            // WG_SKIP: this warpgroup's key blocks [ib, ie) (wg_key_blocks; batch mode), the whole row block's
+            // otherwise. A block outside them it only meets (skip_block): its turn, so that every warpgroup takes
+            // n + 1 turns a row block, then the stage's tiles landed (so that its hand-backs count in their own phase)
+            // and handed back
+            int wb = 0, we = n;
+            if constexpr (WS_WG_SKIP)
+                if (!packed) wg_key_blocks(blk, wq0, n, wb, we);
+            const int ib = WS_WG_SKIP ? wb : 0, ie = WS_WG_SKIP ? we : n;  // (without it 0 and n, as before it)
             // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
             // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
             float sacc[NS * 4], corr[2];
@@ -777,7 +808,7 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<NO * 4>(acc_o);
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(1);
-                if (i >= 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
+                if (i >= ib + 2) mbarrier_arrive(smem_u32(&sm.empty[(it + i - 2) % STAGES]));  // V of block i-2 is read
                 rescale_o_lazy<NO>(acc_o, corr, frag);
                 pv_operands(pa, sacc, keep_prev, blk.drop.keep_all());  // (block i - 1's P and keep decisions)
                 // (pinned here: left free, the compiler sank the rescale below the next wgmma fence)
@@ -785,65 +816,89 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(2);
             };
+            // (a block outside [ib, ie): see above)
+            auto skip_block = [&](int i, bool last) {
+                turn_begin();
+                turn_end(last);
+                const int s = (it + i) % STAGES;
+                const unsigned ph = ((it + i) / STAGES) & 1;
+                mbarrier_wait(smem_u32(&sm.k_full[s]), ph);
+                mbarrier_arrive(smem_u32(&sm.k_empty[s]));
+                mbarrier_wait(smem_u32(&sm.v_full[s]), ph);
+                mbarrier_arrive(smem_u32(&sm.empty[s]));
+            };
             if (n > 0) {
                 if (PINGPONG && wg == NWG - 1) named_barrier_arrive(BAR_TURN, TURN_THREADS);
-                wait_k(0);  // block 0: S_0 and its softmax
-                bias_into_s(0);
-                turn_begin();
-                wgmma_fence();
-                opaque_base();
-                gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it)), wg);
-                turn_end(false);
-                keep_under_s(0);
-                wgmma_wait0();
-                fence_operand<NS * 4>(sacc);
-                // K of block 0 is read (O_IN_KV: unless it is the last, whose stage O takes)
-                if (!O_IN_KV || n > 1) mbarrier_arrive(smem_u32(&sm.k_empty[it % STAGES]));
-                softmax(sacc, 0, corr, softmax_keep(keep_prev), keep_in_softmax(0));
-                stamp(2);
-                for (int i = 1; i < n; ++i) {
-                    phases(true);
-                    wait_k(i);
-                    wait_v(i - 1);
-                    phase(0);
-                    next_pv_operands(i);
-                    bias_into_s(i);
+                if constexpr (WS_WG_SKIP)
+                    for (int i = 0; i < ib; ++i) skip_block(i, false);
+                if (!WS_WG_SKIP || ie > ib) {
+                    wait_k(ib);  // block ib (0 without WG_SKIP): its S and softmax
+                    bias_into_s(ib);
                     turn_begin();
-                    phase(3);
                     wgmma_fence();
                     opaque_base();
-                    gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + i)), wg);
-                    gemm_pv(acc_o, pa, v_tile(uniform_stage(it + i - 1)));
+                    gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + ib)), wg);
                     turn_end(false);
-                    keep_under_s(i);  // (block i - 1's are used)
-                    phase(4);
-                    wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                    keep_under_s(ib);
+                    wgmma_wait0();
                     fence_operand<NS * 4>(sacc);
-                    phase(5);
-                    // K of this stage is read (O_IN_KV: the last block's goes back after O)
-                    if (!O_IN_KV || i < n - 1) mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));
-                    softmax(sacc, i, corr, softmax_keep(keep_prev), keep_in_softmax(i));
-                    phase(6);
-                }
-                phases(false);
-                stamp(3);
-                if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
-                wait_v(n - 1);  // the last block's P V
-                next_pv_operands(n);
-                turn_begin();
-                wgmma_fence();
-                gemm_pv(acc_o, pa, v_tile(uniform_stage(it + n - 1)));
-                turn_end(true);
-                wgmma_wait0();
-                fence_operand<NO * 4>(acc_o);
-                fence_operand<BLOCK_N / 4>(&pa[0][0]);
-                stamp(4);
-                if constexpr (!O_IN_KV) {
-                    mbarrier_arrive(smem_u32(&sm.empty[(it + n - 1) % STAGES]));  // V of the last block is read
+                    // K of block ib is read (O_IN_KV: unless it is the last, whose stage O takes)
+                    if (!O_IN_KV || n > 1) mbarrier_arrive(smem_u32(&sm.k_empty[(it + ib) % STAGES]));
+                    softmax(sacc, ib, corr, softmax_keep(keep_prev), keep_in_softmax(ib));
+                    stamp(2);
+                    for (int i = ib + 1; i < ie; ++i) {
+                        phases(true);
+                        wait_k(i);
+                        wait_v(i - 1);
+                        phase(0);
+                        next_pv_operands(i);
+                        bias_into_s(i);
+                        turn_begin();
+                        phase(3);
+                        wgmma_fence();
+                        opaque_base();
+                        gemm_s<BIAS_ACC>(sacc, q_tile(), k_tile(uniform_stage(it + i)), wg);
+                        gemm_pv(acc_o, pa, v_tile(uniform_stage(it + i - 1)));
+                        turn_end(false);
+                        keep_under_s(i);  // (block i - 1's are used)
+                        phase(4);
+                        wgmma_wait<1>();  // S_i done; P_{i-1} V_{i-1} may still run
+                        fence_operand<NS * 4>(sacc);
+                        phase(5);
+                        // K of this stage is read (O_IN_KV: the last block's goes back after O)
+                        if (!O_IN_KV || i < n - 1) mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));
+                        softmax(sacc, i, corr, softmax_keep(keep_prev), keep_in_softmax(i));
+                        phase(6);
+                    }
+                    phases(false);
+                    stamp(3);
+                    if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // every S GEMM of this row block is complete
+                    wait_v(ie - 1);  // the last block's P V
+                    next_pv_operands(ie);
+                    turn_begin();
+                    wgmma_fence();
+                    gemm_pv(acc_o, pa, v_tile(uniform_stage(it + ie - 1)));
+                    turn_end(!WS_WG_SKIP || ie == n);
+                    wgmma_wait0();
+                    fence_operand<NO * 4>(acc_o);
+                    fence_operand<BLOCK_N / 4>(&pa[0][0]);
+                    stamp(4);
+                    if constexpr (!O_IN_KV) {
+                        mbarrier_arrive(smem_u32(&sm.empty[(it + ie - 1) % STAGES]));  // V of the last block is read
+                    } else {
+                        // O goes into the last block's K and V tiles: every MMA warpgroup's GEMMs that read them
+                        // (its last S, its last P V) complete first (the turns pass on issue, not completion)
+                        named_barrier_sync(BAR_LAST_GEMM, MMA_THREADS);
+                    }
                 } else {
-                    // O goes into the last block's K and V tiles: every MMA warpgroup's GEMMs that read them
-                    // (its last S, its last P V) complete first (the turns pass on issue, not completion)
-                    named_barrier_sync(BAR_LAST_GEMM, MMA_THREADS);
+                    if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (WG_SKIP: no block this warpgroup sees; Q unread)
+                }
+                if constexpr (WS_WG_SKIP) {
+                    for (int i = ie; i < n; ++i) skip_block(i, i == n - 1 && ie > ib);
+                    if (ie == ib) {  // (the turn of the last P V)
+                        turn_begin();
+                        turn_end(true);
+                    }
                 }
             } else {
                 if (!O_IN_Q) mbarrier_arrive(smem_u32(q_empty));  // (no key block: Q unread)

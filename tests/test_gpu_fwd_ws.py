@@ -425,12 +425,23 @@ def test_prev_softmax128_list_is_not_empty():
 # there since row 128, so O_IN_KV=0 is the variant) and to O_IN_Q at 256;
 # a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
 # below.
-EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other"]
+# WG_SKIP (row 130: each MMA warpgroup leaves out the key blocks none of its rows sees) drops only blocks masked for all
+# of the warpgroup's rows: bit-identical; the overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip), batch mode's
+# skipping (group mode runs every block, as without it), with its own test at PERSIST=4 below.
+EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other",
+                  "WG_SKIP=1"]
 
 
 def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
     """Skips an O_IN_KV case where fwd_ws_spec drops the switch: hdim 64 (three MMA warpgroups) and 128 (O's own
-    stage), and the serial pipeline's builds (ALiBi at 256, dropout at 192 and 256)."""
+    stage), and the serial pipeline's builds (ALiBi at 256, dropout at 192 and 256); likewise a WG_SKIP case where it
+    drops that: the serial builds and 192 (the table's O_IN_KV)."""
+    if "WG_SKIP" in variant:
+        tiles = cuda.fwd_ws_tiles(d, alibi, dropout)
+        if not tiles.get("PV_OVERLAP"):
+            pytest.skip("WG_SKIP: the overlapped pipeline only (this build is the serial one)")
+        if tiles.get("O_IN_KV"):
+            pytest.skip("WG_SKIP: not beside O_IN_KV (the table's at 192)")
     if "O_IN_KV" not in variant:
         return
     if d not in (192, 256):
@@ -523,6 +534,8 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
         pytest.skip("sm_90 only")
     variant = _concrete(variant, d)
     _o_in_kv_skip(variant, d)  # (no bias builds at 192 / 256)
+    if "WG_SKIP" in variant:
+        pytest.skip("WG_SKIP: not on the bias builds (their ring of bias tiles)")
     o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
     for item in variant.split(","):
         key, _, val = item.partition("=")
@@ -548,6 +561,29 @@ def _o_in_kv_check(o0, lse0, o, lse, dark=slice(0)):
     assert bool((o.view(cp.uint16) == o0.view(cp.uint16)).all())
     assert bool((lse.view(cp.uint32) == lse0.view(cp.uint32)).all())
     assert bool((o[:, dark] == 0).all()) and bool(cp.isneginf(lse[:, :, dark]).all())
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("shape", [*VARIANT_SHAPES, "dropout"])
+def test_wg_skip_persist(monkeypatch, d, shape):
+    """WG_SKIP at 4 row blocks per CTA: warpgroups that leave out blocks at a row block's start (the window's lower
+    bound) or end (the causal diagonal; rows past the end or, ALIGN_END at 64, before the start) still take their turns
+    and hand the ring's stages back in order, so the next row block's blocks land where the others expect them. O and
+    LSE bit-identical to the default build at the same PERSIST, into poisoned outputs; the rows that see no key zero."""
+    if not conftest.is_sm90():
+        pytest.skip("sm_90 only")
+    if shape == "dropout":
+        b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(causal=True, dropout_p=0.2, seed=7, offset=3), slice(0)
+    else:
+        b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    _o_in_kv_skip("WG_SKIP=1", d, dropout="dropout_p" in kw)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4,WG_SKIP=1")
+    assert cuda.fwd_spec("fp16", d, d, 90, dropout="dropout_p" in kw).macro("WG_SKIP") == 1
+    rng = cp.random.default_rng(seed_for("fwd-wg-skip-persist", d, shape))
+    q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
+    k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    o0, lse0, o, lse = _variant_pair(monkeypatch, "WG_SKIP=1", q, k, v, kw, 4)
+    _o_in_kv_check(o0, lse0, o, lse, dark)
 
 
 @pytest.mark.parametrize("d", [192, 256])

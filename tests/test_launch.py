@@ -271,6 +271,29 @@ def test_fwd_ws_o_in_kv_where_it_applies(monkeypatch):
     assert fwd_spec("bf16", 192, 192, 90, dropout=True).macro("O_IN_KV", 0) == 0
 
 
+def test_fwd_ws_wg_skip_where_it_applies(monkeypatch):
+    """WG_SKIP (MMA warpgroups leave out the key blocks none of their rows sees; a variant, bench/NOTES.md row 130) on
+    the overlapped pipeline's plain, ALiBi and dropout builds at 64, 128 and 256; dropped from the serial ones (ALiBi
+    and dropout at 256, dropout at 192), the bias builds and beside O_IN_KV (192's table entry), and off without the
+    variable (its 0 leaves the name as it was)."""
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "WG_SKIP=1")
+    for d, kw in ((64, {}), (128, {}), (256, {}), (64, dict(alibi=True)), (128, dict(alibi=True)),
+                  (64, dict(dropout=True)), (128, dict(dropout=True))):
+        s = fwd_spec("bf16", d, d, 90, **kw)
+        assert s.source == "fmha_fwd_sm90_ws" and s.macro("WG_SKIP") == 1 and s.macro("PV_OVERLAP") == 1, s.name
+    for d, kw in ((192, {}), (192, dict(dropout=True)), (256, dict(alibi=True)), (256, dict(dropout=True)),
+                  (64, dict(bias=True, bias_tma=2)), (128, dict(bias=True, bias_tma=2))):
+        s = fwd_spec("bf16", d, d, 90, **kw)
+        assert s.source == "fmha_fwd_sm90_ws" and s.macro("WG_SKIP", 0) == 0, s.name
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "WG_SKIP=1,O_IN_KV=0")  # (192 without O_IN_KV takes it)
+    assert fwd_spec("bf16", 192, 192, 90).macro("WG_SKIP") == 1
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "WG_SKIP=0")
+    off = fwd_spec("bf16", 128, 128, 90).name
+    monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
+    assert off == fwd_spec("bf16", 128, 128, 90).name
+    assert all(fwd_spec("bf16", d, d, 90).macro("WG_SKIP", 0) == 0 for d in (64, 128, 192, 256))
+
+
 def test_fwd_ws_softmax_defaults(monkeypatch):
     """Step 113's softmax (FWD_WS_SOFTMAX: FOLD, SMAX_TREE, LAZY_RESCALE=8) at hdim 64, 128, 256 and (step 115) 192:
     the plain and ALiBi builds carry all three (the ALiBi kernel takes the unfolded form, FOLD && !ALIBI); the dropout

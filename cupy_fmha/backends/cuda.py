@@ -876,7 +876,7 @@ def fwd_ws_tiles(hdim: int, alibi: bool = False, dropout: bool = False, bias_tma
         raise ValueError(f"CUPY_FMHA_FWD_WS_TILES: {', '.join(removed)} no longer "
                          f"{'exists' if len(removed) == 1 else 'exist'} (removed after the measurements of "
                          f"bench/NOTES.md steps 88, 91, 99, 106, 109 and 110)")
-    switches = {"FOLD", "O_REG", "O_IN_Q", "O_IN_KV", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
+    switches = {"FOLD", "O_REG", "O_IN_Q", "O_IN_KV", "WG_SKIP", "SMAX_TREE", "EXP_EMU", "MASK_ROWS", "LAZY_RESCALE", "BIAS_ACC", "DESC_ADDR", "KEEP_SINK",
                 "ALIGN_END",
                 *FWD_WS_VARIANTS}  # (PERSIST comes only from the variable, kept even at 0: the
     # launcher then takes one row block per CTA instead of fwd_ws_persist's choice)
@@ -898,7 +898,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
     -D BIAS_TMA=n``; needs the swizzled tiles; FOLD off); 0 none. ``tiles``: the table entries
     (default :func:`fwd_ws_tiles`; ``short`` as there). O_IN_Q and O_IN_KV (where O has no stage of its own) are
     dropped where they do not apply; where O_IN_KV applies (the overlapped pipeline on two MMA warpgroups, head dims
-    equal, swizzled tiles of at least 64 keys) it replaces O_IN_Q.
+    equal, swizzled tiles of at least 64 keys) it replaces O_IN_Q. WG_SKIP (MMA warpgroups leave out the key blocks
+    none of their rows sees) is dropped outside the overlapped pipeline, from the bias builds and beside O_IN_KV.
 
     Raises:
         ValueError: ``bias_tma`` not 0, 2 or 4, or a bias with tiles that are not swizzled."""
@@ -925,6 +926,8 @@ def fwd_ws_spec(dtype: str, hdim_q: int, hdim_v: int, *, alibi: bool = False,
             drop.add("O_IN_Q")  # (one place for O: O_IN_KV's, wherever it applies)
     if tiles.get("O_IN_Q") and (spec.macro("O_STAGE") or dq != dv or not tiles.get("SWIZZLE")):
         drop.add("O_IN_Q")  # (O in Q's buffer only where its own stage does not fit, Q as wide as O)
+    if tiles.get("WG_SKIP") and (not tiles.get("PV_OVERLAP") or bias_tma or (tiles.get("O_IN_KV") and "O_IN_KV" not in drop)):
+        drop.add("WG_SKIP")  # (the overlapped pipeline's, without the bias ring or O in the last key block's stage)
     if drop & set(tiles):
         for k in drop:
             tiles.pop(k, None)
@@ -979,6 +982,11 @@ def experimental_table() -> list[KernelSpec]:
     # table's, the register stores it replaced (plain and ALiBi)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_KV": int(d == 256)})
             for dtype in DTYPES for d in (192, 256) for alibi in (False, True) if not (alibi and d == 256)]
+    # ... and with MMA warpgroups leaving out the key blocks none of their rows sees (WG_SKIP, bench/NOTES.md row 130), on
+    # each head dim's overlapped builds: plain, ALiBi, dropout (fwd_ws_spec drops it from the others, which are then
+    # the dispatched builds and fall out below)
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), "WG_SKIP": 1})
+            for dtype in DTYPES for d in (64, 128, 256) for alibi in (False, True) for drop in (False, True)]
     # ... and at 128 with a third stage of K and V in the room O's own stage had (STAGES=3, bench/NOTES.md step 107:
     # 230,512 bytes, 0 spills), plain and ALiBi
     out += [fwd_ws_spec(dtype, 128, 128, alibi=alibi, tiles={**fwd_ws_tiles(128, alibi), "STAGES": 3, "O_IN_Q": 1})
