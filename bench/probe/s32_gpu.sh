@@ -199,7 +199,10 @@ for part in "$@"; do
     okv) gputest tests/test_gpu_fwd_ws.py "o_in_kv" test-okv
          sanitize O_IN_KV=1,O_IN_Q=0,PERSIST=4 192,256 sokv
          ab O_IN_KV=1,O_IN_Q=0 ab-okv 14 --hdim 192,256 --seqlen 1024,2048,4096 --dtype bf16 --causal both;;
-    wgskip) gputest tests/test_gpu_fwd_ws.py "WG_SKIP or wg_skip" test-wgskip
+    wgskip) CUPY_FMHA_FWD_WS_TILES=WG_SKIP=1,PERSIST=4 timeout -s KILL 120 python3 bench/probe/sanitize_fwd_ws.py 64,128,256 \
+              > $OUT/smoke-wgskip.txt 2>&1 || { echo "smoke rc=$? (a hang?): $(tail -3 $OUT/smoke-wgskip.txt)"; continue; }
+            echo "smoke: sanitize_fwd_ws.py 64,128,256 ran"
+            gputest tests/test_gpu_fwd_ws.py "WG_SKIP or wg_skip" test-wgskip
             sanitize WG_SKIP=1,PERSIST=4 64,128,256 swgskip
             ab WG_SKIP=1 ab-wgskip-64 14 --hdim 64 --seqlen 1024,2048,4096 --dtype bf16 --causal both
             ab WG_SKIP=1 ab-wgskip-128-256 10 --hdim 128,256 --seqlen 1024,2048 --dtype bf16 --causal both;;
