@@ -47,14 +47,31 @@ def programs(nwg: int, n_per_row: list[int], zero_at=frozenset(), guard: bool = 
     return out
 
 
-def run(progs, nwg: int, rng: random.Random) -> None:
-    """Execute the programs under a random interleaving; raise AssertionError on a protocol fault."""
+def run(progs, nwg: int, rng: random.Random, stages: int = 2) -> None:
+    """Execute the programs under a random interleaving; raise AssertionError on a protocol fault.
+    With the ring (:func:`programs_skip`), for x = "k" (K's tiles, `k_empty`) and "v" (V's, `empty`): ("load", x,
+    g) (the producer: key block g's tile into stage g % stages once that stage's hand-back barrier has completed
+    its g // stages earlier phases), ("wait_full", x, g) (an MMA warpgroup until it has landed) and
+    ("arrive_empty", x, g) (its hand-back, which must count in that block's own phase: arriving while an earlier
+    use's phase is still open would complete it early)."""
     pc = [0] * len(progs)
     arrived: dict[int, list[int]] = {}  # barrier -> warpgroups arrived in the current phase
     waiting: dict[int, int] = {}  # warpgroup -> barrier it waits on (after arriving)
     order = []  # issue order (warpgroup, (row, turn))
+    landed: set[tuple[str, int]] = set()
+    empty_done = {x: [0] * stages for x in "kv"}  # completed phases of each stage's hand-back barrier
+    empty_got = {x: [[] for _ in range(stages)] for x in "kv"}
+
+    def blocked(w):
+        op = progs[w][pc[w]]
+        if op[0] == "wait_full":
+            return op[1:] not in landed
+        if op[0] == "load":
+            return empty_done[op[1]][op[2] % stages] < op[2] // stages
+        return False
+
     while True:
-        ready = [w for w in range(len(progs)) if pc[w] < len(progs[w]) and w not in waiting]
+        ready = [w for w in range(len(progs)) if pc[w] < len(progs[w]) and w not in waiting and not blocked(w)]
         if not ready:
             if all(pc[w] == len(progs[w]) for w in range(len(progs))) and not waiting:
                 break
@@ -64,6 +81,22 @@ def run(progs, nwg: int, rng: random.Random) -> None:
         pc[w] += 1
         if op[0] == "issue":
             order.append((w, op[1]))
+            continue
+        if op[0] == "load":
+            landed.add(op[1:])
+            continue
+        if op[0] == "wait_full":
+            continue
+        if op[0] == "arrive_empty":
+            x, g = op[1], op[2]
+            st = g % stages
+            assert empty_done[x][st] == g // stages, \
+                f"warpgroup {w} hands back {x} of block {g} in phase {empty_done[x][st]} of stage {st}"
+            assert w not in empty_got[x][st], f"warpgroup {w} hands back {x} of stage {st} twice in one phase"
+            empty_got[x][st].append(w)
+            if len(empty_got[x][st]) == nwg:
+                empty_done[x][st] += 1
+                empty_got[x][st] = []
             continue
         b = op[1]
         count = op[2] if op[0] == "sync" else (nwg if b == 1 else 2)
@@ -77,6 +110,7 @@ def run(progs, nwg: int, rng: random.Random) -> None:
                 del waiting[x]
             arrived[b] = []
     assert all(not v for v in arrived.values()), f"arrivals pending at exit: {arrived}"
+    assert not any(any(v) for v in empty_got.values()), f"hand-backs pending at exit: {empty_got}"
     # turns: round robin over the warpgroups within each row block, in order over the row blocks
     for i, (w, _) in enumerate(order):
         if i:
@@ -127,3 +161,93 @@ def test_model_catches_a_double_arrival():
     with pytest.raises(AssertionError, match="twice|pending|deadlock|order"):
         for seed in range(50):
             run(doubled(2, [2, 2]), 2, random.Random(seed))
+
+
+def programs_skip(nwg: int, rows: list[tuple[int, list[tuple[int, int]]]], stages: int = 2, fault: str = ""):
+    """The MMA warpgroups' programs with WG_SKIP (bench/NOTES.md row 130) and the ring, plus the producer's:
+    ``rows`` holds each row block's key blocks n and every warpgroup's own range [ib, ie) of them. A warpgroup
+    runs the overlapped pipeline over its range (block ib: K's wait, its turn, K back; each later block i: K_i's
+    and V_{i-1}'s waits, V_{i-2} back, its turn, K_i back; the last P V: V's wait, V_{ie-2} back, its turn,
+    V_{ie-1} back) and meets every other block with a turn of its own, then its K and V landing and handed back
+    (skip_block); with an empty range one more turn (the last P V's). The producer loads K_g once K's stage is
+    back, then V_g once V's is. ``fault``: "no_extra_turn" leaves that turn out, "early_handback" hands a skipped
+    block back before waiting for it to land."""
+    progs, g0 = [], 0
+    for w in range(nwg):
+        ops, g0 = [], 0
+        for n, ranges in rows:
+            if n == 0:
+                continue
+            ib, ie = ranges[w]
+            last_wg = w == nwg - 1
+
+            def take(t, last):
+                ops.append(("sync", 2 + w, 2))
+                ops.append(("issue", t))
+                if not (last and last_wg):
+                    ops.append(("arrive", 2 + (w + 1) % nwg))
+
+            def skip(i, last):
+                take((g0, "skip", i), last)
+                for x in "kv":
+                    if fault != "early_handback":
+                        ops.append(("wait_full", x, g0 + i))
+                    ops.append(("arrive_empty", x, g0 + i))
+
+            if last_wg:
+                ops.append(("arrive", 2))
+            for i in range(ib):
+                skip(i, False)
+            if ie > ib:
+                ops.append(("wait_full", "k", g0 + ib))
+                take((g0, ib), False)
+                ops.append(("arrive_empty", "k", g0 + ib))
+                for i in range(ib + 1, ie):
+                    ops += [("wait_full", "k", g0 + i), ("wait_full", "v", g0 + i - 1)]
+                    if i >= ib + 2:
+                        ops.append(("arrive_empty", "v", g0 + i - 2))
+                    take((g0, i), False)
+                    ops.append(("arrive_empty", "k", g0 + i))
+                ops.append(("wait_full", "v", g0 + ie - 1))
+                if ie >= ib + 2:
+                    ops.append(("arrive_empty", "v", g0 + ie - 2))
+                take((g0, "tail"), ie == n)
+                ops.append(("arrive_empty", "v", g0 + ie - 1))
+            for i in range(ie, n):
+                skip(i, i == n - 1 and ie > ib)
+            if ie == ib and fault != "no_extra_turn":
+                take((g0, "tail"), True)
+            g0 += n
+        progs.append(ops)
+    progs.append([("load", x, g) for g in range(g0) for x in "kv"])  # the producer
+    return progs
+
+
+def _random_ranges(rng: random.Random, nwg: int, n: int) -> list[tuple[int, int]]:
+    out = []
+    for _ in range(nwg):
+        ib = rng.randint(0, n)
+        out.append((ib, rng.randint(ib, n)) if rng.random() < 0.8 else (0, n))
+    return out
+
+
+@pytest.mark.parametrize("nwg", [2, 3])
+def test_wg_skip_protocol(nwg):
+    """Every warpgroup takes n + 1 turns a row block in round-robin order whatever its range (empty, a prefix, a
+    suffix, the middle, all), and every hand-back counts in its block's own phase, under random interleavings."""
+    rng = random.Random(130 + nwg)
+    for _ in range(300):
+        rows = [(n, _random_ranges(rng, nwg, n)) for n in (rng.choice([0, 1, 2, 3, 5]) for _ in range(rng.randint(1, 4)))]
+        progs = programs_skip(nwg, rows)
+        order = run(progs, nwg, rng)
+        assert len(order) == nwg * sum(n + 1 for n, _ in rows if n)
+
+
+@pytest.mark.parametrize("fault", ["no_extra_turn", "early_handback"])
+def test_model_catches_wg_skip_faults(fault):
+    # an empty range without the last P V's turn leaves the turns one short (a deadlock or an arrival pending); a
+    # skipped block handed back before it lands counts in the stage's earlier phase
+    rows = [(3, [(0, 0), (0, 3)]), (4, [(0, 4), (1, 4)]), (2, [(0, 0), (0, 2)])]
+    with pytest.raises(AssertionError, match="deadlock|pending|phase|twice|order"):
+        for seed in range(200):
+            run(programs_skip(2, rows, fault=fault), 2, random.Random(seed))
