@@ -163,22 +163,31 @@ def test_model_catches_a_double_arrival():
             run(doubled(2, [2, 2]), 2, random.Random(seed))
 
 
-def programs_skip(nwg: int, rows: list[tuple[int, list[tuple[int, int]]]], stages: int = 2, fault: str = ""):
+def programs_skip(nwg: int, rows: list[tuple[int, list[tuple[int, int]]]], stages: int = 2, fault: str = "",
+                  zero_rows=frozenset()):
     """The MMA warpgroups' programs with WG_SKIP (bench/NOTES.md row 130) and the ring, plus the producer's:
     ``rows`` holds each row block's key blocks n and every warpgroup's own range [ib, ie) of them. A warpgroup
     runs the overlapped pipeline over its range (block ib: K's wait, its turn, K back; each later block i: K_i's
     and V_{i-1}'s waits, V_{i-2} back, its turn, K_i back; the last P V: V's wait, V_{ie-2} back, its turn,
     V_{ie-1} back) and meets every other block with a turn of its own, then its K and V landing and handed back
     (skip_block); with an empty range one more turn (the last P V's). The producer loads K_g once K's stage is
-    back, then V_g once V's is. ``fault``: "no_extra_turn" leaves that turn out, "early_handback" hands a skipped
-    block back before waiting for it to land."""
+    back, then V_g once V's is. ``zero_rows``: row blocks whose last key block crosses the sequence's end (group
+    mode): each wait for its K, then for its V, is a barrier over every MMA warpgroup (named barrier 1, zeroing
+    the tile's tail), whether the warpgroup computes that block or skips it; a warpgroup with blocks of its own then
+    computes that last one too (its range extended to n), so that the zeroing barriers fall before the same turns
+    in every warpgroup (a warpgroup that skipped it after its own last P V would meet them one turn later: a
+    deadlock against one that computes it). ``fault``: "zero_skipped" leaves that extension out, "no_extra_turn" leaves
+    the last turn out, "early_handback" hands a skipped block back before waiting for it to land, "turn_first"
+    takes a skipped block's turn before its K's wait."""
     progs, g0 = [], 0
     for w in range(nwg):
         ops, g0 = [], 0
-        for n, ranges in rows:
+        for r, (n, ranges) in enumerate(rows):
             if n == 0:
                 continue
             ib, ie = ranges[w]
+            if r in zero_rows and ie > ib and fault != "zero_skipped":
+                ie = n  # (a warpgroup that computes blocks computes the zeroed last one too)
             last_wg = w == nwg - 1
 
             def take(t, last):
@@ -187,28 +196,37 @@ def programs_skip(nwg: int, rows: list[tuple[int, list[tuple[int, int]]]], stage
                 if not (last and last_wg):
                     ops.append(("arrive", 2 + (w + 1) % nwg))
 
+            def wait(x, i):
+                ops.append(("wait_full", x, g0 + i))
+                if r in zero_rows and i == n - 1:
+                    ops.append(("sync", 1, nwg))
+
             def skip(i, last):
-                take((g0, "skip", i), last)
+                if fault == "turn_first":
+                    take((g0, "skip", i), last)
                 for x in "kv":
                     if fault != "early_handback":
-                        ops.append(("wait_full", x, g0 + i))
+                        wait(x, i)
                     ops.append(("arrive_empty", x, g0 + i))
+                    if x == "k" and fault != "turn_first":
+                        take((g0, "skip", i), last)
 
             if last_wg:
                 ops.append(("arrive", 2))
             for i in range(ib):
                 skip(i, False)
             if ie > ib:
-                ops.append(("wait_full", "k", g0 + ib))
+                wait("k", ib)
                 take((g0, ib), False)
                 ops.append(("arrive_empty", "k", g0 + ib))
                 for i in range(ib + 1, ie):
-                    ops += [("wait_full", "k", g0 + i), ("wait_full", "v", g0 + i - 1)]
+                    wait("k", i)
+                    wait("v", i - 1)
                     if i >= ib + 2:
                         ops.append(("arrive_empty", "v", g0 + i - 2))
                     take((g0, i), False)
                     ops.append(("arrive_empty", "k", g0 + i))
-                ops.append(("wait_full", "v", g0 + ie - 1))
+                wait("v", ie - 1)
                 if ie >= ib + 2:
                     ops.append(("arrive_empty", "v", g0 + ie - 2))
                 take((g0, "tail"), ie == n)
@@ -238,16 +256,25 @@ def test_wg_skip_protocol(nwg):
     rng = random.Random(130 + nwg)
     for _ in range(300):
         rows = [(n, _random_ranges(rng, nwg, n)) for n in (rng.choice([0, 1, 2, 3, 5]) for _ in range(rng.randint(1, 4)))]
-        progs = programs_skip(nwg, rows)
+        zero = {r for r, (n, _) in enumerate(rows) if n and rng.random() < 0.3}
+        progs = programs_skip(nwg, rows, zero_rows=zero)
         order = run(progs, nwg, rng)
         assert len(order) == nwg * sum(n + 1 for n, _ in rows if n)
 
 
-@pytest.mark.parametrize("fault", ["no_extra_turn", "early_handback"])
+@pytest.mark.parametrize("fault", ["no_extra_turn", "early_handback", "turn_first", "zero_skipped"])
 def test_model_catches_wg_skip_faults(fault):
     # an empty range without the last P V's turn leaves the turns one short (a deadlock or an arrival pending); a
-    # skipped block handed back before it lands counts in the stage's earlier phase
-    rows = [(3, [(0, 0), (0, 3)]), (4, [(0, 4), (1, 4)]), (2, [(0, 0), (0, 2)])]
+    # skipped block handed back before it lands counts in the stage's earlier phase; in group mode a skipped block
+    # whose turn comes before its K's zeroing barrier deadlocks with a warpgroup that zeroes before its turn (here
+    # warpgroup 1, whose rows are all past the sequence's end), and so does a warpgroup that skips the zeroed last
+    # block after its own last P V while one before it computes it (ranges no mask makes: a later warpgroup's rows
+    # see keys at least as far right; the extension keeps the protocol safe for any)
+    rows = {"no_extra_turn": [(3, [(0, 0), (0, 3)]), (4, [(0, 4), (1, 4)]), (2, [(0, 0), (0, 2)])],
+            "early_handback": [(3, [(0, 0), (0, 3)]), (4, [(0, 4), (1, 4)]), (2, [(0, 0), (0, 2)])],
+            "turn_first": [(1, [(0, 1), (0, 0)])],
+            "zero_skipped": [(2, [(0, 2), (0, 1)])]}[fault]
+    zero = {0} if fault in ("turn_first", "zero_skipped") else set()
     with pytest.raises(AssertionError, match="deadlock|pending|phase|twice|order"):
         for seed in range(200):
-            run(programs_skip(2, rows, fault=fault), 2, random.Random(seed))
+            run(programs_skip(2, rows, fault=fault, zero_rows=zero), 2, random.Random(seed))

@@ -426,8 +426,9 @@ def test_prev_softmax128_list_is_not_empty():
 # a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
 # below.
 # WG_SKIP (row 130: each MMA warpgroup leaves out the key blocks none of its rows sees) drops only blocks masked for all
-# of the warpgroup's rows: bit-identical; the overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip), batch mode's
-# skipping (group mode runs every block, as without it), with its own test at PERSIST=4 below.
+# of the warpgroup's rows: bit-identical; the overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip), group mode
+# too (where a row block's last key block crosses the sequence's end, a warpgroup with blocks computes that one), with
+# its own test at PERSIST=4 below.
 EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other",
                   "WG_SKIP=1"]
 
