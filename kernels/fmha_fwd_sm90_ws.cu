@@ -69,14 +69,13 @@
 //               does not fence independent arithmetic), and the CTA's entry and exit (%globaltimer
 //               too) go into the module's `fmha_fwd_timeline`, one row per CTA.
 //
-//   WG_SKIP=1   (a variant; the overlapped pipeline, not with BIAS or O_IN_KV) each MMA warpgroup
+//   WG_SKIP=1   (the overlapped pipeline, not with BIAS or O_IN_KV) each MMA warpgroup
 //               computes only the key blocks some of its own 64 rows see (wg_key_blocks): under a causal mask the
 //               first warpgroups of a row block stop before the diagonal's last blocks, and with ALIGN_END the
 //               warpgroups of the partial first block whose rows all lie before the sequence compute none. For the
 //               others it only meets the ring and the turns (skip_block). Every block it leaves out is masked for
-//               all of its rows, so O and LSE are bit-identical to the build without it. Group mode: where a row
-//               block's last key block crosses the sequence's end, a warpgroup with blocks of its own computes that
-//               one too (its zeroing barriers; wg_key_blocks)
+//               all of its rows, so O and LSE are bit-identical to the build without it. Batch mode (wg_key_blocks);
+//               the table's at hdim 64 and 256 (bench/NOTES.md row 130)
 //
 // Group mode: a key
 // block past a sequence's end holds the next sequence's keys (TMA zero-fills only past the tensor);
@@ -114,7 +113,7 @@ static_assert(!O_IN_KV || (PV_OVERLAP && NWG == 2 && !O_STAGE && !O_IN_Q && SWIZ
 // WG_SKIP (config.cuh's constant is fmha_fwd_sm90's, on there by default; here only where the instance sets it)
 enum : bool { WS_WG_SKIP = config_detail::wg_skip > 0 };
 static_assert(!WS_WG_SKIP || (PV_OVERLAP && !BIAS && !O_IN_KV),
-              "fmha_fwd_sm90_ws: WG_SKIP is a variant of the overlapped pipeline without the bias ring or O in the K / V stage");
+              "fmha_fwd_sm90_ws: WG_SKIP belongs to the overlapped pipeline without the bias ring or O in the K / V stage");
 
 constexpr int MMA_THREADS = 128 * NWG;
 // named barriers: 0 is __syncthreads; 1 the MMA warpgroups after zeroing a tile's tail; 2 + w the
@@ -311,18 +310,17 @@ __device__ __forceinline__ bool fwd_ws_block_state(const FwdParams& p, int b, in
 // WG_SKIP: of the row block's n key blocks from blk.kb_begin, those [ib, ie) that some row of the MMA warpgroup's 64
 // from wq0 sees (key_block_range over its rows inside the sequence; none where it has none: ALIGN_END's rows before
 // the start, rows past the end). Every other block is masked for all of its rows.
-// Group mode (packed): where the row block's last key block crosses the sequence's end, every MMA warpgroup meets at
-// two barriers to zero its tiles' tails (zero_tail_of: K's before the turn that issues its S, V's before the last P
-// V's turn); a warpgroup that skipped it after its own last P V would meet them one turn later than one that computes
-// it, and the two would wait for each other. So a warpgroup with blocks of its own computes that last one too (an empty
-// range meets them at the same turns as a computing one: tests/test_fwd_turns_model_cpu.py).
-__device__ __forceinline__ void wg_key_blocks(const FwdBlock& blk, int wq0, int n, bool packed, int& ib, int& ie) {
+// Batch mode only: in group mode a row block's last key block may cross the sequence's end, and its tiles' tails are
+// zeroed by every MMA thread between two named-barrier syncs (zero_tail_of); a warpgroup that skips the block would
+// reach them from skip_block, the others from the pipeline's waits, and compute-sanitizer's synccheck reports a
+// barrier reached from two places as divergent (bench/NOTES.md row 130), though the turns model
+// (tests/test_fwd_turns_model_cpu.py) finds the order deadlock-free where a warpgroup with blocks computes that one.
+__device__ __forceinline__ void wg_key_blocks(const FwdBlock& blk, int wq0, int n, int& ib, int& ie) {
     const int r0 = max(wq0, 0), r1 = min(wq0 + 64, blk.seqlen_q);
     int wb = blk.kb_begin, we = blk.kb_begin;
     if (r1 > r0) key_block_range(blk.win, r0, r1 - r0, BLOCK_N, blk.seqlen_q, blk.seqlen_k, wb, we);
     ib = min(max(wb - blk.kb_begin, 0), n);
     ie = min(max(we - blk.kb_begin, ib), n);
-    if (packed && ie > ib && blk.kb_end * BLOCK_N > blk.seqlen_k) ie = n;
 }
 
 // Whether row r of the rows row0 + 0 .. rows - 1 the caller found inside the sequence's end is sent (with ALIGN_END not
@@ -776,11 +774,12 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                                                              blk.seqlen_k, keep, 0, gen);
                 }
             };
-            // WG_SKIP: this warpgroup's key blocks [ib, ie) (wg_key_blocks), the whole row block's otherwise. A block
-            // outside them it only meets (skip_block): its tiles landed (so that its hand-backs count in their own
+            // WG_SKIP: this warpgroup's key blocks [ib, ie) (wg_key_blocks; batch mode), the whole row block's
+            // otherwise. A block outside them it only meets (skip_block): its tiles landed (so that its hand-backs count in their own
             // phase) and handed back, and its turn, so that every warpgroup takes n + 1 turns a row block
             int wb = 0, we = n;
-            if constexpr (WS_WG_SKIP) wg_key_blocks(blk, wq0, n, packed, wb, we);
+            if constexpr (WS_WG_SKIP)
+                if (!packed) wg_key_blocks(blk, wq0, n, wb, we);
             const int ib = WS_WG_SKIP ? wb : 0, ie = WS_WG_SKIP ? we : n;  // (without it 0 and n, as before it)
             // P V of block i - 2 has completed: hand its V back, O to block i-1's maxima (corr; block 0
             // leaves O at 0 and corr finite), P_{i-1} (in sacc) as the A operand
@@ -822,8 +821,8 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 fence_operand<BLOCK_N / 4>(&pa[0][0]);
                 phase(2);
             };
-            // (a block outside [ib, ie): its K landed (and in group mode its tail zeroed with the others, before the
-            // turn, as the pipeline's own wait_k), K back, the turn, then V likewise; tests/test_fwd_turns_model_cpu.py)
+            // (a block outside [ib, ie): its K landed, K back, the turn, then V likewise, in the pipeline's order:
+            // tests/test_fwd_turns_model_cpu.py)
             auto skip_block = [&](int i, bool last) {
                 wait_k(i);
                 mbarrier_arrive(smem_u32(&sm.k_empty[(it + i) % STAGES]));

@@ -425,12 +425,12 @@ def test_prev_softmax128_list_is_not_empty():
 # there since row 128, so O_IN_KV=0 is the variant) and to O_IN_Q at 256;
 # a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
 # below.
-# WG_SKIP (row 130: each MMA warpgroup leaves out the key blocks none of its rows sees) drops only blocks masked for all
-# of the warpgroup's rows: bit-identical; the overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip), group mode
-# too (where a row block's last key block crosses the sequence's end, a warpgroup with blocks computes that one), with
-# its own test at PERSIST=4 below.
+# WG_SKIP (row 130: each MMA warpgroup leaves out the key blocks none of its rows sees; the table's at 64 and 256 but not
+# in the dropout builds) drops only blocks masked for all of the warpgroup's rows: bit-identical to the other form; the
+# overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip); in group mode the kernel runs every block (batch mode
+# only), with its own test at PERSIST=4 below.
 EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other",
-                  "WG_SKIP=1"]
+                  "WG_SKIP=other"]
 
 
 def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
@@ -451,13 +451,16 @@ def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = Fal
         pytest.skip("O_IN_KV: the overlapped pipeline only (this build is the serial one)")
 
 
-def _concrete(variant: str, d: int) -> str:
+def _concrete(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> str:
     """``variant`` with ``DESC_ADDR=other`` made the other descriptor form than the table's at ``d``,
     ``MASK_ROWS=other`` the other of MASK_ROWS 0 and 2 (2 the table's at 64 and 128), ``ALIGN_END=other`` the other
     row alignment (1, from the end, the table's at 64), ``O_IN_KV=other`` the other place for O (O_IN_KV the table's at
-    192; at 256 O_IN_KV against the table's O_IN_Q)."""
+    192; at 256 O_IN_KV against the table's O_IN_Q), ``WG_SKIP=other`` the other of WG_SKIP 0 and 1 in the build with
+    ``alibi`` / ``dropout`` (1 the table's at 64 and 256 without dropout)."""
     tiles = cuda.fwd_ws_tiles(d)
-    return (variant.replace("DESC_ADDR=other", f"DESC_ADDR={1 - tiles.get('DESC_ADDR', 0)}")
+    skip = cuda.fwd_ws_tiles(d, alibi, dropout).get("WG_SKIP", 0)
+    return (variant.replace("WG_SKIP=other", f"WG_SKIP={1 - skip}")
+            .replace("DESC_ADDR=other", f"DESC_ADDR={1 - tiles.get('DESC_ADDR', 0)}")
             .replace("MASK_ROWS=other", f"MASK_ROWS={2 - tiles.get('MASK_ROWS', 0)}")
             .replace("ALIGN_END=other", f"ALIGN_END={1 - tiles.get('ALIGN_END', 0)}")
             .replace("O_IN_KV=other", "O_IN_KV=0" if tiles.get("O_IN_KV") else "O_IN_KV=1,O_IN_Q=0"))
@@ -475,13 +478,13 @@ EXACT_EXTRA = {
 def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
-    variant = _concrete(variant, d)
     if shape in EXACT_EXTRA:
         b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(EXACT_EXTRA[shape]), slice(0)
         if shape == "alibi":
             kw["alibi_slopes"] = cp.asarray([0.5, 0.25, 0.125], dtype=cp.float32)
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
+    variant = _concrete(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
     _o_in_kv_skip(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
     spec = cuda.fwd_spec("fp16", d, d, 90, alibi="alibi_slopes" in kw, dropout="dropout_p" in kw)
@@ -570,20 +573,26 @@ def test_wg_skip_persist(monkeypatch, d, shape):
     """WG_SKIP at 4 row blocks per CTA: warpgroups that leave out blocks at a row block's start (the window's lower
     bound) or end (the causal diagonal; rows past the end or, ALIGN_END at 64, before the start) still take their turns
     and hand the ring's stages back in order, so the next row block's blocks land where the others expect them. O and
-    LSE bit-identical to the default build at the same PERSIST, into poisoned outputs; the rows that see no key zero."""
+    LSE bit-identical to the other form (WG_SKIP=other: the table's has it at 64 and 256 without dropout) at the same
+    PERSIST, into poisoned outputs; the rows that see no key zero."""
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     if shape == "dropout":
         b, sq, sk, h, kw, dark = 2, 1000, 1100, 3, dict(causal=True, dropout_p=0.2, seed=7, offset=3), slice(0)
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
-    _o_in_kv_skip("WG_SKIP=1", d, dropout="dropout_p" in kw)
-    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4,WG_SKIP=1")
-    assert cuda.fwd_spec("fp16", d, d, 90, dropout="dropout_p" in kw).macro("WG_SKIP") == 1
+    drop = "dropout_p" in kw
+    _o_in_kv_skip("WG_SKIP=1", d, dropout=drop)
+    variant = _concrete("WG_SKIP=other", d, dropout=drop)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4")
+    default = cuda.fwd_spec("fp16", d, d, 90, dropout=drop)
+    monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", f"PERSIST=4,{variant}")
+    other = cuda.fwd_spec("fp16", d, d, 90, dropout=drop)
+    assert sorted(s.macro("WG_SKIP", 0) for s in (default, other)) == [0, 1], (default.name, other.name)
     rng = cp.random.default_rng(seed_for("fwd-wg-skip-persist", d, shape))
     q = rng.standard_normal((b, sq, h, d), dtype=cp.float32).astype(cp.float16)
     k, v = (rng.standard_normal((b, sk, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(2))
-    o0, lse0, o, lse = _variant_pair(monkeypatch, "WG_SKIP=1", q, k, v, kw, 4)
+    o0, lse0, o, lse = _variant_pair(monkeypatch, variant, q, k, v, kw, 4)
     _o_in_kv_check(o0, lse0, o, lse, dark)
 
 

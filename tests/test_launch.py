@@ -272,10 +272,11 @@ def test_fwd_ws_o_in_kv_where_it_applies(monkeypatch):
 
 
 def test_fwd_ws_wg_skip_where_it_applies(monkeypatch):
-    """WG_SKIP (MMA warpgroups leave out the key blocks none of their rows sees; a variant, bench/NOTES.md row 130) on
-    the overlapped pipeline's plain, ALiBi and dropout builds at 64, 128 and 256; dropped from the serial ones (ALiBi
-    and dropout at 256, dropout at 192), the bias builds and beside O_IN_KV (192's table entry), and off without the
-    variable (its 0 leaves the name as it was)."""
+    """WG_SKIP (MMA warpgroups leave out the key blocks none of their rows sees, bench/NOTES.md row 130) on the
+    overlapped pipeline's plain, ALiBi and dropout builds at 64, 128 and 256 when asked for; dropped from the serial
+    ones (ALiBi and dropout at 256, dropout at 192), the bias builds and beside O_IN_KV (192's table entry). The table
+    has it at 64 (plain, ALiBi) and 256 (plain), not at 128 nor in the dropout builds; its 0 leaves the name as it
+    was."""
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "WG_SKIP=1")
     for d, kw in ((64, {}), (128, {}), (256, {}), (64, dict(alibi=True)), (128, dict(alibi=True)),
                   (64, dict(dropout=True)), (128, dict(dropout=True))):
@@ -289,9 +290,12 @@ def test_fwd_ws_wg_skip_where_it_applies(monkeypatch):
     assert fwd_spec("bf16", 192, 192, 90).macro("WG_SKIP") == 1
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "WG_SKIP=0")
     off = fwd_spec("bf16", 128, 128, 90).name
+    assert "WG_SKIP" not in fwd_spec("bf16", 64, 64, 90).name
     monkeypatch.delenv("CUPY_FMHA_FWD_WS_TILES")
     assert off == fwd_spec("bf16", 128, 128, 90).name
-    assert all(fwd_spec("bf16", d, d, 90).macro("WG_SKIP", 0) == 0 for d in (64, 128, 192, 256))
+    assert [fwd_spec("bf16", d, d, 90).macro("WG_SKIP", 0) for d in (64, 128, 192, 256)] == [1, 0, 0, 1]
+    assert fwd_spec("bf16", 64, 64, 90, alibi=True).macro("WG_SKIP") == 1
+    assert [fwd_spec("bf16", d, d, 90, dropout=True).macro("WG_SKIP", 0) for d in (64, 128, 192, 256)] == [0, 0, 0, 0]
 
 
 def test_fwd_ws_softmax_defaults(monkeypatch):

@@ -738,9 +738,16 @@ FWD_WS_VARIANTS = dict(SWIZZLE=1, PV_OVERLAP=1, PINGPONG=1)
 #: without a mask; with it three warpgroups also under short diagonal masks (FWD_WS_SHORT_BY_HDIM). Not at 128-256,
 #: whose 128-row blocks see as many key blocks either way where keys come in blocks of 128 (untimed at 192 / 256).
 FWD_WS_SOFTMAX = dict(FOLD=1, SMAX_TREE=1, LAZY_RESCALE=8)
-FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, ALIGN_END=1, **FWD_WS_SOFTMAX), 128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
+#: WG_SKIP (MMA warpgroups leave out the key blocks none of their rows sees; batch mode) at 64 and 256 (bench/NOTES.md
+#: row 130, an H100, bf16, bench/ab.py best of 3): at 64 0.944-0.993x the time at s1024-4096, causal or not (the partial
+#: first 192-row block's warpgroups with no rows in the sequence compute nothing, and under a causal mask the first
+#: warpgroups stop before the diagonal's last blocks), at 256 causal 0.987-0.989 (warpgroup 0 stops one 80-key block
+#: early), 1.000 without a mask; at 128 (aligned 128-row and 128-key blocks: nothing to leave out at those lengths)
+#: 1.003-1.013, so not there; with ALiBi at 64 as the plain build (tested, untimed)
+FWD_WS_BY_HDIM = {64: dict(NWG=3, O_REG=1, MASK_ROWS=2, ALIGN_END=1, WG_SKIP=1, **FWD_WS_SOFTMAX),
+                  128: dict(MASK_ROWS=2, **FWD_WS_SOFTMAX),
                   192: dict(BLOCK_N=112, DESC_ADDR=1, O_IN_KV=1, **FWD_WS_SOFTMAX),
-                  256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, **FWD_WS_SOFTMAX)}
+                  256: dict(BLOCK_N=80, O_IN_Q=1, DESC_ADDR=1, WG_SKIP=1, **FWD_WS_SOFTMAX)}
 #: ... and with ALiBi, where the MMA warpgroups' registers run out: at 256 the overlapped pipeline
 #: spills (20 bytes at 240 registers, offline), the serial one does not (191)
 FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
@@ -768,8 +775,8 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: half of each key block's 32-key spans under the S GEMM, the second inside the softmax) measured 0.88-0.96x the dropout
 #: forward's time (drop_ws.py, an H100, s1024-16384, causal and not; s4096 1.24 -> 1.17 ms, 1.50 -> 1.41x plain)
 #: ALIGN_END=0 at 64 (step 118 is for the 192-row blocks; on this build's 128-row ones it measured 1.01-1.04x the time,
-#: drop_ws.py on an H100, s1024-16384, causal and not)
-FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1, ALIGN_END=0),
+#: drop_ws.py on an H100, s1024-16384, causal and not); WG_SKIP=0 there (row 130 timed the plain builds only)
+FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1, ALIGN_END=0, WG_SKIP=0),
                           128: dict(FOLD=0, KEEP_SINK=2),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
                           256: dict(PV_OVERLAP=0, PINGPONG=0, FOLD=0)}
@@ -982,10 +989,11 @@ def experimental_table() -> list[KernelSpec]:
     # table's, the register stores it replaced (plain and ALiBi)
     out += [fwd_ws_spec(dtype, d, d, alibi=alibi, tiles={**fwd_ws_tiles(d, alibi), "O_IN_KV": int(d == 256)})
             for dtype in DTYPES for d in (192, 256) for alibi in (False, True) if not (alibi and d == 256)]
-    # ... and with MMA warpgroups leaving out the key blocks none of their rows sees (WG_SKIP, bench/NOTES.md row 130), on
-    # each head dim's overlapped builds: plain, ALiBi, dropout (fwd_ws_spec drops it from the others, which are then
-    # the dispatched builds and fall out below)
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles={**fwd_ws_tiles(d, alibi, drop), "WG_SKIP": 1})
+    # ... and with MMA warpgroups leaving out the key blocks none of their rows sees (WG_SKIP, bench/NOTES.md row 130) or
+    # not, the other form than the table's (on at 64 and 256, off at 128 and in the dropout builds), on each head dim's
+    # overlapped builds: plain, ALiBi, dropout (fwd_ws_spec drops it from the others, which are then the dispatched
+    # builds and fall out below)
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles=flip_switch(fwd_ws_tiles(d, alibi, drop), "WG_SKIP"))
             for dtype in DTYPES for d in (64, 128, 256) for alibi in (False, True) for drop in (False, True)]
     # ... and at 128 with a third stage of K and V in the room O's own stage had (STAGES=3, bench/NOTES.md step 107:
     # 230,512 bytes, 0 spills), plain and ALiBi
