@@ -775,8 +775,9 @@ fmha_fwd_sm90_ws(const __grid_constant__ TmaMap tm_q, const __grid_constant__ Tm
                 }
             };
             // WG_SKIP: this warpgroup's key blocks [ib, ie) (wg_key_blocks; batch mode), the whole row block's
-            // otherwise. A block outside them it only meets (skip_block): its tiles landed (so that its hand-backs count in their own
-            // phase) and handed back, and its turn, so that every warpgroup takes n + 1 turns a row block
+            // otherwise. A block outside them it only meets (skip_block): its tiles landed (so that its hand-backs
+            // count in their own phase) and handed back, and its turn, so that every warpgroup takes n + 1 turns a
+            // row block
             int wb = 0, we = n;
             if constexpr (WS_WG_SKIP)
                 if (!packed) wg_key_blocks(blk, wq0, n, wb, we);
