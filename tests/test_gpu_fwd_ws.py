@@ -423,20 +423,20 @@ def test_prev_softmax128_list_is_not_empty():
 # O_IN_KV (bench/NOTES.md row 127: O staged in the last key block's K and V tiles, Q handed back after the last S GEMM)
 # rounds the same values into a different place: bit-identical to the register stores at 192 (O_IN_KV the table's
 # there since row 128, so O_IN_KV=0 is the variant) and to O_IN_Q at 256;
-# a build of the overlapped pipeline at 192 / 256 only (_o_in_kv_skip), with its own tests at PERSIST=4 and in group mode
+# a build of the overlapped pipeline at 192 / 256 only (_variant_skip), with its own tests at PERSIST=4 and in group mode
 # below.
 # WG_SKIP (row 130: each MMA warpgroup leaves out the key blocks none of its rows sees; the table's at 64 and 256 but not
 # in the dropout builds) drops only blocks masked for all of the warpgroup's rows: bit-identical to the other form; the
-# overlapped pipeline's builds without O_IN_KV (_o_in_kv_skip); in group mode the kernel runs every block (batch mode
+# overlapped pipeline's builds without O_IN_KV (_variant_skip); in group mode the kernel runs every block (batch mode
 # only), with its own test at PERSIST=4 below.
 EXACT_VARIANTS = ["SMAX_TREE=1,MASK_ROWS=1", "MASK_ROWS=other", "DESC_ADDR=other", "ALIGN_END=other", "O_IN_KV=other",
                   "WG_SKIP=other"]
 
 
-def _o_in_kv_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
-    """Skips an O_IN_KV case where fwd_ws_spec drops the switch: hdim 64 (three MMA warpgroups) and 128 (O's own
-    stage), and the serial pipeline's builds (ALiBi at 256, dropout at 192 and 256); likewise a WG_SKIP case where it
-    drops that: the serial builds and 192 (the table's O_IN_KV)."""
+def _variant_skip(variant: str, d: int, alibi: bool = False, dropout: bool = False) -> None:
+    """Skips an O_IN_KV or WG_SKIP case where fwd_ws_spec drops the switch. O_IN_KV: hdim 64 (three MMA
+    warpgroups) and 128 (O's own stage), and the serial pipeline's builds (ALiBi at 256, dropout at 192 and 256);
+    WG_SKIP: the serial builds and 192 (the table's O_IN_KV)."""
     if "WG_SKIP" in variant:
         tiles = cuda.fwd_ws_tiles(d, alibi, dropout)
         if not tiles.get("PV_OVERLAP"):
@@ -485,7 +485,7 @@ def test_exact_softmax_variants_bit_identical(monkeypatch, variant, d, shape):
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     variant = _concrete(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
-    _o_in_kv_skip(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
+    _variant_skip(variant, d, "alibi_slopes" in kw, "dropout_p" in kw)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", variant)
     spec = cuda.fwd_spec("fp16", d, d, 90, alibi="alibi_slopes" in kw, dropout="dropout_p" in kw)
     for item in variant.split(","):
@@ -512,7 +512,7 @@ def test_exact_softmax_variants_group_mode(monkeypatch, variant, d, mask):
     import numpy as np
 
     variant = _concrete(variant, d)
-    _o_in_kv_skip(variant, d)  # (its group-mode cases at 192 / 256: test_o_in_kv_group_mode)
+    _variant_skip(variant, d)  # (its group-mode cases at 192 / 256: test_o_in_kv_group_mode)
     g = np.random.default_rng(seed_for("fwd-exact-group", d, mask))
     lq = g.integers(0, 700, size=30)
     lk = lq if mask == "causal" else g.integers(0, 900, size=30)
@@ -537,7 +537,7 @@ def test_exact_softmax_variants_bias(monkeypatch, variant, d):
     if not conftest.is_sm90():
         pytest.skip("sm_90 only")
     variant = _concrete(variant, d)
-    _o_in_kv_skip(variant, d)  # (no bias builds at 192 / 256)
+    _variant_skip(variant, d)  # (no bias builds at 192 / 256)
     if "WG_SKIP" in variant:
         pytest.skip("WG_SKIP: not on the bias builds (their ring of bias tiles)")
     o0, lse0, o, lse, spec = _bias_pair(monkeypatch, "fwd-exact-bias", variant, d, 0)
@@ -582,7 +582,7 @@ def test_wg_skip_persist(monkeypatch, d, shape):
     else:
         b, sq, sk, h, kw, dark = VARIANT_SHAPES[shape]
     drop = "dropout_p" in kw
-    _o_in_kv_skip("WG_SKIP=1", d, dropout=drop)
+    _variant_skip("WG_SKIP=1", d, dropout=drop)
     variant = _concrete("WG_SKIP=other", d, dropout=drop)
     monkeypatch.setenv("CUPY_FMHA_FWD_WS_TILES", "PERSIST=4")
     default = cuda.fwd_spec("fp16", d, d, 90, dropout=drop)

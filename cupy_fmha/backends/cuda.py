@@ -1037,10 +1037,11 @@ def experimental_table() -> list[KernelSpec]:
     # the loop descriptors in the other form than the table's (DESC_ADDR, bench/NOTES.md steps 103-104: from one
     # 32-bit address at 64 and 128, from the tile pointers at 192 and 256), on each head dim's entries: plain,
     # ALiBi, dropout, the 16-bit bias
-    # (at 256 without WG_SKIP, the table's there since row 130: beside it the descriptors from the pointers spill 20 bytes)
-    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop,
-                        tiles=with_switch(flip_switch(fwd_ws_tiles(d, alibi, drop), "DESC_ADDR"), "WG_SKIP",
-                                          0 if d == 256 else fwd_ws_tiles(d, alibi, drop).get("WG_SKIP", 0)))
+    def desc_other(d, alibi, drop):  # (at 256 without WG_SKIP, the table's there since row 130: beside it the
+        # descriptors from the pointers spill 20 bytes)
+        tiles = flip_switch(fwd_ws_tiles(d, alibi, drop), "DESC_ADDR")
+        return with_switch(tiles, "WG_SKIP", 0) if d == 256 else tiles
+    out += [fwd_ws_spec(dtype, d, d, alibi=alibi, dropout=drop, tiles=desc_other(d, alibi, drop))
             for dtype in DTYPES for d in (64, 128, 192, 256) for alibi in (False, True) for drop in (False, True)]
     out += [fwd_ws_spec(dtype, d, d, bias_tma=2, tiles=flip_switch(fwd_ws_tiles(d, bias_tma=2), "DESC_ADDR"))
             for dtype in DTYPES for d in (64, 128)]
