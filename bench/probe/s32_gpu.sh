@@ -84,6 +84,9 @@
 #             against WG_SKIP=1 (B), bf16, hdim 64 s1024-4096 and hdim 128 / 256 s1024-2048, causal both
 #   skipsan   after WG_SKIP's adoption at 64 and 256 (batch mode only; group mode runs every block): compute-sanitizer's
 #             three tools on sanitize_fwd_ws.py 64,256 under PERSIST=4 (the table's builds)
+#   dropskip  WG_SKIP in the dropout builds (row 130 timed the plain ones): bench/probe/drop_ws.py, the default (A)
+#             against WG_SKIP=1 (B), A B A B, hdim 64 and 128, s1024 / 4096 / 16384 (the dropout column; at 128
+#             the plain column moves too, WG_SKIP=1 being not the table's there)
 #   bash bench/probe/s32_gpu.sh [parts]
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$NAME"
@@ -209,6 +212,7 @@ for part in "$@"; do
             ab WG_SKIP=1 ab-wgskip-64 14 --hdim 64 --seqlen 1024,2048,4096 --dtype bf16 --causal both
             ab WG_SKIP=1 ab-wgskip-128-256 10 --hdim 128,256 --seqlen 1024,2048 --dtype bf16 --causal both;;
     skipsan) sanitize PERSIST=4 64,256 sskip;;
+    dropskip) drop_pair WG_SKIP=1 | cut -c1-70;;
     okvtl) for a in "256 1024 causal" "256 1024 causal O_IN_KV=1 O_IN_Q=0" "256 2048" "256 2048 O_IN_KV=1 O_IN_Q=0" \
                     "192 1024 causal" "192 1024 causal O_IN_KV=0 O_IN_Q=0"; do
              echo "== fwd_timeline.py $a"; timeout -s KILL $(left) python3 bench/probe/fwd_timeline.py $a 2>&1 | tail -24
