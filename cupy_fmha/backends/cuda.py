@@ -775,7 +775,8 @@ FWD_WS_ALIBI_BY_HDIM = {256: dict(PV_OVERLAP=0, PINGPONG=0)}
 #: half of each key block's 32-key spans under the S GEMM, the second inside the softmax) measured 0.88-0.96x the dropout
 #: forward's time (drop_ws.py, an H100, s1024-16384, causal and not; s4096 1.24 -> 1.17 ms, 1.50 -> 1.41x plain)
 #: ALIGN_END=0 at 64 (step 118 is for the 192-row blocks; on this build's 128-row ones it measured 1.01-1.04x the time,
-#: drop_ws.py on an H100, s1024-16384, causal and not); WG_SKIP=0 there (row 130 timed the plain builds only)
+#: drop_ws.py on an H100, s1024-16384, causal and not); WG_SKIP=0 there (bench/NOTES.md row 131, an H100: 1.06-1.09x
+#: the dropout time at 128, 0.99-1.01 at 64)
 FWD_WS_DROPOUT_BY_HDIM = {64: dict(NWG=2, FOLD=0, SMAX_TREE=0, LAZY_RESCALE=0, KEEP_SINK=1, ALIGN_END=0, WG_SKIP=0),
                           128: dict(FOLD=0, KEEP_SINK=2),
                           192: dict(BLOCK_N=96, PV_OVERLAP=0, PINGPONG=0, FOLD=0),
