@@ -121,7 +121,7 @@ def test_valid_group_mode_bias_without_gpu_says_so(call):
 # --------------------------------------------------------------------------- host side, fake CuPy
 
 
-from fake_cupy import FakeArray, OtherDeviceArray, Recorder, _fake, fake_cupy as _fake_cupy  # noqa: E402
+from fake_cupy import OtherDeviceArray, Recorder, fake_cupy as _fake_cupy  # noqa: E402
 
 
 @pytest.fixture(params=["90", "80"])

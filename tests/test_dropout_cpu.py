@@ -106,7 +106,7 @@ def test_backward_launch_reserves_keep_bits(ws, monkeypatch):
                 bm, bn = drop.macro("BLOCK_M"), 16 * drop.macro("NWARPS")
             assert l1.smem - l0.smem == 2 * (max(bn, 32) // 8) * bm == cuda_be._keep_bits_bytes({"DROPOUT": 1}, bm, bn)
             assert l1.smem <= L.SMEM_LIMIT
-            fp, fd = S.fwd_spec("fp16", d, d, cc), S.fwd_spec("fp16", d, d, cc, dropout=True)
+            fd = S.fwd_spec("fp16", d, d, cc, dropout=True)
             assert L.fwd_launch(fd, 2, 4, 1000).smem <= L.SMEM_LIMIT
 
 

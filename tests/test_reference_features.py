@@ -510,7 +510,7 @@ def test_reference_feature_errors():
 def test_varlen_errors():
     rng = _rng("varlen-errors")
     q, k, v, do, kw = make_varlen(rng, [3, 2], [4, 1], 4, 2, 8, 8)
-    cq, ck = kw["cu_seqlens_q"], kw["cu_seqlens_k"]
+    cq = kw["cu_seqlens_q"]
     f = lambda **o: R.attention_forward(q, k, v, **{**kw, **o})  # noqa: E731
     cases = [
         (TypeError, "cu_seqlens_q: expected dtype int32", dict(cu_seqlens_q=cq.astype(np.int64))),

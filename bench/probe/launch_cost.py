@@ -6,7 +6,7 @@ with ``CUPY_FMHA_BWD_WS=0`` and ``=1``. Needs a GPU.
 
     python bench/probe/launch_cost.py
 """
-import os, sys, time, collections, numpy as np, cupy as cp
+import os, time, collections, numpy as np, cupy as cp
 src = r'''
 struct __align__(64) M { unsigned char b[128]; };
 extern "C" __global__ void k0(int x) {}

@@ -5,7 +5,6 @@ and the running share of the samples (bench/NOTES.md step 75).
     python bench/probe/ncu_inst.py source.csv [MIN]
 """
 import csv
-import re
 import sys
 
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
