@@ -28,11 +28,7 @@ for part in "$@"; do
   case $part in
     large) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/test_gpu_large_tensors.py > $OUT/large.txt 2>&1
            echo "rc=$?"; grep -E "^FAILED|^ERROR|^SKIPPED" $OUT/large.txt | head; tail -1 $OUT/large.txt;;
-    src1024) timeout -s KILL 150 ncu --profile-from-start off --section SourceCounters --section WarpStateStats -k regex:fmha_fwd \
-               -o /tmp/fwd128_1024 env B=16 python3 bench/probe/once.py fwd 128 1024 > /tmp/ncu.log 2>&1; echo "rc=$?"
-             timeout -s KILL 60 ncu -i /tmp/fwd128_1024.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2> /tmp/src.err
-             echo "rc=$?"; python3 bench/probe/ncu_inst.py /tmp/src.csv 0.4 | head -60 || tail -5 /tmp/src.err
-             gzip -c /tmp/src.csv > $OUT/fwd128_s1024_src.csv.gz;;
+    src1024) bash bench/probe/s44_gpu.sh src1024;;  # (the ncu run and its listing live there)
     foldtest) timeout -s KILL $(left) python3 -m pytest -m gpu -q -p no:cacheprovider -n 15 tests/test_gpu_fwd_ws.py -k fold128 \
                 > $OUT/test-fold128.txt 2>&1
               echo "rc=$?"; grep -E "^FAILED|^ERROR" $OUT/test-fold128.txt | head; tail -1 $OUT/test-fold128.txt;;

@@ -1,12 +1,13 @@
 #!/bin/bash
 # Forty-fourth session's probe: per-instruction warp-stall samples (ncu SourceCounters) of one forward call,
-# for the misses that s31_gpu.sh's `src1024` (hdim 128 s1024, row 132) does not cover. Parts:
+# at issue 11's misses (s31_gpu.sh's `src1024` runs the first part here). Parts:
+#   src1024   hdim 128, s1024, B=16 (FlashAttention's grid; row 132)
 #   src64c    hdim 64, causal, s1024, B=16 (issue 11's largest miss: 0.83x cuDNN on the H100)
 #   srcdrop   hdim 128 with dropout 0.1, s4096, B=4 (1.44x the plain forward on the H100; row 116 called it
 #             issue-bound, never sampled per instruction on the ws kernel's current build)
 #   srcdrop64 hdim 64 with dropout, s4096, B=4 (1.67x)
 # Each leaves $OUT/<part>_src.csv.gz (read with bench/probe/ncu_inst.py) and prints the instructions holding
-# at least 0.4% of the samples.   bash bench/probe/s44_gpu.sh [parts]   (default: all three)
+# at least 0.4% of the samples.   bash bench/probe/s44_gpu.sh [parts]   (default: the last three)
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
@@ -16,6 +17,7 @@ T0=$(date +%s); t() { echo "=== [$(( $(date +%s)-T0 )) s] $*"; }
 [ $# -eq 0 ] && set -- src64c srcdrop srcdrop64
 for part in "$@"; do
   case $part in
+    src1024) B=16; args="fwd 128 1024";;
     src64c) B=16; args="fwd 64 1024 causal";;
     srcdrop) B=4; args="fwd 128 4096 dropout";;
     srcdrop64) B=4; args="fwd 64 4096 dropout";;
